@@ -1,0 +1,30 @@
+# The two commands of the README are `make lab` and `make test`; the rest are conveniences.
+.PHONY: setup lab test docs export clean reproduce
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_OFFLINE = 1
+export HF_DATASETS_OFFLINE = 1
+export PLOTLY_RENDERER = plotly_mimetype
+export TOKENIZERS_PARALLELISM = false
+BIN = .venv/bin
+
+setup:
+	@bash tools/setup.sh
+
+# the main job: JupyterLab on the notebooks, bound to 127.0.0.1
+lab: setup
+	@$(BIN)/python tools/lab.py
+
+# the whole suite: package in sync, notebooks clean, every notebook in quick mode, pytest, docs, browser
+test:
+	@bash tools/setup.sh --browser
+	@$(BIN)/python -m pytest tests -v -rs --durations=15
+
+docs: setup
+	@$(BIN)/python tools/build_docs.py
+
+export: setup
+	@$(BIN)/nbdev-export && $(BIN)/nbdev-clean
+
+# re-run every method's full experiment and rewrite data/results/*.json (hours on 2 cores)
+reproduce: setup
+	@$(BIN)/workbench run all --full
