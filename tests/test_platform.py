@@ -1,0 +1,59 @@
+"Cross-module and regression tests of the platform library."
+import json, os, subprocess, sys, time
+import pytest, torch
+from conftest import ROOT, BIN
+
+PY = str(BIN/'python') if (BIN/'python').exists() else sys.executable
+
+def test_import_is_light():
+    "`import workbench` stays under 0.5 s and imports no torch."
+    code = "import time,sys; t=time.perf_counter(); import workbench, workbench.core, workbench.registry; print(time.perf_counter()-t, 'torch' in sys.modules)"
+    best = min(float(subprocess.check_output([PY, '-c', code], cwd=ROOT, text=True).split()[0]) for _ in range(3))
+    out = subprocess.check_output([PY, '-c', code], cwd=ROOT, text=True).split()
+    assert out[1] == 'False', "importing the package root pulled in torch"
+    assert best < 0.5, f"import workbench took {best:.2f} s"
+
+def test_bad_setting_names_key_value_and_allowed():
+    r = subprocess.run([PY, '-c', 'from workbench.core import get_settings; get_settings()'], cwd=ROOT,
+                       env=dict(os.environ, WORKBENCH_DTYPE='float16'), capture_output=True, text=True)
+    assert r.returncode != 0 and "dtype='float16' (from $WORKBENCH_DTYPE)" in r.stderr and "'bfloat16'" in r.stderr
+
+def test_every_registered_method_has_a_spec_field():
+    from workbench.registry import METHODS
+    assert len(METHODS) == 19
+
+def test_hooks_match_hidden_states_on_smollm2(smol, smol_tok):
+    from workbench.hooks import run_with_cache
+    batch = smol_tok(['Hello there, general Kenobi.'], return_tensors='pt')
+    out, cache = run_with_cache(smol, batch, names='blocks.*.hook_resid_post', output_hidden_states=True)
+    assert len(cache) == smol.config.num_hidden_layers == 30
+    for i in range(29): torch.testing.assert_close(cache[f'blocks.{i}.hook_resid_post'], out.hidden_states[i + 1])
+
+def test_hooks_removed_and_steering_changes_generation(smol, smol_tok):
+    from workbench.hooks import hooks, add_vector
+    ids = smol_tok('The weather today is', return_tensors='pt')
+    n_hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in smol.modules())
+    n0 = n_hooks()                       # transformers keeps some hooks of its own
+    with torch.no_grad(): base = smol(**ids).logits[0, -1]
+    v = torch.randn(smol.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with hooks(smol, [('blocks.10.hook_resid_post', add_vector(v, alpha=8.0))]), torch.no_grad():
+        steered = smol(**ids).logits[0, -1]
+    with torch.no_grad(): after = smol(**ids).logits[0, -1]
+    assert not torch.allclose(base, steered, atol=1e-3)
+    torch.testing.assert_close(base, after)
+    assert n_hooks() == n0
+
+def test_bf16_close_to_fp32(smol, smol_tok):
+    from workbench.testing import smol as load
+    bf = load('bfloat16')
+    ids = smol_tok('The quick brown fox jumps over the lazy dog because', return_tensors='pt')
+    with torch.no_grad():
+        l32 = torch.nn.functional.cross_entropy(smol(**ids).logits[0, :-1], ids['input_ids'][0, 1:])
+        l16 = torch.nn.functional.cross_entropy(bf(**ids).logits[0, :-1].float(), ids['input_ids'][0, 1:])
+    assert abs(l32 - l16) < 0.15, (l32, l16)
+
+def test_results_roundtrip_and_scoreboard(tmp_path):
+    from workbench.core import save_results, load_results
+    save_results('morphkv', {'mem_saving': 0.5}, {'seed': 1}, headline='50% memory', verdict='partly', results_dir=tmp_path)
+    r = load_results('morphkv', results_dir=tmp_path)
+    assert r['verdict'] == 'partly' and r['metrics'] == {'mem_saving': 0.5} and r['versions']['transformers']
