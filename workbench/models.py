@@ -46,6 +46,7 @@ def _fix_smollm2_tokenizer(tok):
     from tokenizers import processors
     tok.eos_token, tok.pad_token, tok.bos_token = '<|im_end|>', '<|im_end|>', '<|im_start|>'
     tok.add_bos_token = False
+    tok.clean_up_tokenization_spaces = False                                   # decode(encode(code)) == code
     tok._tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)  # no BOS template
     return tok
 
@@ -65,7 +66,7 @@ def _convert_smollm2(out: Path):
 # %% ../nbs/01_models.ipynb #3b459dd7
 def _smollm2_dir() -> Path:
     gguf = wheel_path('smollm2-135m')
-    cfg = dict(source=gguf.name, bytes=gguf.stat().st_size, transformers=metadata.version('transformers'), recipe=2)
+    cfg = dict(source=gguf.name, bytes=gguf.stat().st_size, transformers=metadata.version('transformers'), recipe=3)
     return cached('smollm2-135m', cfg, _convert_smollm2)
 
 # %% ../nbs/01_models.ipynb #3698b755
