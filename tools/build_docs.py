@@ -153,6 +153,20 @@ def _tst_flags() -> set:
     return set(str(get_config(ROOT).get('tst_flags', '') or '').split())
 
 
+def _pure_imports(src: str) -> bool:
+    "True if the cell holds only import statements (directives, comments and magics aside)."
+    import ast
+    code = '\n'.join(l for l in src.splitlines() if not l.lstrip().startswith(('#', '%', '!')))
+    try: tree = ast.parse(code)
+    except SyntaxError: return False
+    return bool(tree.body) and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body)
+
+def _docs_needs(src: str, d_) -> bool:
+    """Whether nbdev's processing must run this cell: exported code (for show_doc), imports, show_doc.
+    Every other cell keeps its saved outputs and is never re-run: a docs build runs no experiment, even one
+    written in a cell that also imports something (nbdev would run those)."""
+    return bool({'export', 'exports', 'exporti'} & set(d_)) or 'show_doc' in src or _pure_imports(src)
+
 def _stage_copy(s: Path, d: Path, flags: set):
     """Copy notebook `s` to `d`, adding `#| eval: false` to cells marked with a test flag (`#| slow`, `#| notest`):
     nbdev's processing runs every cell that imports something, the full experiments included. `d` keeps the
@@ -161,7 +175,8 @@ def _stage_copy(s: Path, d: Path, flags: set):
     for c in nb['cells']:
         if c['cell_type'] != 'code': continue
         d_ = directives(_src(c))
-        if flags & set(d_) and 'eval' not in d_: c['source'] = '#| eval: false\n' + _src(c)
+        if 'eval' in d_: continue
+        if flags & set(d_) or not _docs_needs(_src(c), d_): c['source'] = '#| eval: false\n' + _src(c)
     d.parent.mkdir(parents=True, exist_ok=True)
     d.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
     st = s.stat(); os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
