@@ -252,6 +252,11 @@ def _to(batch: dict, device) -> dict:
 
 def _logits(out): return out.logits if hasattr(out, 'logits') else out
 
+def _nll_sum(logits, y):
+    "Summed next-token NLL of (B, T, V) `logits` against (B, T-1) targets, one row at a time (no (B, T, V) copies)."
+    # $\sum_{b,t} -\log p_\theta(y_{b,t} \mid x_{b,\le t})$ over targets $y_{b,t} \ne -100$
+    return sum(F.cross_entropy(z[:-1].float(), t, ignore_index=-100, reduction='sum').double() for z, t in zip(logits, y))
+
 @torch.no_grad()
 def _eval_sums(model, ds, batch_size, max_batches=None, loss_fn=None, rank=0, world=1, device=None, pad_id=0):
     "(sum, count) of the eval loss: per target token for LM cross-entropy, per batch for a custom `loss_fn`."
@@ -264,11 +269,8 @@ def _eval_sums(model, ds, batch_size, max_batches=None, loss_fn=None, rank=0, wo
         for b in DataLoader(ds, batch_sampler=bs, collate_fn=partial(collate, pad_id=pad_id)):
             b = _to(b, device)
             if loss_fn is not None: tot += loss_fn(model, b).double(); n += 1; continue
-            logits = _logits(model(input_ids=b['input_ids'], attention_mask=b.get('attention_mask')))  # (B, T, V)
             y = lm_labels(b)[:, 1:]                                                                     # (B, T-1)
-            for z, t in zip(logits, y):         # one row at a time: no (B, T, V) copies besides the logits
-                # $\sum_t -\log p_\theta(y_t \mid x_{\le t})$ over targets $y_t \ne -100$
-                tot += F.cross_entropy(z[:-1].float(), t, ignore_index=-100, reduction='sum').double()
+            tot += _nll_sum(_logits(model(input_ids=b['input_ids'], attention_mask=b.get('attention_mask'))), y)
             n += (y != -100).sum()
     finally: model.train(was)
     return tot, n
@@ -341,11 +343,12 @@ def _loop(model, opt, acc, ds, eds, cfg, loss_fn, callbacks, ckpt_dir, step, his
         for g in opt.param_groups: g['lr'] = lr
         opt.zero_grad(set_to_none=True)
         for i in range(cfg.grad_accum):
-            b = _to(next(batches), acc.device)
+            b = next(batches); tok += count_tokens(b)        # counted on the CPU: no device sync
+            b = _to(b, acc.device)
             with acc.no_sync(model) if i < cfg.grad_accum - 1 else contextlib.nullcontext():
                 loss = (loss_fn or lm_loss)(model, b)
                 acc.backward(loss / cfg.grad_accum)  # gradients add up to the mean over micro-batches
-            losses.append(loss.detach().float()); tok += count_tokens(b)
+            losses.append(loss.detach().float())
         gn = acc.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)  # returns the norm before clipping
         norms.append(gn.detach().float() if isinstance(gn, torch.Tensor) else torch.tensor(math.nan, device=acc.device))
         opt.step(); step += 1
