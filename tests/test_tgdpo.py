@@ -1,0 +1,141 @@
+"Cross-checks of `workbench.alignment.tgdpo`: the losses, the token rewards, the task and the preference trainer (fast, CPU)."
+import math
+import pytest
+import torch
+import torch.nn.functional as F
+from workbench.alignment.tgdpo import (dpo_loss, simpo_loss, tgdpo_loss, tgdpo_weights, token_rewards, token_logps,
+    DigitRuleTask, gold_reward, gold_token_reward, gold_guidance, make_policy, make_pairs, pair_rows, PreferenceLoss,
+    train_preference, sample_responses, evaluate_policy, seq_and_labels, mean_ci, TGDPOConfig, fig_token_strip)
+
+
+def _tok(seed=0, B=5, T=7):
+    g = torch.Generator().manual_seed(seed)
+    mc, mr = ((torch.rand(B, T, generator=g) > 0.3).double() for _ in range(2)); mc[:, 0] = mr[:, 0] = 1
+    t = lambda m: -torch.rand(B, T, generator=g, dtype=torch.float64) * 4 * m
+    return dict(pol_c=t(mc), pol_r=t(mr), ref_c=t(mc), ref_r=t(mr), rhat_c=torch.randn(B, T, generator=g, dtype=torch.float64) * mc,
+                rhat_r=torch.randn(B, T, generator=g, dtype=torch.float64) * mr, mask_c=mc, mask_r=mr)
+
+
+def _grads(d, **kw):
+    pc, pr = d['pol_c'].clone().requires_grad_(), d['pol_r'].clone().requires_grad_()
+    tgdpo_loss(**dict(d, pol_c=pc, pol_r=pr), **kw).backward()
+    return pc.grad, pr.grad
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_alpha_zero_and_reference_guide_give_dpo(seed):
+    d = _tok(seed)
+    S = {k: v.sum(-1) for k, v in d.items()}
+    want = dpo_loss(S['pol_c'], S['pol_r'], S['ref_c'], S['ref_r'], beta=0.2, reduction='none')
+    assert torch.allclose(tgdpo_loss(**d, beta=0.2, alpha=0.0, reduction='none'), want, atol=1e-12)
+    zr = dict(d, rhat_c=token_rewards(d['ref_c'], d['ref_c'], d['mask_c']), rhat_r=token_rewards(d['ref_r'], d['ref_r'], d['mask_r']))
+    assert torch.allclose(tgdpo_loss(**zr, beta=0.2, alpha=3.0, reduction='none'), want, atol=1e-12)
+    # gradients too: d/dℓ_t of DPO is the same for every unmasked token of a sequence
+    gc, gr = _grads(d, alpha=0.0)
+    z = 0.1 * ((S['pol_c'] - S['ref_c']) - (S['pol_r'] - S['ref_r']))
+    coef = (0.1 * torch.sigmoid(-z) / len(z))[:, None]
+    assert torch.allclose(gc, -coef * d['mask_c'], atol=1e-12) and torch.allclose(gr, coef * d['mask_r'], atol=1e-12)
+
+
+def test_constant_guidance_is_dpo_with_two_betas():
+    d = _tok(3); c, a, b = -0.6, 0.7, 0.1
+    cd = dict(d, rhat_c=torch.full_like(d['rhat_c'], c) * d['mask_c'], rhat_r=torch.full_like(d['rhat_r'], c) * d['mask_r'])
+    lc, lr = (d['pol_c'] - d['ref_c']).sum(-1), (d['pol_r'] - d['ref_r']).sum(-1)
+    want = -F.logsigmoid(b * (1 + a * c) * lc - b * (1 - a * c) * lr).mean()
+    assert torch.allclose(tgdpo_loss(**cd, alpha=a, beta=b), want, atol=1e-12)
+
+
+def test_padding_contributes_nothing():
+    d = _tok(4)
+    junk = {k: torch.cat([v, torch.full((v.shape[0], 4), -9.0 if k.startswith(('pol', 'ref')) else 5.0, dtype=v.dtype)], 1) for k, v in d.items()}
+    for k in ('mask_c', 'mask_r'): junk[k][:, -4:] = 0
+    assert torch.allclose(tgdpo_loss(**junk), tgdpo_loss(**d), atol=1e-12)
+    gc, gr = _grads(junk)
+    assert gc[:, -4:].abs().sum() == 0 and gr[:, -4:].abs().sum() == 0
+
+
+def test_gradient_signs_follow_the_weights():
+    d = _tok(5); d['rhat_c'] *= 3; d['rhat_r'] *= 3       # large r̂ so that some weights are negative with α = 0.5
+    gc, gr = _grads(d, alpha=0.5)
+    wc, wr = tgdpo_weights(d['rhat_c'], d['mask_c'], 0.5), tgdpo_weights(d['rhat_r'], d['mask_r'], 0.5, chosen=False)
+    assert (wc < 0).any() and (wr < 0).any()
+    assert (gc[wc > 0] < 0).all() and (gc[wc < 0] > 0).all()     # descent raises chosen tokens with f_w > 0, lowers those with f_w < 0
+    assert (gr[wr > 0] > 0).all() and (gr[wr < 0] < 0).all()
+    # gradient magnitude is proportional to the weight within a sequence
+    i = 0; m = d['mask_c'][i] > 0
+    ratio = gc[i][m] / wc[i][m]
+    assert torch.allclose(ratio, ratio[0].expand_as(ratio), atol=1e-12)
+    gc2, _ = _grads(d, alpha=0.5, clamp_min=0.0)
+    assert (gc2 <= 0).all()                                       # clamping removes the sign flips
+
+
+def test_swap_with_alpha_zero():
+    d = _tok(6)
+    sw = dict(d, pol_c=d['pol_r'], pol_r=d['pol_c'], ref_c=d['ref_r'], ref_r=d['ref_c'], rhat_c=d['rhat_r'], rhat_r=d['rhat_c'], mask_c=d['mask_r'], mask_r=d['mask_c'])
+    z = 0.1 * ((d['pol_c'] - d['ref_c']).sum(-1) - (d['pol_r'] - d['ref_r']).sum(-1))
+    assert torch.allclose(tgdpo_loss(**sw, alpha=0.0, reduction='none'), -F.logsigmoid(-z), atol=1e-12)
+
+
+def test_shape_and_value_errors():
+    d = _tok(7)
+    with pytest.raises(ValueError, match='same shape'): tgdpo_loss(**dict(d, mask_c=d['mask_c'][:, :-1]))
+    with pytest.raises(ValueError, match='same shape'): tgdpo_loss(**dict(d, ref_r=d['ref_r'][:, 1:]))
+    with pytest.raises(ValueError, match='batch size'):
+        tgdpo_loss(**dict(d, **{k: d[k][:2] for k in ('pol_r', 'ref_r', 'rhat_r', 'mask_r')}))
+    with pytest.raises(ValueError, match=r'\(B, T\)'): tgdpo_loss(**{k: v.sum(-1) for k, v in d.items()})
+    with pytest.raises(TypeError): tgdpo_loss(**dict(d, pol_c=d['pol_c'].tolist()))
+    with pytest.raises(ValueError, match='beta'): tgdpo_loss(**d, beta=-1)
+    with pytest.raises(ValueError, match='1-D'): dpo_loss(d['pol_c'], d['pol_r'], d['ref_c'], d['ref_r'])
+    with pytest.raises(ValueError, match='same shape'): simpo_loss(torch.zeros(3), torch.zeros(2))
+    with pytest.raises(ValueError, match='shape'): token_rewards(d['pol_c'], d['ref_c'][:, :3], d['mask_c'])
+    with pytest.raises(ValueError, match='one shape'): fig_token_strip([[1, 2]], [[0.1]], ['a'])
+
+
+def test_simpo_matches_official_form():
+    a, b = torch.tensor([-1.0, -2.5]), torch.tensor([-1.5, -1.0])
+    beta, gamma = 2.0, 1.0   # the official code: logits = (a - b) - gamma / beta; loss = -logsigmoid(beta * logits)
+    assert torch.allclose(simpo_loss(a, b, beta, gamma, reduction='none'), -F.logsigmoid(beta * ((a - b) - gamma / beta)))
+
+
+def test_token_logps_is_shift_correct():
+    task = DigitRuleTask(); m = make_policy(task, seed=1).eval()
+    P = task.sample_prompts(3, seed=0); ids, lab = seq_and_labels(task, P, task.rule(P))
+    lp, mk = token_logps(m, ids, lab)
+    ls = m(input_ids=ids).logits.log_softmax(-1)
+    want = ls[:, :-1].gather(2, ids[:, 1:, None]).squeeze(-1) * mk
+    assert torch.allclose(lp, want, atol=1e-6)
+    assert mk.sum() == 3 * task.length and not mk[:, :task.prompt_len - 1].any()
+
+
+def test_task_gold_reward():
+    task = DigitRuleTask(); P = task.sample_prompts(6, seed=2)
+    assert torch.equal(gold_reward(task, P, task.rule(P)), torch.full((6,), sum(task.weights)))
+    y = task.rule(P).clone(); y[:, 0] = (y[:, 0] + 1) % 10
+    assert torch.allclose(gold_reward(task, P, y), torch.full((6,), sum(task.weights) - task.weights[0]))
+    assert torch.equal(gold_guidance(task, P, y)[:, 0], torch.full((6,), -task.weights[0] / 2))
+    assert torch.equal(task.sample_prompts(4, seed=9), task.sample_prompts(4, seed=9))
+
+
+def test_trainer_alpha_zero_equals_dpo_and_guidance_flows():
+    torch.manual_seed(0)
+    task = DigitRuleTask(); ref = make_policy(task, seed=0).eval().requires_grad_(False)
+    pairs = make_pairs(task, ref, 32, seed=1)
+    rows = pair_rows(task, pairs, ref)
+    ref_before = {k: v.clone() for k, v in ref.state_dict().items()}
+    _, h1 = train_preference(ref, rows, PreferenceLoss('dpo'), steps=2, batch_size=16)
+    guide = make_policy(task, seed=5).eval()
+    grows = pair_rows(task, pairs, ref, guide=guide)
+    assert any(r['chosen_rhat'].abs().sum() > 0 for r in grows)
+    _, h2 = train_preference(ref, grows, PreferenceLoss('tgdpo', alpha=0.0), steps=2, batch_size=16)
+    assert h1.train_loss == pytest.approx(h2.train_loss, abs=1e-6)
+    _, h3 = train_preference(ref, grows, PreferenceLoss('tgdpo', alpha=2.0), steps=2, batch_size=16)
+    assert h3.train_loss[-1] != pytest.approx(h1.train_loss[-1], abs=1e-6)   # step 1 is log 2 for every loss (policy = ref)
+    assert all(torch.equal(v, ref.state_dict()[k]) for k, v in ref_before.items())     # the reference never moves
+    ev = evaluate_policy(task, ref, ref, task.sample_prompts(64, seed=3))
+    assert ev['kl'] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_config_and_ci():
+    with pytest.raises(ValueError, match='DPO method listed before'): TGDPOConfig(methods=(('x', 'tgdpo', 'dpo', 0.5),))
+    assert mean_ci([0.6], se=0.02) == (0.6, pytest.approx(0.0392))
+    m, c = mean_ci([0.5, 0.6, 0.7]); assert m == pytest.approx(0.6) and c == pytest.approx(4.30 * 0.1 / math.sqrt(3))
