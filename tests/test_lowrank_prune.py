@@ -92,3 +92,36 @@ def test_model_wrapper_on_tiny_llama():
     assert torch.isfinite(model(ids).logits).all()
     tlr = {k: v for k, v in hist.items()}; svd = {k: [v[0]] for k, v in hist.items()}
     assert len(fig_tlr_errors(tlr, svd).data) == 2 * len(TARGETS) + 1
+
+def test_gap_spectrum_and_eckart_young():
+    "The zero-shot SVD error equals the energy of the gap's singular values beyond rank k."
+    from workbench.compression.lowrank_prune import gap_spectrum, fig_gap_spectra
+    W = _w(); P = magnitude_mask(W, 0.6); sv = gap_spectrum(W, P)
+    assert torch.allclose((sv ** 2).sum(), (W * ~P).pow(2).sum(), rtol=1e-4)
+    for k in (0, 4, 12):
+        assert abs(zero_shot_svd(W, P, k, 'full').history[-1] - ((sv[k:] ** 2).sum().sqrt() / W.norm()).item()) < 1e-4
+    assert len(fig_gap_spectra({'w': sv}, 4).data) == 2
+
+@pytest.mark.parametrize('pat,want', [('50%', (0.5, None)), ('70%', (0.7, None)), ('2:4', (None, (2, 4)))])
+def test_parse_pattern(pat, want):
+    from workbench.compression.lowrank_prune import parse_pattern
+    assert parse_pattern(pat) == want
+
+@pytest.mark.parametrize('bad', ['100%', '-5%', '4:2', 'half', 0.5])
+def test_parse_pattern_rejects(bad):
+    from workbench.compression.lowrank_prune import parse_pattern
+    with pytest.raises(ValueError): parse_pattern(bad)
+
+def test_peak_rss_sees_an_allocation():
+    import time
+    from workbench.compression.lowrank_prune import PeakRSS
+    with PeakRSS() as pm:
+        x = torch.ones(32 * 2**18); x += 1; time.sleep(0.05); del x           # 32 MiB
+    assert pm.peak_mb is None or 25 < pm.peak_mb < 200
+
+def test_ppl_params_figure():
+    from workbench.compression.lowrank_prune import fig_ppl_params
+    rows = [dict(mask='dense', pattern='-', refine='none', ppl=10., total=100), dict(mask='magnitude', pattern='50%', refine='none', ppl=30., total=60),
+            dict(mask='magnitude', pattern='50%', refine='tlr', ppl=20., total=64)]
+    assert len(fig_ppl_params(rows, '50%').data) == 2
+    with pytest.raises(ValueError, match='no rows for pattern'): fig_ppl_params(rows, '2:4')

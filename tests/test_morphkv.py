@@ -72,3 +72,29 @@ def test_morph_select_matches_bruteforce():
                                       (lambda: make_policy('lru', 8), 'unknown policy')])
 def test_invalid_arguments(make, msg):
     with pytest.raises((ValueError, TypeError), match=msg.replace('(', r'\(').replace(')', r'\)')): make()
+
+def test_stacked_policies_match_alone(setup):
+    "Five fixed-size policies decoded as one batch give each policy's own tokens, logits (to rounding) and kept sets."
+    from workbench.inference.kvcache import decode_stacked
+    m, ids, ref = setup
+    names = ['streamingllm', 'h2o', 'tova', 'morphkv-sum', 'morphkv-max']
+    for teacher in (ref.tokens, None):
+        st = decode_stacked(m, ids, [make_policy(k, 12, 4) for k in names], N, teacher=teacher, record_kept=True)
+        for k, tr in zip(names, st):
+            alone = decode(m, ids, make_policy(k, 12, 4), N, teacher=teacher, record_kept=True)
+            assert torch.equal(tr.tokens, alone.tokens) and torch.equal(tr.kept, alone.kept), k
+            assert torch.allclose(tr.logits, alone.logits, atol=1e-4), k
+
+def test_held_bytes_counts_storage():
+    from workbench.inference.kvcache import held_bytes
+    buf = torch.zeros(64, 4)
+    assert held_bytes([buf[:2]]) == 1024 and held_bytes([buf[:2].clone()]) == 32 and held_bytes([buf, buf[1:]]) == 1024
+
+def test_kvpress_peer_runs_in_our_loop(setup):
+    "kvpress (the peer library) works beside the pinned transformers: a budget above the sequence changes nothing."
+    from workbench.inference.morphkv import make_press, press_decode
+    m, ids, ref = setup
+    tr = press_decode(m, ids, make_press('kvpress-expected-attention', T + N + 8, T, 4), N, teacher=ref.tokens)
+    assert torch.allclose(tr.logits, ref.logits, atol=1e-5)
+    small = press_decode(m, ids, make_press('kvpress-expected-attention', 16, T, 4), N, teacher=ref.tokens)
+    assert max(small.kv_bytes[-8:]) < max(ref.kv_bytes)

@@ -21,7 +21,8 @@ from ..viz import PALETTE, Explorer
 # %% auto #0
 __all__ = ['TARGETS', 'score_mask', 'magnitude_mask', 'wanda_mask', 'truncated_svd', 'rank_schedule', 'TLRResult',
            'zero_shot_svd', 'tlr_refine', 'SparseLowRankLinear', 'input_norms', 'make_masks', 'prune_and_refine',
-           'count_parameters', 'fig_tlr_errors', 'TLRExplorer']
+           'count_parameters', 'PeakRSS', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra', 'SpectrumExplorer',
+           'fig_tlr_errors', 'TLRExplorer', 'fig_ppl_params', 'TradeoffExplorer']
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #19a76d90
 def _check_weight(w, name='weight'):
@@ -174,6 +175,7 @@ class SparseLowRankLinear(nn.Module):
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #bb62cc3e
 TARGETS = ('self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj', 'self_attn.o_proj', 'mlp.gate_proj', 'mlp.up_proj', 'mlp.down_proj')
+def _short(t): return t.split('.')[-1].replace('_proj', '')
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #1676d7ca
 def _o_proj_input(pattern: Tensor, v: Tensor, head_dim: int) -> Tensor:
@@ -237,9 +239,78 @@ def count_parameters(model: nn.Module) -> dict:
     other = sum(p.numel() for p in model.parameters() if id(p) not in covered)
     return dict(sparse=sparse, lowrank=lowrank, other=other, total=sparse + lowrank + other)
 
-# %% ../../nbs/compression/40_lowrank_prune.ipynb #5e1dbb28
-def _short(t): return t.split('.')[-1].replace('_proj', '')
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #7f877f71
+import os, threading
 
+def _rss_bytes() -> int:
+    with open('/proc/self/statm') as f: return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+class PeakRSS:
+    "Context manager: `.peak_mb`, the peak resident memory above the level at entry (MiB), sampled every `interval` s."
+    def __init__(self, interval: float=0.005): self.interval, self.peak_mb = interval, None
+    def __enter__(self):
+        if not os.path.exists('/proc/self/statm'): return self                 # not Linux: no measurement
+        self.base = self.peak = _rss_bytes(); self._stop = threading.Event()
+        def watch():
+            while not self._stop.wait(self.interval): self.peak = max(self.peak, _rss_bytes())
+        self._t = threading.Thread(target=watch, daemon=True); self._t.start(); return self
+    def __exit__(self, *a):
+        if getattr(self, '_t', None) is None: return
+        self._stop.set(); self._t.join(); self.peak = max(self.peak, _rss_bytes())
+        self.peak_mb = (self.peak - self.base) / 2**20
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #71cf584d
+def parse_pattern(pattern: str) -> tuple:
+    "'60%' -> (0.6, None); '2:4' -> (None, (2, 4))."
+    if isinstance(pattern, str) and pattern.endswith('%'):
+        s = float(pattern[:-1]) / 100; _check_sparsity(s, None); return s, None
+    if isinstance(pattern, str) and ':' in pattern:
+        n_m = tuple(int(v) for v in pattern.split(':')); _check_sparsity(None, n_m); return None, n_m
+    raise ValueError(f"pattern must look like '50%' or '2:4', got {pattern!r}")
+
+def gap_spectrum(weight: Tensor, mask: Tensor) -> Tensor:
+    "Singular values (descending) of the pruning gap $(1-P)\\odot W$."
+    W, P = _check_pair(weight, mask)
+    return torch.linalg.svdvals(W * ~P)
+
+def fig_gap_spectra(spectra: dict,          # name -> singular values (descending)
+                    rank: int=16,           # k, marked on both panels
+                    title: str='Singular values of the pruning gap') -> go.Figure:
+    "Left: σ_i / σ_1 (log); right: cumulative share of the gap's energy, with the rank-k share in the legend."
+    if not spectra: raise ValueError("spectra must be a non-empty dict name -> singular values")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=('σ_i / σ_1', 'energy share Σ_{j≤i} σ_j² / Σ σ_j²'))
+    for j, (name, sv) in enumerate(spectra.items()):
+        sv = torch.as_tensor(sv).float(); e = (sv ** 2).cumsum(0) / (sv ** 2).sum().clamp_min(1e-30); c = PALETTE[j % len(PALETTE)]
+        share = e[min(rank, len(e)) - 1].item() if rank else 0.0
+        fig.add_trace(go.Scatter(y=(sv / sv[0].clamp_min(1e-30)).tolist(), name=f'{name} (rank {rank}: {100 * share:.1f}%)', line=dict(color=c), legendgroup=name), 1, 1)
+        fig.add_trace(go.Scatter(y=e.tolist(), showlegend=False, line=dict(color=c), legendgroup=name), 1, 2)
+    for col in (1, 2): fig.add_vline(x=rank, line=dict(dash='dot', color='grey'), row=1, col=col)
+    fig.update_yaxes(type='log', row=1, col=1); fig.update_xaxes(title_text='i'); fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    fig.update_layout(title=title, height=380, margin=dict(t=70, b=40, l=60, r=20))
+    return fig
+
+class SpectrumExplorer(Explorer):
+    "Block slider, sparsity-pattern slider and mask selector; recomputes the gap spectra of the block's 7 matrices live."
+    def __init__(self, model: nn.Module, patterns=('50%', '60%', '70%', '2:4'), norms: dict|None=None, rank: int=16):
+        self.model, self.norms, self.rank = model, norms, rank
+        for p in patterns: parse_pattern(p)
+        n = len(decoder_layers(model)); blocks = sorted({i for i, _ in norms}) if norms else list(range(n))
+        self.block = W.SelectionSlider(options=blocks, value=blocks[len(blocks) // 2], description='block', continuous_update=False)
+        self.pattern = W.SelectionSlider(options=list(patterns), value=patterns[0], description='sparsity', continuous_update=False)
+        self.mask = W.Dropdown(options=['magnitude'] + (['wanda'] if norms else []), description='mask')
+        self.fig = go.FigureWidget(self.figure())
+        for w in (self.block, self.pattern, self.mask): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.block, self.pattern, self.mask]), self.fig])
+    def spectra(self) -> dict:
+        sp, nm = parse_pattern(self.pattern.value); i = self.block.value
+        ms = make_masks(self.model, self.mask.value, sp, nm, self.norms, [i])
+        return {_short(t): gap_spectrum(decoder_layers(self.model)[i].get_submodule(t).weight, P) for (_, t), P in ms.items()}
+    def figure(self): return fig_gap_spectra(self.spectra(), self.rank, f'Gap spectra, block {self.block.value}, {self.mask.value} {self.pattern.value}')
+    def _update(self, _=None):
+        new = self.figure()
+        with self.fig.batch_update(): self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #f2d3580d
 def fig_tlr_errors(tlr: dict,            # (block, target) -> TLR relative-error history
                    svd: dict,            # (block, target) -> zero-shot history (its last entry is the error)
                    block: int|None=None, # block shown on the left (default: the first)
@@ -273,6 +344,40 @@ class TLRExplorer(Explorer):
         for w in (self.block, self.run): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.block, self.run]), self.fig])
     def figure(self): return fig_tlr_errors(*self.runs[self.run.value], block=self.block.value, title=f'{self.title}: {self.run.value}')
+    def _update(self, _=None):
+        new = self.figure()
+        with self.fig.batch_update(): self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #97c802dc
+def fig_ppl_params(rows: list,             # result rows: mask, pattern, refine, ppl, total
+                   pattern: str,           # which pattern to show, e.g. '50%'
+                   title: str='Perplexity vs non-zero parameters') -> go.Figure:
+    "Scatter of perplexity (log) against non-zero parameters for one pattern's rows, plus the dense model."
+    sel = [r for r in rows if r['pattern'] == pattern]
+    if not sel: raise ValueError(f"no rows for pattern {pattern!r}; patterns: {sorted({r['pattern'] for r in rows} - {'-'})}")
+    fig, sym = go.Figure(), dict(none='circle', svd='square', tlr='star', matched='diamond')
+    for j, mk in enumerate(dict.fromkeys(r['mask'] for r in sel)):
+        rs = [r for r in sel if r['mask'] == mk]
+        fig.add_trace(go.Scatter(x=[r['total'] / 1e6 for r in rs], y=[r['ppl'] for r in rs], mode='markers+text', name=mk,
+                                 text=[r['refine'] for r in rs], textposition='top center', marker=dict(size=12, color=PALETTE[j % len(PALETTE)],
+                                 symbol=[sym.get(r['refine'], 'circle') for r in rs])))
+    dense = next((r for r in rows if r['mask'] == 'dense'), None)
+    if dense: fig.add_trace(go.Scatter(x=[dense['total'] / 1e6], y=[dense['ppl']], mode='markers+text', text=['dense'], textposition='top center',
+                                       name='dense', marker=dict(size=12, color='black')))
+    fig.update_yaxes(type='log', title_text='perplexity (prose validation)'); fig.update_xaxes(title_text='non-zero parameters (M)')
+    fig.update_layout(title=f'{title}: {pattern}', height=380, margin=dict(t=60, b=40, l=60, r=20))
+    return fig
+
+class TradeoffExplorer(Explorer):
+    "A sparsity slider over the patterns in `rows`, driving `fig_ppl_params`."
+    def __init__(self, rows: list, title: str='Perplexity vs non-zero parameters'):
+        pats = list(dict.fromkeys(r['pattern'] for r in rows if r['pattern'] != '-'))
+        if not pats: raise ValueError("rows hold no pruned models")
+        self.rows, self.title = rows, title
+        self.pattern = W.SelectionSlider(options=pats, value=pats[0], description='sparsity', continuous_update=False)
+        self.fig = go.FigureWidget(self.figure()); self.pattern.observe(self._update, names='value')
+        self.widget = W.VBox([self.pattern, self.fig])
+    def figure(self): return fig_ppl_params(self.rows, self.pattern.value, self.title)
     def _update(self, _=None):
         new = self.figure()
         with self.fig.batch_update(): self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout

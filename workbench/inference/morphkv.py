@@ -6,218 +6,18 @@ Docs: https://workbench-dev.github.io/workbench/inference/morphkv.html.md"""
 
 # %% ../../nbs/inference/20_morphkv.ipynb #aa66e1dd
 from __future__ import annotations
-import time
-from dataclasses import dataclass
 import torch, torch.nn.functional as F
-from transformers.cache_utils import Cache, DynamicLayer
-from transformers.modeling_utils import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.cache_utils import DynamicCache
+from .kvcache import *
 
 # %% auto #0
-__all__ = ['ATTN_NAME', 'POLICIES', 'check_int', 'check_window', 'PolicyLayer', 'PolicyCache', 'policy_attention', 'DecodeTrace',
-           'decode', 'group_attention', 'recent_topk', 'StreamingLLMCache', 'H2OCache', 'TOVACache', 'SnapKVCache',
-           'MorphKVCache', 'morph_select', 'make_policy', 'fidelity']
-
-# %% ../../nbs/inference/20_morphkv.ipynb #24c38511
-def check_int(name, v, lo=1):
-    "Return `v` if it is an int >= `lo`, else raise a TypeError/ValueError naming `name`."
-    if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < lo: raise ValueError(f"{name} must be an int >= {lo}, got {v}")
-    return v
-
-def check_window(budget, window, name='window'):
-    "Validate a recent-window size against the budget."
-    check_int(name, window)
-    if window > budget: raise ValueError(f"{name} ({window}) must be <= budget ({budget}): the recent window lives inside the budget")
-    return window
+__all__ = ['POLICIES', 'KVPRESS_PEERS', 'MorphKVCache', 'morph_select', 'make_policy', 'make_press', 'press_decode']
 
 # %% ../../nbs/inference/20_morphkv.ipynb #8128601e
-class PolicyLayer(DynamicLayer):
-    "A `DynamicLayer` that records each entry's absolute position and can keep a subset of its entries."
-    def __init__(self):
-        super().__init__(); self.pos, self.seen, self.per_entry, self.extra = None, 0, {}, {}
-    def update(self, key_states, value_states, cache_kwargs=None):
-        B, H, T, _ = key_states.shape                                          # (B, n_kv, T, d), post-RoPE
-        p = torch.arange(self.seen, self.seen + T, device=key_states.device).expand(B, H, T)
-        self.pos = p if self.pos is None else torch.cat([self.pos, p], -1)     # (B, n_kv, S) absolute positions
-        self.seen += T
-        return super().update(key_states, value_states, cache_kwargs)
-    def keep(self, idx):
-        "Keep only the entries `idx` (B, n_kv, S') of each KV head, in time order (per-entry state too)."
-        idx = idx.sort(-1).values
-        g = idx[..., None].expand(-1, -1, -1, self.keys.shape[-1])
-        self.keys, self.values, self.pos = self.keys.gather(2, g), self.values.gather(2, g), self.pos.gather(2, idx)
-        self.per_entry = {k: v.gather(2, idx) for k, v in self.per_entry.items()}
-
-# %% ../../nbs/inference/20_morphkv.ipynb #3bb987dd
-class PolicyCache(Cache):
-    "A KV cache that may drop entries after each layer's attention; subclasses choose them in `select`. This one keeps all."
-    name = 'full'
-    def __init__(self, budget: int|None=None):  # entries kept per layer and KV head (None: no limit)
-        super().__init__(layer_class_to_replicate=PolicyLayer)
-        self.budget = None if budget is None else check_int('budget', budget)
-    def observe(self, layer_idx, query, scaling):
-        "Called after attention with the layer's queries (B, n_q, T, d): record state, then evict to the budget."
-        L = self.layers[layer_idx]
-        self.record(L, query, scaling)
-        if self.budget is not None and L.keys.shape[-2] > self.budget:
-            idx = self.select(L, query, scaling)                               # (B, n_kv, <= budget) or None
-            if idx is not None: L.keep(idx)
-    def record(self, L, query, scaling): pass
-    def select(self, L, query, scaling): return None
-    @property
-    def seen_tokens(self) -> int: return self.layers[0].seen if self.layers else 0
-    def kv_bytes(self) -> int:
-        "Bytes held by the cached keys and values, measured from the tensors."
-        return sum(t.numel() * t.element_size() for L in self.layers for t in (L.keys, L.values))
-    def state_bytes(self) -> int:
-        "Bytes of the policy's own state (scores, cached queries)."
-        return sum(t.numel() * t.element_size() for L in self.layers for t in (*L.per_entry.values(), *L.extra.values()))
-    def __repr__(self): return f"{type(self).__name__}(budget={self.budget})"
-
-# %% ../../nbs/inference/20_morphkv.ipynb #700d34f2
-ATTN_NAME = 'workbench_kv'
-
-def _policy_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_policy=None, **kw):
-    out, w = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kw)
-    if isinstance(kv_policy, PolicyCache): kv_policy.observe(module.layer_idx, query, scaling)
-    return out, w
-
-AttentionInterface.register(ATTN_NAME, _policy_attention)
-AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
-
-class policy_attention:
-    "Context manager: run `model` with the policy-aware attention, restoring its attention implementation after."
-    def __init__(self, model): self.model = model
-    def __enter__(self):
-        self.old = self.model.config._attn_implementation
-        self.model.config._attn_implementation = ATTN_NAME; return self.model
-    def __exit__(self, *a): self.model.config._attn_implementation = self.old
-
-# %% ../../nbs/inference/20_morphkv.ipynb #f908646a
-@dataclass
-class DecodeTrace:
-    "What one decoding run produced."
-    tokens: torch.Tensor        # (n,) the response tokens (generated, or the teacher's)
-    logits: torch.Tensor        # (n, V) logits that predicted each response token
-    kv_bytes: list              # bytes of keys+values held after the prefill and after each step
-    state_bytes: list           # bytes of policy state after the prefill and after each step
-    kept: torch.Tensor|None     # (n, L, n_kv, P) bool: positions kept after the prefill and each step, or None
-    prefill_s: float            # seconds for the prompt
-    decode_s: float             # seconds for the n-1 decode steps
-    @property
-    def tokens_per_s(self): return (len(self.tokens) - 1) / max(self.decode_s, 1e-9)
-
-def _kept_now(cache, L, H, P):
-    k = torch.zeros(L, H, P, dtype=torch.bool)
-    for l, layer in enumerate(cache.layers): k[l].scatter_(-1, layer.pos[0].cpu(), True)
-    return k
-
-# %% ../../nbs/inference/20_morphkv.ipynb #8a58d2b5
-@torch.no_grad()
-def decode(model, input_ids: torch.Tensor, cache: Cache, max_new_tokens: int,  # prompt (1, T); a fresh cache
-           teacher: torch.Tensor|None=None,   # (n,) tokens to replay instead of greedy choices
-           record_kept: bool=False) -> DecodeTrace:
-    "Greedy (or teacher-forced) decoding of batch 1 under any cache policy, with absolute positions."
-    if not (torch.is_tensor(input_ids) and input_ids.ndim == 2 and input_ids.shape[0] == 1 and input_ids.shape[1] > 0):
-        raise ValueError(f"input_ids must be a (1, T) tensor with T >= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    check_int('max_new_tokens', max_new_tokens)
-    if not isinstance(cache, Cache) or (isinstance(cache, PolicyCache) and cache.layers): raise TypeError("cache must be a fresh transformers Cache")
-    if teacher is not None and teacher.numel() < max_new_tokens: raise ValueError(f"teacher has {teacher.numel()} tokens, need {max_new_tokens}")
-    T, n, cfg, dev = input_ids.shape[1], max_new_tokens, model.config, input_ids.device
-    P, kept, logits, toks, kvb, stb = T + n, [], [], [], [], []
-    def step(ids, start):
-        pos = torch.arange(start, start + ids.shape[1], device=dev)
-        out = model(input_ids=ids, past_key_values=cache, position_ids=pos[None], cache_position=pos, use_cache=True,
-                    kv_policy=cache if isinstance(cache, PolicyCache) else None)
-        logits.append(out.logits[0, -1].float())
-        nxt = teacher[len(toks)].view(1, 1).to(dev) if teacher is not None else out.logits[:, -1:].argmax(-1)
-        toks.append(int(nxt)); kvb.append(_bytes(cache)); stb.append(cache.state_bytes() if isinstance(cache, PolicyCache) else 0)
-        if record_kept: kept.append(_kept_now(cache, cfg.num_hidden_layers, cfg.num_key_value_heads, P))
-        return nxt
-    ctx = policy_attention(model) if isinstance(cache, PolicyCache) else _null()
-    with ctx:
-        t0 = time.perf_counter(); nxt = step(input_ids, 0); t1 = time.perf_counter()
-        for i in range(1, n): nxt = step(nxt, T + i - 1)
-        t2 = time.perf_counter()
-    return DecodeTrace(torch.tensor(toks), torch.stack(logits), kvb, stb, torch.stack(kept) if record_kept else None, t1 - t0, t2 - t1)
-
-class _null:
-    def __enter__(self): pass
-    def __exit__(self, *a): pass
-
-def _bytes(cache):
-    return sum(t.numel() * t.element_size() for L in cache.layers for t in (L.keys, L.values) if t is not None)
-
-# %% ../../nbs/inference/20_morphkv.ipynb #487247d8
-def group_attention(query, keys, scaling):
-    "Attention probabilities (B, n_kv, T, S) of queries (B, n_q, T, d) over keys (B, n_kv, S, d), summed within each GQA group."
-    B, Hq, T, d = query.shape; Hk = keys.shape[1]
-    if Hq % Hk: raise ValueError(f"{Hq} query heads do not split into {Hk} KV-head groups")
-    q = query.view(B, Hk, Hq // Hk, T, d)                                      # (B, n_kv, g, T, d)
-    # $a_j = \sum_{h\in g} \mathrm{softmax}_j(q_h^\top k_j s)$ (causal within the last T keys)
-    logit = torch.einsum('bkgtd,bksd->bkgts', q, keys) * scaling
-    S = keys.shape[2]; causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-    return logit.masked_fill(~causal, float('-inf')).softmax(-1).sum(2)        # (B, n_kv, T, S)
-
-def recent_topk(score, n_keep, window):
-    "Indices (B, n_kv, n_keep + window): the last `window` entries plus the top `n_keep` of `score` (B, n_kv, S - window)."
-    S = score.shape[-1] + window
-    recent = torch.arange(S - window, S, device=score.device).expand(*score.shape[:2], window)
-    return torch.cat([score.topk(n_keep, -1).indices, recent], -1) if n_keep else recent
-
-# %% ../../nbs/inference/20_morphkv.ipynb #aa669b29
-class StreamingLLMCache(PolicyCache):
-    "Attention sinks plus a recent window: keep the first `n_sink` and the last `budget - n_sink` tokens."
-    name = 'streamingllm'
-    def __init__(self, budget: int, n_sink: int=4):
-        super().__init__(budget); self.n_sink = check_int('n_sink', n_sink, 0)
-        if n_sink >= budget: raise ValueError(f"n_sink ({n_sink}) must be < budget ({budget})")
-    def select(self, L, query, scaling):
-        B, H, S = L.pos.shape; r = self.budget - self.n_sink
-        idx = torch.cat([torch.arange(self.n_sink), torch.arange(S - r, S)]).to(L.pos.device)
-        return idx.expand(B, H, -1)
-
-class H2OCache(PolicyCache):
-    "Heavy hitters: the `window` most recent plus the top by attention accumulated over all past queries."
-    name = 'h2o'
-    def __init__(self, budget: int, window: int=16):
-        super().__init__(budget); self.window = check_window(budget, window)
-    def record(self, L, query, scaling):
-        # $s_j \mathrel{+}= \sum_i a^{(i)}_j$ over this forward's queries
-        a = group_attention(query, L.keys, scaling).sum(2)                    # (B, n_kv, S)
-        acc = L.per_entry.get('acc')
-        L.per_entry['acc'] = a if acc is None else F.pad(acc, (0, a.shape[-1] - acc.shape[-1])) + a
-    def select(self, L, query, scaling):
-        return recent_topk(L.per_entry['acc'][..., :-self.window], self.budget - self.window, self.window)
-
-# %% ../../nbs/inference/20_morphkv.ipynb #c76e1293
-class TOVACache(PolicyCache):
-    "TOVA: keep the `budget` entries the current query attends to most (group-summed)."
-    name = 'tova'
-    def select(self, L, query, scaling):
-        a = group_attention(query[:, :, -1:], L.keys, scaling)[:, :, 0]        # (B, n_kv, S)
-        return a.topk(self.budget, -1).indices
-
-class SnapKVCache(PolicyCache):
-    "SnapKV: compress the prompt once (last-`window` queries, max-pooled scores), then append every generated token."
-    name = 'snapkv'
-    def __init__(self, budget: int, window: int=16, kernel: int=7):  # budget applies to the prompt only
-        super().__init__(budget); self.window = check_window(budget, window); self.kernel = check_int('kernel', kernel)
-        if kernel % 2 == 0: raise ValueError(f"kernel must be odd, got {kernel}")
-    def select(self, L, query, scaling):
-        if query.shape[2] == 1: return None                                    # decoding: never evict
-        W = min(self.window, query.shape[2])
-        s = group_attention(query[:, :, -W:], L.keys, scaling).sum(2)[..., :-W] # (B, n_kv, S - W)
-        # $s_j = \mathrm{maxpool}_k(\sum_{i \in \text{last } W} a^{(i)}_j)$
-        s = F.max_pool1d(s, self.kernel, stride=1, padding=self.kernel // 2)
-        return recent_topk(s, self.budget - W, W)
-
-# %% ../../nbs/inference/20_morphkv.ipynb #1ca6a694
 class MorphKVCache(PolicyCache):
     "MorphKV: the `window` most recent tokens plus the older ones the recent queries attend to most; never more than `budget`."
     name = 'morphkv'
+    fixed_size = True
     def __init__(self, budget: int, window: int=16, aggregate: str='sum'):
         super().__init__(budget); self.window = check_window(budget, window)
         if aggregate not in ('sum', 'max'): raise ValueError(f"aggregate must be 'sum' or 'max', got {aggregate!r}")
@@ -227,7 +27,7 @@ class MorphKVCache(PolicyCache):
         L.extra['q'] = q[:, :, -self.window:]                                  # (B, n_q, <= R, d) window queries
     def select(self, L, query, scaling): return morph_select(L.extra['q'], L.keys, scaling, self.budget, self.window, self.aggregate)
 
-# %% ../../nbs/inference/20_morphkv.ipynb #02ca089a
+# %% ../../nbs/inference/20_morphkv.ipynb #3bb987dd
 def morph_select(qwin, keys, scaling, budget, window, aggregate='sum'):
     "Indices (B, n_kv, budget) to keep: the last `window` entries plus the top `budget - window` older ones."
     B, Hq, R, d = qwin.shape; Hk, S = keys.shape[1], keys.shape[2]
@@ -239,7 +39,7 @@ def morph_select(qwin, keys, scaling, budget, window, aggregate='sum'):
     s = A.sum(2) if aggregate == 'sum' else A.amax(2)                          # (B, n_kv, S - R)
     return recent_topk(s, budget - window, window)
 
-# %% ../../nbs/inference/20_morphkv.ipynb #790834e4
+# %% ../../nbs/inference/20_morphkv.ipynb #39565c81
 POLICIES = ('full', 'streamingllm', 'h2o', 'tova', 'snapkv', 'morphkv-sum', 'morphkv-max')
 
 def make_policy(name: str, budget: int, window: int=16) -> PolicyCache:
@@ -252,9 +52,20 @@ def make_policy(name: str, budget: int, window: int=16) -> PolicyCache:
     if name == 'snapkv': return SnapKVCache(budget, window)
     return MorphKVCache(budget, window, name.split('-')[1])
 
-def fidelity(ref: DecodeTrace, tr: DecodeTrace) -> dict:
-    "Top-1 agreement with, and KL(p_ref || p) from, a reference run over the same tokens; `kl` per position too."
-    if not torch.equal(ref.tokens, tr.tokens): raise ValueError("traces must cover the same tokens (replay the reference with teacher=)")
-    lp_r, lp = ref.logits.log_softmax(-1), tr.logits.log_softmax(-1)
-    kl = (lp_r.exp() * (lp_r - lp)).sum(-1)                                    # (n,)
-    return dict(top1=(ref.logits.argmax(-1) == tr.logits.argmax(-1)).float().mean().item(), kl=kl.mean().item(), kl_t=kl)
+# %% ../../nbs/inference/20_morphkv.ipynb #76650605
+KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm')
+
+def make_press(name: str, budget: int, prompt_len: int, window: int=16):
+    "A kvpress press matched to our budget (see above); `name` is one of `KVPRESS_PEERS`."
+    if name not in KVPRESS_PEERS: raise ValueError(f"unknown kvpress peer {name!r}; known: {', '.join(KVPRESS_PEERS)}")
+    check_int('budget', budget); check_int('prompt_len', prompt_len); check_int('window', window)
+    if window >= budget: raise ValueError(f"window ({window}) must be < budget ({budget}): decoding presses compress to budget - window")
+    import kvpress       # lazily: importing kvpress wraps every registered attention function
+    if name == 'kvpress-snapkv':
+        return kvpress.SnapKVPress(compression_ratio=max(0.0, 1 - budget / prompt_len), window_size=min(window, prompt_len))
+    base = {'kvpress-expected-attention': kvpress.ExpectedAttentionPress, 'kvpress-tova': kvpress.TOVAPress, 'kvpress-knorm': kvpress.KnormPress}[name]()
+    return kvpress.DecodingPress(base_press=base, compression_interval=window, target_size=budget - window)
+
+def press_decode(model, input_ids, press, max_new_tokens: int, teacher=None) -> DecodeTrace:
+    "`decode` with a kvpress press hooked into `model`, on a plain `DynamicCache`."
+    with press(model): return decode(model, input_ids, DynamicCache(), max_new_tokens, teacher=teacher)
