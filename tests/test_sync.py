@@ -37,3 +37,10 @@ def test_notebooks_are_clean(copy):
 def test_notebooks_are_small():
     big = [str(p.relative_to(ROOT)) for p in (ROOT/'nbs').rglob('*.ipynb') if p.stat().st_size > 1_500_000]
     assert not big, f"notebooks over 1.5 MB (embedded plotly.js or widget state?): {big}"
+
+def test_no_control_characters_in_sources():
+    "A Python string that held LaTeX (\\beta, \\alpha, \\bar) turns the backslash escapes into control characters."
+    import json, re
+    bad = [f"{p.relative_to(ROOT)}: {m.group()!r}" for p in sorted((ROOT/'nbs').rglob('*.ipynb'))
+           for c in json.loads(p.read_text())['cells'] for m in re.finditer(r'.{0,12}[\x00-\x08\x0b\x0c\x0e-\x1f].{0,12}', ''.join(c['source']))]
+    assert not bad, f"control characters in notebook sources (a lost backslash?): {bad[:5]}"
