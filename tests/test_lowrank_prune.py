@@ -115,9 +115,11 @@ def test_parse_pattern_rejects(bad):
 def test_peak_rss_sees_an_allocation():
     import time
     from workbench.compression.lowrank_prune import PeakRSS
+    # 128 MiB: above glibc's largest mmap threshold (32 MiB), so the pages are fresh from the OS even after earlier
+    # tests freed memory the allocator could reuse (RSS counts what the process holds, not what it reuses)
     with PeakRSS() as pm:
-        x = torch.ones(32 * 2**18); x += 1; time.sleep(0.05); del x           # 32 MiB
-    assert pm.peak_mb is None or 25 < pm.peak_mb < 200
+        x = torch.ones(128 * 2**18); x += 1; time.sleep(0.05); del x
+    assert pm.peak_mb is None or 120 < pm.peak_mb < 400
 
 def test_ppl_params_figure():
     from workbench.compression.lowrank_prune import fig_ppl_params

@@ -23,9 +23,9 @@ __all__ = ['KINDS', 'PLANTED_SITES', 'GROUPS', 'THEMES', 'PROMPTS', 'PPL_BUDGET'
            'TopKSAE', 'fvu', 'train_sae', 'sae_stats', 'match_features', 'predecessors', 'planted_flow',
            'link_recovery', 'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph', 'to_feature_graph',
            'collect_activations', 'Intervention', 'steer', 'token_windows', 'generate_batch', 'continuation_ppl',
-           'deactivation_test', 'logit_lens', 'word_ids', 'theme_windows', 'theme_latent', 'keyword_rate',
-           'train_flow_saes', 'top_contexts', 'steering_grid', 'run_experiment', 'FlowConfig', 'default_config',
-           'summarize', 'verdict_of', 'node_labels', 'fig_origin_groups', 'fig_scores', 'fig_steering', 'SteeringPanel']
+           'deactivation_test', 'logit_lens', 'word_ids', 'theme_windows', 'theme_latent', 'keyword_rate', 'FlowConfig',
+           'default_config', 'train_flow_saes', 'top_contexts', 'steering_grid', 'run_experiment', 'summarize',
+           'verdict_of', 'node_labels', 'fig_origin_groups', 'fig_scores', 'fig_steering', 'SteeringPanel']
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #69e44660
 KINDS = {'resid_post': ('R', 'hook_resid_post'), 'attn_out': ('A', 'hook_attn_out'), 'mlp_out': ('M', 'hook_mlp_out')}
@@ -425,6 +425,39 @@ def keyword_rate(texts, words) -> float:
     pat = re.compile(r'\b(' + '|'.join(map(re.escape, words)) + r')\b', re.I)
     return float(np.mean([bool(pat.search(t)) for t in texts]))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42
+PROMPTS = ('I went to the market this morning and', 'The weather in the valley was', 'She opened the old wooden box and',
+           'When the meeting ended, everyone', 'The best part of the story is that', 'He looked out of the window and')
+
+@dataclass
+class FlowConfig:
+    layers: tuple = (11, 12, 13)   # consecutive blocks: R SAE at all, A and M SAEs at all but the first
+    n_train_seqs: int = 400        # training windows from the prose corpus
+    seq_len: int = 64              # tokens per window (position 0 is dropped: attention sink)
+    d_sae: int = 1024              # latents per SAE
+    k: int = 32                    # active latents per token (TopK)
+    steps: int = 250               # Adam updates per SAE
+    batch_size: int = 512          # tokens per update
+    lr: float = 1e-3               # Adam learning rate
+    n_eval_seqs: int = 64          # held-out windows for SAE quality, origin groups, causal tests, top contexts
+    n_targets: int = 24            # targets in the deactivation test per layer
+    max_seqs: int = 4              # windows per deactivation run
+    tau: float = 0.2               # cosine threshold of flow-graph edges
+    n_theme_seqs: int = 24         # windows around theme words, to find each theme's feature
+    themes: tuple = ('love', 'war', 'files')  # keys of THEMES
+    alphas: tuple = (2.0, 4.0, 8.0)  # steering strengths (multiples of the latent's mean activation)
+    n_new: int = 24                # greedy tokens per steered generation
+    n_prompts: int = 6             # neutral prompts (from PROMPTS)
+    seed: int = 0                  # data windows, SAE init and the random baselines
+    @property
+    def sites(self) -> list: return [Site(self.layers[0], 'resid_post')] + [Site(l, k) for l in self.layers[1:] for k in ('attn_out', 'mlp_out', 'resid_post')]
+
+def default_config() -> FlowConfig:
+    "Quick sizes (early layers, tiny SAEs) under tests; the spec's layers 11-13 with WORKBENCH_MODE=full."
+    if is_full(): return FlowConfig()
+    return FlowConfig(layers=(1, 2), n_train_seqs=48, seq_len=32, d_sae=256, k=16, steps=60, batch_size=256, lr=3e-3, n_eval_seqs=12, n_theme_seqs=4,
+                      n_targets=6, max_seqs=2, themes=('love',), alphas=(4.0,), n_new=6, n_prompts=2)
+
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #c55debce
 def _sae_key(cfg):
     return dict(model='smollm2-135m', corpus='prose', sites=[str(s) for s in cfg.sites], **{k: getattr(cfg, k) for k in
@@ -512,39 +545,6 @@ def run_experiment(cfg: FlowConfig, model, tokenizer, embedder) -> dict:
     res['timing']['steering_s'] = t.s
     res.update(saes=saes, ids=ids, codes=codes, graphs=graphs)
     return res
-
-# %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42
-PROMPTS = ('I went to the market this morning and', 'The weather in the valley was', 'She opened the old wooden box and',
-           'When the meeting ended, everyone', 'The best part of the story is that', 'He looked out of the window and')
-
-@dataclass
-class FlowConfig:
-    layers: tuple = (11, 12, 13)   # consecutive blocks: R SAE at all, A and M SAEs at all but the first
-    n_train_seqs: int = 400        # training windows from the prose corpus
-    seq_len: int = 64              # tokens per window (position 0 is dropped: attention sink)
-    d_sae: int = 1024              # latents per SAE
-    k: int = 32                    # active latents per token (TopK)
-    steps: int = 250               # Adam updates per SAE
-    batch_size: int = 512          # tokens per update
-    lr: float = 1e-3               # Adam learning rate
-    n_eval_seqs: int = 64          # held-out windows for SAE quality, origin groups, causal tests, top contexts
-    n_targets: int = 24            # targets in the deactivation test per layer
-    max_seqs: int = 4              # windows per deactivation run
-    tau: float = 0.2               # cosine threshold of flow-graph edges
-    n_theme_seqs: int = 24         # windows around theme words, to find each theme's feature
-    themes: tuple = ('love', 'war', 'files')  # keys of THEMES
-    alphas: tuple = (2.0, 4.0, 8.0)  # steering strengths (multiples of the latent's mean activation)
-    n_new: int = 24                # greedy tokens per steered generation
-    n_prompts: int = 6             # neutral prompts (from PROMPTS)
-    seed: int = 0                  # data windows, SAE init and the random baselines
-    @property
-    def sites(self) -> list: return [Site(self.layers[0], 'resid_post')] + [Site(l, k) for l in self.layers[1:] for k in ('attn_out', 'mlp_out', 'resid_post')]
-
-def default_config() -> FlowConfig:
-    "Quick sizes (early layers, tiny SAEs) under tests; the spec's layers 11-13 with WORKBENCH_MODE=full."
-    if is_full(): return FlowConfig()
-    return FlowConfig(layers=(1, 2), n_train_seqs=48, seq_len=32, d_sae=256, k=16, steps=60, batch_size=256, lr=3e-3, n_eval_seqs=12, n_theme_seqs=4,
-                      n_targets=6, max_seqs=2, themes=('love',), alphas=(4.0,), n_new=6, n_prompts=2)
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #6fdbec8c
 PPL_BUDGET = 2.0  # steering comparisons at perplexity <= this multiple of the unsteered generations'
