@@ -98,3 +98,13 @@ def test_kvpress_peer_runs_in_our_loop(setup):
     assert torch.allclose(tr.logits, ref.logits, atol=1e-5)
     small = press_decode(m, ids, make_press('kvpress-expected-attention', 16, T, 4), N, teacher=ref.tokens)
     assert max(small.kv_bytes[-8:]) < max(ref.kv_bytes)
+
+def test_morphkv_state_is_its_window(setup):
+    "MorphKV's state is R cached queries per layer, measured from storage: no slice keeps the prompt's (or a batch's) queries alive."
+    from workbench.inference.kvcache import decode_stacked
+    m, ids, ref = setup
+    cfg = m.config; R = 4
+    want = R * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4 * cfg.num_hidden_layers
+    assert set(decode(m, ids, make_policy('morphkv-sum', 12, R), N).state_bytes) == {want}
+    st = decode_stacked(m, ids, [make_policy('morphkv-max', 12, R), make_policy('h2o', 12, R)], N)
+    assert set(st[0].state_bytes) == {want}

@@ -24,7 +24,8 @@ class MorphKVCache(PolicyCache):
         self.aggregate = aggregate
     def record(self, L, query, scaling):
         q = query if 'q' not in L.extra else torch.cat([L.extra['q'], query], 2)
-        L.extra['q'] = q[:, :, -self.window:]                                  # (B, n_q, <= R, d) window queries
+        L.extra['q'] = q[:, :, -self.window:].clone()                          # (B, n_q, <= R, d) window queries; a copy, so
+                                                                               # the prompt's (or a batch's) queries are freed
     def select(self, L, query, scaling): return morph_select(L.extra['q'], L.keys, scaling, self.budget, self.window, self.aggregate)
 
 # %% ../../nbs/inference/20_morphkv.ipynb #3bb987dd
