@@ -121,6 +121,15 @@ def test_peak_rss_sees_an_allocation():
         x = torch.ones(128 * 2**18); x += 1; time.sleep(0.05); del x
     assert pm.peak_mb is None or 120 < pm.peak_mb < 400
 
+def test_peak_tensor_memory_counts_allocations_not_views():
+    from workbench.compression.lowrank_prune import PeakTensorMemory
+    w = torch.zeros(256, 1024)                                     # 1 MiB made before the context: never counted
+    with PeakTensorMemory() as pt:
+        a = torch.empty(1024, 1024); b = a + 1; del a               # 4 + 4 MiB alive at once
+        w.add_(1); w.view(-1); w[:10]; del b                        # in place, views: no allocation
+        c = torch.empty(512, 1024)                                  # 2 MiB kept past the end
+    assert pt.peak_mb == 8.0 and pt.kept_mb == 2.0
+
 def test_ppl_params_figure():
     from workbench.compression.lowrank_prune import fig_ppl_params
     rows = [dict(mask='dense', pattern='-', refine='none', ppl=10., total=100), dict(mask='magnitude', pattern='50%', refine='none', ppl=30., total=60),

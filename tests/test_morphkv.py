@@ -90,13 +90,14 @@ def test_held_bytes_counts_storage():
     buf = torch.zeros(64, 4)
     assert held_bytes([buf[:2]]) == 1024 and held_bytes([buf[:2].clone()]) == 32 and held_bytes([buf, buf[1:]]) == 1024
 
-def test_kvpress_peer_runs_in_our_loop(setup):
+@pytest.mark.parametrize('press', ['kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm'])
+def test_kvpress_peer_runs_in_our_loop(setup, press):
     "kvpress (the peer library) works beside the pinned transformers: a budget above the sequence changes nothing."
     from workbench.inference.morphkv import make_press, press_decode
     m, ids, ref = setup
-    tr = press_decode(m, ids, make_press('kvpress-expected-attention', T + N + 8, T, 4), N, teacher=ref.tokens)
+    tr = press_decode(m, ids, make_press(press, T + N + 8, T, 4), N, teacher=ref.tokens)
     assert torch.allclose(tr.logits, ref.logits, atol=1e-5)
-    small = press_decode(m, ids, make_press('kvpress-expected-attention', 16, T, 4), N, teacher=ref.tokens)
+    small = press_decode(m, ids, make_press(press, 16, T, 4), N, teacher=ref.tokens)
     assert max(small.kv_bytes[-8:]) < max(ref.kv_bytes)
 
 def test_morphkv_state_is_its_window(setup):

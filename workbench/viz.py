@@ -29,9 +29,16 @@ def _np(x) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 class Explorer:
-    "Base: `.widget` is the ipywidgets view, `.figure()` the static figure of the current state."
+    "Base: `.widget` is the ipywidgets view, `.figure()` the static figure of the current state, `.fig` the live figure (if any)."
     widget: W.Widget
     def figure(self) -> go.Figure: raise NotImplementedError
+    @staticmethod
+    def redraw(fw: go.FigureWidget, new: go.Figure):
+        "Replace the traces and layout of the live figure `fw` by those of `new`, in one message to the browser."
+        with fw.batch_update(): fw.data = []; fw.add_traces(list(new.data)); fw.layout = new.layout
+    def _update(self, _=None):
+        "Widget callback: redraw `.fig` from `.figure()`."
+        self.redraw(self.fig, self.figure())
     def _ipython_display_(self):
         from IPython.display import display
         display(self.widget)
@@ -90,11 +97,6 @@ class NormsExplorer(Explorer):
 
     def figure(self):
         return fig_norms(self.norms, self.layer.value, self.groups.value or list(self.norms)[:1], self.stat.value, self.title)
-
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update():
-            self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
 
 # %% ../nbs/05_viz.ipynb #14a57f32
 class FeatureGraph:
@@ -171,10 +173,6 @@ class FeatureFlowExplorer(Explorer):
         self.widget = W.VBox(kids)
 
     def figure(self): return fig_feature_flow(self.graph, self.threshold.value, self.feature.value, self.title)
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update():
-            self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
     def steer(self, _=None):
         "Call `on_steer` with the selected feature and show what it returns."
         if self.feature.value is None: return None
@@ -241,10 +239,6 @@ class KVCacheExplorer(Explorer):
     def figure(self):
         sel = dict.fromkeys([self.left.value, self.right.value])
         return fig_kv_cache({k: self.pols[k] for k in sel}, self.tokens, self.layer.value, self.head.value, self.step.value, self.title)
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update():
-            self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
 
 # %% ../nbs/05_viz.ipynb #00123b71
 def fig_curves(series: dict,            # name -> (steps, values)

@@ -421,9 +421,6 @@ class LossCurvesExplorer(Explorer):
         for w in (self.x, self.models): w.observe(self._update, names='value')
         self.widget = W.VBox([self.x, self.models, self.fig])
     def figure(self): return fig_loss_curves(self.curves, self.x.value, self.models.value or list(self.curves)[:1], self.target, self.title)
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update(): self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
 
 # %% ../../nbs/architecture/50_rmt.ipynb #1f00e09a
 @torch.no_grad()

@@ -21,8 +21,8 @@ from ..viz import PALETTE, Explorer
 # %% auto #0
 __all__ = ['TARGETS', 'score_mask', 'magnitude_mask', 'wanda_mask', 'truncated_svd', 'rank_schedule', 'TLRResult',
            'zero_shot_svd', 'tlr_refine', 'SparseLowRankLinear', 'input_norms', 'make_masks', 'prune_and_refine',
-           'count_parameters', 'PeakRSS', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra', 'SpectrumExplorer',
-           'fig_tlr_errors', 'TLRExplorer', 'fig_ppl_params', 'TradeoffExplorer']
+           'count_parameters', 'PeakRSS', 'PeakTensorMemory', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra',
+           'SpectrumExplorer', 'fig_tlr_errors', 'TLRExplorer', 'fig_ppl_params', 'TradeoffExplorer']
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #19a76d90
 def _check_weight(w, name='weight'):
@@ -259,7 +259,33 @@ class PeakRSS:
         self._stop.set(); self._t.join(); self.peak = max(self.peak, _rss_bytes())
         self.peak_mb = (self.peak - self.base) / 2**20
 
-# %% ../../nbs/compression/40_lowrank_prune.ipynb #71cf584d
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #d3d8117c
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.multiprocessing.reductions import StorageWeakRef
+
+class PeakTensorMemory(TorchDispatchMode):
+    "Context manager: `.peak_mb`, the peak MiB of tensor storage allocated inside it and alive at once; `.kept_mb`, alive at exit."
+    def __enter__(self):
+        self.live, self.current, self.peak, self.peak_mb, self.kept_mb = {}, 0, 0, None, None
+        return super().__enter__()
+    def __exit__(self, *a):
+        for ptr in [p for p, (ref, _) in self.live.items() if ref.expired()]: self.current -= self.live.pop(ptr)[1]
+        self.peak_mb, self.kept_mb = self.peak / 2**20, self.current / 2**20
+        return super().__exit__(*a)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for ptr in [p for p, (ref, _) in self.live.items() if ref.expired()]: self.current -= self.live.pop(ptr)[1]
+        seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, Tensor): continue
+            st = t.untyped_storage(); ptr = st.data_ptr()
+            if ptr and ptr not in seen and ptr not in self.live:
+                self.live[ptr] = (StorageWeakRef(st), st.nbytes()); self.current += st.nbytes()
+        self.peak = max(self.peak, self.current)
+        return out
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #2e86dc67
 def parse_pattern(pattern: str) -> tuple:
     "'60%' -> (0.6, None); '2:4' -> (None, (2, 4))."
     if isinstance(pattern, str) and pattern.endswith('%'):
@@ -306,11 +332,8 @@ class SpectrumExplorer(Explorer):
         ms = make_masks(self.model, self.mask.value, sp, nm, self.norms, [i])
         return {_short(t): gap_spectrum(decoder_layers(self.model)[i].get_submodule(t).weight, P) for (_, t), P in ms.items()}
     def figure(self): return fig_gap_spectra(self.spectra(), self.rank, f'Gap spectra, block {self.block.value}, {self.mask.value} {self.pattern.value}')
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update(): self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
 
-# %% ../../nbs/compression/40_lowrank_prune.ipynb #f2d3580d
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #1a6d80e9
 def fig_tlr_errors(tlr: dict,            # (block, target) -> TLR relative-error history
                    svd: dict,            # (block, target) -> zero-shot history (its last entry is the error)
                    block: int|None=None, # block shown on the left (default: the first)
@@ -344,11 +367,8 @@ class TLRExplorer(Explorer):
         for w in (self.block, self.run): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.block, self.run]), self.fig])
     def figure(self): return fig_tlr_errors(*self.runs[self.run.value], block=self.block.value, title=f'{self.title}: {self.run.value}')
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update(): self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout
 
-# %% ../../nbs/compression/40_lowrank_prune.ipynb #97c802dc
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #915baa52
 def fig_ppl_params(rows: list,             # result rows: mask, pattern, refine, ppl, total
                    pattern: str,           # which pattern to show, e.g. '50%'
                    title: str='Perplexity vs non-zero parameters') -> go.Figure:
@@ -378,6 +398,3 @@ class TradeoffExplorer(Explorer):
         self.fig = go.FigureWidget(self.figure()); self.pattern.observe(self._update, names='value')
         self.widget = W.VBox([self.pattern, self.fig])
     def figure(self): return fig_ppl_params(self.rows, self.pattern.value, self.title)
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update(): self.fig.data = []; self.fig.add_traces(list(new.data)); self.fig.layout = new.layout

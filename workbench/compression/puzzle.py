@@ -535,6 +535,5 @@ class PuzzleExplorer(Explorer):
         return fig_architecture(self.lib, ia, if_, t), fig_frontier(self.points, self.measured, cur, title='candidates')
     def figure(self): return self.figures()[0]
     def _update(self, _=None):
-        for fw, new in zip((self.grid, self.front), self.figures()):
-            with fw.batch_update(): fw.data = []; fw.add_traces(list(new.data)); fw.layout = new.layout
+        for fw, new in zip((self.grid, self.front), self.figures()): self.redraw(fw, new)
         self.info.value = f"&nbsp; {self.grid.layout.title.text.split(': ', 1)[1]}"

@@ -54,7 +54,7 @@ def make_policy(name: str, budget: int, window: int=16) -> PolicyCache:
     return MorphKVCache(budget, window, name.split('-')[1])
 
 # %% ../../nbs/inference/20_morphkv.ipynb #76650605
-KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm')
+KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm')
 
 def make_press(name: str, budget: int, prompt_len: int, window: int=16):
     "A kvpress press matched to our budget (see above); `name` is one of `KVPRESS_PEERS`."
@@ -64,7 +64,8 @@ def make_press(name: str, budget: int, prompt_len: int, window: int=16):
     import kvpress       # lazily: importing kvpress wraps every registered attention function
     if name == 'kvpress-snapkv':
         return kvpress.SnapKVPress(compression_ratio=max(0.0, 1 - budget / prompt_len), window_size=min(window, prompt_len))
-    base = {'kvpress-expected-attention': kvpress.ExpectedAttentionPress, 'kvpress-tova': kvpress.TOVAPress, 'kvpress-knorm': kvpress.KnormPress}[name]()
+    base = {'kvpress-streamingllm': lambda: kvpress.StreamingLLMPress(n_sink=min(4, budget - window - 1)), 'kvpress-expected-attention': kvpress.ExpectedAttentionPress,
+            'kvpress-tova': kvpress.TOVAPress, 'kvpress-knorm': kvpress.KnormPress}[name]()
     return kvpress.DecodingPress(base_press=base, compression_interval=window, target_size=budget - window)
 
 def press_decode(model, input_ids, press, max_new_tokens: int, teacher=None) -> DecodeTrace:
