@@ -28,13 +28,16 @@ def _nb(path, *sources):
 @pytest.fixture
 def repo(tmp_path):
     "A temporary workbench checkout: the real settings and method list, two throw-away method notebooks."
-    for f in ('settings.ini', 'pyproject.toml', 'data/methods.json'):
+    for f in ('settings.ini', 'pyproject.toml'):
         (tmp_path/f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT/f, tmp_path/f)
     nbs = tmp_path/'nbs'
     _nb(nbs/METHODS['bsr'].notebook,
-        "from workbench.core import save_results, run_mode\nprint('mode is', run_mode())",
-        "#| slow\nsave_results('bsr', {'ood_acc': 0.7}, headline='+3 pts OOD accuracy', verdict='partly')\nprint('slow cell ran')")
+        "from workbench.core import run_mode\nprint('mode is', run_mode())",
+        "#| slow\nfrom workbench.core import Results, Claim, save_results\n"
+        "def rule(r):\n    'Partly, for this test.'\n    return 'partly'\n"
+        "save_results(Results('bsr', dict(mode='full', seed=0), [dict(ood_acc=0.7)]).conclude(rule, [Claim('x', 1, 0, 2)], '+3 pts OOD accuracy'))\n"
+        "print('slow cell ran')")
     _nb(nbs/METHODS['tgdpo'].notebook, "print('about to fail')", "raise RuntimeError('tgdpo broke')")
     return tmp_path
 
@@ -64,20 +67,20 @@ def test_unknown_method_is_a_usage_error():
 
 
 def test_method_without_notebook(repo):
-    r = wb('run', 'econ', root=repo)
+    r = wb('run', 'econ', '--notebook', root=repo)
     assert r.returncode == 1
     assert 'nbs/collaboration/81_econ.ipynb does not exist yet' in r.stderr
 
 
 def test_quick_then_full_run(repo):
     res = repo/'data/results/bsr.json'
-    r = wb('run', 'bsr', root=repo)
+    r = wb('run', 'bsr', '--notebook', root=repo)
     assert r.returncode == 0, r.stdout + r.stderr
     assert 'mode is quick' in r.stdout and 'slow cell ran' not in r.stdout
     assert 'quick mode writes no results' in r.stdout and not res.exists()
     assert 'built, no full run' in wb('list', root=repo).stdout.splitlines()[2]
 
-    r = wb('run', 'bsr', '--full', root=repo)
+    r = wb('run', 'bsr', '--full', '--notebook', root=repo)
     assert r.returncode == 0, r.stdout + r.stderr
     assert 'mode is full' in r.stdout and 'slow cell ran' in r.stdout
     assert 'results written to data/results/bsr.json' in r.stdout
@@ -90,13 +93,13 @@ def test_quick_then_full_run(repo):
 
 
 def test_failing_notebook(repo):
-    r = wb('run', 'tgdpo', root=repo)
+    r = wb('run', 'tgdpo', '--notebook', root=repo)
     assert r.returncode == 1
     assert 'about to fail' in r.stdout and 'tgdpo broke' in r.stderr and 'FAILED' in r.stderr
 
 
 def test_run_all_runs_the_built_ones(repo):
-    r = wb('run', 'all', root=repo)
+    r = wb('run', 'all', '--notebook', root=repo)
     assert r.returncode == 1                      # tgdpo fails
     assert '1 of 2 ran; failed or not built: tgdpo' in r.stdout
     assert 'econ' not in r.stdout + r.stderr      # not built: not attempted
@@ -107,8 +110,17 @@ def test_python_m():
     assert r.returncode == 0 and r.stdout.count('\n| **') == len(METHODS)
 
 
-def test_method_notebooks_are_registered():
-    "Every method notebook in a field folder is the one `data/methods.json` names for its slug."
-    registered = {m.notebook for m in METHODS.values()}
-    found = {p.relative_to(nbs_path()).as_posix() for f in FIELDS for p in (nbs_path()/f).glob('*.ipynb') if not p.name.startswith('_')}
-    assert found <= registered, f'notebooks not in data/methods.json (or named differently): {sorted(found - registered)}'
+def test_field_folders_hold_methods_and_platform_notebooks():
+    "Every notebook in a field folder is a registered method's or a field platform notebook numbered below the field's decade."
+    from workbench.registry import field_notebooks
+    fn = field_notebooks()
+    assert set(fn['methods']) <= {m.notebook for m in METHODS.values()}
+    assert 'inference/00_kvcache.ipynb' in fn['platform']
+    for nb in fn['platform']:                      # a platform notebook is not an experiment
+        assert 'def run_experiment' not in (nbs_path()/nb).read_text()
+
+
+def test_bad_setting_is_one_line_and_exit_2():
+    env_bad = {**os.environ, 'WORKBENCH_SEED': 'minus one'}
+    r = subprocess.run([*WB, 'list'], cwd=ROOT, env=env_bad, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count('\n') == 1 and "seed='minus one'" in r.stderr and 'Traceback' not in r.stderr

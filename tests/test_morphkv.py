@@ -2,8 +2,8 @@
 import pytest, torch
 from transformers.cache_utils import DynamicCache
 from workbench.testing import tiny_model, tiny_ids
-from workbench.inference.morphkv import (POLICIES, PolicyCache, MorphKVCache, H2OCache, StreamingLLMCache, SnapKVCache,
-                                         decode, make_policy, morph_select, fidelity)
+from workbench.inference.kvcache import PolicyCache, H2OCache, StreamingLLMCache, SnapKVCache, decode, fidelity
+from workbench.inference.morphkv import POLICIES, MorphKVCache, make_policy, morph_select
 
 T, N = 30, 20
 
@@ -66,8 +66,8 @@ def test_morph_select_matches_bruteforce():
             assert idx[0, h].tolist() == want
 
 @pytest.mark.parametrize('make,msg', [(lambda: MorphKVCache(4, 8), 'window (8) must be <= budget (4)'),
-                                      (lambda: H2OCache(0), 'budget must be an int >= 1'),
-                                      (lambda: PolicyCache(-3), 'budget must be an int >= 1'),
+                                      (lambda: H2OCache(0), 'budget must be an int in [1, inf]'),
+                                      (lambda: PolicyCache(-3), 'budget must be an int in [1, inf]'),
                                       (lambda: MorphKVCache(8, 2, 'avg'), "'sum' or 'max'"),
                                       (lambda: make_policy('lru', 8), 'unknown policy')])
 def test_invalid_arguments(make, msg):

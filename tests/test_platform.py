@@ -53,7 +53,19 @@ def test_bf16_close_to_fp32(smol, smol_tok):
     assert abs(l32 - l16) < 0.15, (l32, l16)
 
 def test_results_roundtrip_and_scoreboard(tmp_path):
-    from workbench.core import save_results, load_results
-    save_results('morphkv', {'mem_saving': 0.5}, {'seed': 1}, headline='50% memory', verdict='partly', results_dir=tmp_path)
+    "A Results written and read back: rows, claims, verdict recomputed, provenance; the scoreboard shows it."
+    from workbench.core import save_results, load_results, Results, judge
+    from workbench.measure import claim, paired_t
+    from workbench.registry import scoreboard
+    rows = [dict(policy=p, seed=s, kl=0.1 * (p == 'h2o') + 0.01 * s) for p in ('morphkv', 'h2o') for s in range(4)]
+    def rule(r):
+        "Reproduced when MorphKV's KL is below H2O's beyond the paired CI over seeds."
+        df = r.df; a = df[df.policy == 'h2o'].kl.values; b = df[df.policy == 'morphkv'].kl.values
+        return judge([claim('KL h2o - morphkv', paired_t(a, b))])
+    res = Results('morphkv', dict(mode='full', seed=1), rows, seeds=[0, 1, 2, 3])
+    res.conclude(rule, [claim('KL h2o - morphkv', paired_t([0.1] * 4, [0.0] * 4))], '50% memory')
+    save_results(res, results_dir=tmp_path)
     r = load_results('morphkv', results_dir=tmp_path)
-    assert r['verdict'] == 'partly' and r['metrics'] == {'mem_saving': 0.5} and r['versions']['transformers']
+    assert r.verdict == rule(r) and r.versions['transformers'] and len(r.df) == 8 and r.claims[0].n == 4
+    row = next(x for x in scoreboard(results_dir=tmp_path) if x['slug'] == 'morphkv')
+    assert (row['status'], row['measured']) == (r.verdict, '50% memory')

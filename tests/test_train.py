@@ -1,12 +1,12 @@
 """Regression and cross-module tests of `workbench.train` beyond the notebook's own: a crash while a checkpoint is
 written, resuming a finished run, config drift on resume, `datasets` input with padding, bf16 mixed precision,
-`LivePlot` in a kernel, `generate` against transformers' own `generate`, and two processes under `accelerate launch`.
+`LiveCurves` as the training callback in a kernel, `generate` against transformers' own `generate`, and two processes under `accelerate launch`.
 """
 import json, math, os, subprocess, sys, textwrap
 from pathlib import Path
 import pytest
 import torch
-from workbench.train import (TrainConfig, History, LivePlot, train, perplexity, generate, generate_ids, checkpoints,
+from workbench.train import (TrainConfig, History, train, perplexity, generate, generate_ids, checkpoints,
                              latest_checkpoint, load_checkpoint, count_tokens, collate)
 import workbench.train as wt
 from workbench.models import tiny_llama
@@ -100,20 +100,21 @@ def test_bf16_mixed_precision_then_fp32_in_one_process():
     assert len(h32.step) == 3
 
 
-def test_liveplot_updates_one_widget_in_place(monkeypatch):
-    "In a kernel LivePlot shows one FigureWidget and keeps it equal to the history; headless it does nothing."
+def test_live_curves_update_one_widget_in_place(monkeypatch):
+    "In a kernel LiveCurves, as a train callback, shows one FigureWidget once and keeps it equal to the history."
     import plotly.graph_objects as go
     import IPython.display
+    import workbench.viz as wv
+    from workbench.viz import LiveCurves
     shown = []
-    monkeypatch.setattr(wt, '_in_notebook', lambda: True)
+    monkeypatch.setattr(wv, 'in_jupyter', lambda: True)
     monkeypatch.setattr(IPython.display, 'display', lambda *a, **k: shown.append(a[0]))
-    lp = LivePlot(every_s=0)
-    h = train(_model(), _data(), TrainConfig(steps=8, **CFG), eval_data=_data(8, seed=1),
-              callbacks=[lp])
-    assert len(shown) == 1 and shown[0] is lp.widget and isinstance(lp.widget, go.FigureWidget)
-    train_trace, eval_trace, lr_trace = lp.widget.data
+    lc = LiveCurves.for_training(every_s=0)
+    h = train(_model(), _data(), TrainConfig(steps=8, **CFG), eval_data=_data(8, seed=1), callbacks=[lc])
+    assert len(shown) == 1 and shown[0] is lc.widget and isinstance(lc.widget, go.FigureWidget)
+    train_trace, eval_trace, lr_trace = lc.widget.data
     assert list(train_trace.y) == h.train_loss and list(eval_trace.x) == h.eval_step and list(lr_trace.y) == h.lr
-    assert 'update 8' in lp.widget.layout.title.text
+    assert 'update 8' in lc.widget.layout.title.text
 
 
 @pytest.fixture(scope='module')

@@ -357,7 +357,8 @@ def stage_site(proc: Path, src: Path) -> dict:
     toc = [_toctree('Get started', ['self'] + [pages[r][0] for r in started])]
     if fields:
         field_pages = []
-        for folder, rs in sorted(fields.items(), key=lambda kv: (kv[1][0].name, kv[0])):
+        order = lambda kv: (min([r.name for r in kv[1] if not r.name.startswith('00_')] or [kv[1][0].name]), kv[0])  # by the field's decade
+        for folder, rs in sorted(fields.items(), key=order):
             fidx = f'{folder}/index'
             if fidx in {d for d, _, _ in pages.values()}: fidx = f'{folder}/field'
             lines = [f'# {field_title(folder)}', '']

@@ -1,4 +1,4 @@
-"""The `workbench` command: list the methods with their status, and run a method's notebook headless in quick or full mode.
+"""The `workbench` command: list the methods with their status, and run a method's experiment (or its whole notebook) in quick or full mode.
 
 Docs: https://workbench-dev.github.io/workbench/cli.html.md"""
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse, difflib, os, subprocess, sys, time
 from pathlib import Path
 from . import __version__
-from .core import get_settings
+from .core import get_settings, from_overrides, save_results, Timer
 from .registry import METHODS, FIELDS, get_method, method_status, scoreboard, scoreboard_markdown, nbs_path
 
 # %% auto #0
-__all__ = ['format_table', 'cmd_list', 'run_notebook', 'cmd_run', 'make_parser', 'main']
+__all__ = ['format_table', 'cmd_list', 'run_notebook', 'UsageError', 'cmd_run', 'make_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def _clip(s, n):
@@ -85,7 +85,7 @@ def _resolve_methods(names, parser) -> list:
     return [get_method(n) for n in dict.fromkeys(names)]
 
 # %% ../nbs/08_cli.ipynb #179e1903
-def _run_one(m, full) -> bool:
+def _run_notebook_of(m, full) -> bool:
     "Run method `m`'s notebook; report where its results went. True on success."
     nb = nbs_path()/m.notebook
     if not nb.is_file():
@@ -102,11 +102,45 @@ def _run_one(m, full) -> bool:
     else: print(f"== {m.slug}: ok in {dt:.0f} s; quick mode writes no results (the #| slow cells that write {_rel(res)} run with --full)")
     return True
 
+# %% ../nbs/08_cli.ipynb #179e1904
+class UsageError(Exception):
+    "A mistake in a setting or a `--set` override: reported in one line with exit code 2."
+
+def _api(m):
+    "The method's experiment API, or None when its module does not exist or does not offer it (yet)."
+    try: return m.api()
+    except ModuleNotFoundError as e:
+        if e.name and (m.module + '.').startswith(e.name + '.'): return None   # the module (or its field package) is not built yet
+        raise
+    except ValueError as e:
+        if 'does not offer the experiment API' in str(e): return None
+        raise
+
+def _run_api(m, api, full, sets, save) -> bool:
+    "Run `m`'s experiment through its API; print its claims and verdict; save a full run. True on success."
+    try: cfg = from_overrides(api.config, sets, mode='full' if full else 'quick')
+    except (ValueError, TypeError) as e: raise UsageError(f"{m.slug}: {e}") from None
+    print(f"== {m.slug}: run_experiment({type(cfg).__name__}(mode={cfg.mode!r}, seed={cfg.seed}{''.join(f', {s}' for s in sets)}))", flush=True)
+    with Timer() as t: res = api.run_experiment(cfg)
+    print(res.summary())
+    if full and save: print(f"== {m.slug}: ok in {t.s:.0f} s; results written to {_rel(save_results(res))} [{res.verdict}]")
+    else: print(f"== {m.slug}: ok in {t.s:.0f} s; " + ("not saved (--no-save)" if full else "quick mode writes no results (--full does)"))
+    return True
+
+def _run_one(m, args) -> bool:
+    if args.notebook: return _run_notebook_of(m, args.full)
+    api = _api(m)
+    if api is None:
+        if args.sets: print(f"{m.slug}: --set needs the experiment API, which {m.module} does not offer; run without --set", file=sys.stderr); return False
+        return _run_notebook_of(m, args.full)
+    return _run_api(m, api, args.full, args.sets, not args.no_save)
+
 def cmd_run(args, parser) -> int:
-    "`workbench run`: execute each method's notebook; 1 if any failed or does not exist."
+    "`workbench run`: run each method's experiment (or notebook); 1 if any failed or does not exist."
     ms = _resolve_methods(args.methods, parser)
+    if args.notebook and args.sets: parser.error("--set applies to the experiment API, not to --notebook runs")
     if not ms: print("no method notebooks exist yet: nothing to run"); return 0
-    failed = [m.slug for m in ms if not _run_one(m, args.full)]
+    failed = [m.slug for m in ms if not _run_one(m, args)]
     if len(ms) > 1: print(f"== {len(ms) - len(failed)} of {len(ms)} ran" + (f"; failed or not built: {', '.join(failed)}" if failed else ''))
     return 1 if failed else 0
 
@@ -118,11 +152,16 @@ def make_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser('list', help='list the methods with field, status and last results')
     pl.add_argument('--field', choices=list(FIELDS), help='only this field')
     pl.add_argument('--markdown', action='store_true', help='print the Markdown scoreboard of the home page')
-    pr = sub.add_parser('run', help="execute methods' notebooks headless (quick mode unless --full)",
-                        description="Execute each method's notebook headless. Quick mode skips `#| slow` cells; "
-                                    "--full runs them with WORKBENCH_MODE=full and writes data/results/<method>.json.")
+    pr = sub.add_parser('run', help="run methods' experiments (quick mode unless --full)",
+                        description="Run each method's experiment: run_experiment(<Method>Config) in quick mode, or with "
+                                    "--full in full mode, which writes data/results/<method>.json. --notebook executes "
+                                    "the whole notebook headless instead.")
     pr.add_argument('methods', nargs='+', metavar='method', help=f"a method slug ({', '.join(METHODS)}) or 'all'")
-    pr.add_argument('--full', action='store_true', help='full mode: run the #| slow cells (minutes to hours per method)')
+    pr.add_argument('--full', action='store_true', help='full mode: the full sizes, results saved (minutes to hours per method)')
+    pr.add_argument('--set', dest='sets', action='append', default=[], metavar='KEY=VALUE',
+                    help="override a config field, e.g. --set n_seeds=2 (repeatable; values are Python literals)")
+    pr.add_argument('--no-save', action='store_true', help='do not write data/results/<method>.json after a full run')
+    pr.add_argument('--notebook', action='store_true', help="execute the method's notebook headless (its #| slow cells with --full)")
     return p
 
 def main(argv=None) -> int:
@@ -130,8 +169,12 @@ def main(argv=None) -> int:
     p = make_parser()
     try:
         args = p.parse_args(argv)
+        try: get_settings()
+        except (ValueError, FileNotFoundError) as e: raise UsageError(e) from None
         return cmd_list(args) if args.command == 'list' else cmd_run(args, p)
     except SystemExit as e: return e.code if isinstance(e.code, int) else 1
+    except UsageError as e:
+        print(f"workbench: error: {e}", file=sys.stderr); return 2   # a bad setting or override: one line, no traceback
 
 # %% ../nbs/08_cli.ipynb #1bf7de1b
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # `python -m workbench.cli`; not when run in a notebook

@@ -1,4 +1,4 @@
-"""Settings, seeding, quick vs full mode, atomic writes, results and a content-addressed cache.
+"""Settings, quick and full mode, the experiment API (configs, results, claims and verdicts), atomic writes, and caches that resume.
 
 Docs: https://workbench-dev.github.io/workbench/core.html.md"""
 
@@ -7,18 +7,20 @@ Docs: https://workbench-dev.github.io/workbench/core.html.md"""
 # %% ../nbs/00_core.ipynb #1a2ce3ec
 from __future__ import annotations
 import os, json, hashlib, random, shutil, tempfile, time, datetime, platform, re, configparser, contextlib
-from dataclasses import dataclass, asdict, is_dataclass, fields
+import inspect
+from dataclasses import dataclass, asdict, is_dataclass, fields, field
+from fastcore.basics import patch_to
 from pathlib import Path
 from importlib import metadata
 
 # %% auto #0
-__all__ = ['SETTINGS_SCHEMA', 'VERDICTS', 'repo_root', 'Settings', 'load_settings', 'get_settings', 'in_test', 'run_mode',
-           'is_full', 'size', 'seed_everything', 'atomic_path', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_save_torch', 'versions', 'save_results', 'load_results', 'Timer', 'config_hash',
-           'cache_path', 'cached']
+__all__ = ['SETTINGS_SCHEMA', 'VERDICTS', 'SCHEMA_VERSION', 'repo_root', 'Settings', 'load_settings', 'get_settings', 'in_test',
+           'run_mode', 'is_full', 'Size', 'size', 'seed_everything', 'atomic_path', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json', 'atomic_save_torch', 'ExperimentConfig', 'from_overrides', 'Claim',
+           'judge', 'versions', 'Results', 'results_schema', 'check_results', 'save_results', 'load_results', 'Timer',
+           'config_hash', 'cache_path', 'file_lock', 'cached', 'cached_unit', 'progress', 'results_to_show']
 
 # %% ../nbs/00_core.ipynb #bfa19425
-def _pos_int(v): return int(v) > 0
 SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
     'model':     (str,  lambda v: bool(re.fullmatch(r'[a-z0-9][a-z0-9._-]*', v)), 'a model name from workbench.models.MODELS'),
     'dtype':     (str,  lambda v: v in ('float32', 'bfloat16'), "'float32' or 'bfloat16'"),
@@ -26,8 +28,6 @@ SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
     'cache_dir': (str,  lambda v: bool(v.strip()), 'a folder path (~ is expanded)'),
     'seed':      (int,  lambda v: 0 <= v < 2**32, 'an integer in [0, 2**32)'),
     'mode':      (str,  lambda v: v in ('quick', 'full'), "'quick' or 'full'"),
-    **{f'{m}_{k}': (int, _pos_int, 'a positive integer')
-       for m in ('quick', 'full') for k in ('train_steps', 'eval_samples', 'seq_len')},
 }
 
 # %% ../nbs/00_core.ipynb #2a3cf9d5
@@ -100,15 +100,21 @@ def run_mode() -> str:
 
 def is_full() -> bool: return run_mode() == 'full'
 
-def size(name: str, quick=None, full=None):
-    "A size for the current mode: `size('train_steps')` reads `<mode>_train_steps`; or pick from `quick`/`full`."
-    if quick is not None or full is not None:
-        if quick is None or full is None: raise ValueError("give both quick= and full=, or neither")
-        return full if is_full() else quick
-    key = f'{run_mode()}_{name}'
-    s = get_settings()
-    if key not in s: raise ValueError(f"no size {name!r}; known: {sorted({k.split('_', 1)[1] for k in s if k.startswith('quick_')})}")
-    return s[key]
+# %% ../nbs/00_core.ipynb #5a1e0c02
+@dataclass(frozen=True)
+class Size:
+    "A quick/full pair of values, resolved by `ExperimentConfig` for its mode (or by calling it: the current mode)."
+    quick: object
+    full: object
+    def __call__(self, mode: str|None=None):
+        mode = mode or run_mode()
+        if mode not in ('quick', 'full'): raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
+        return self.full if mode == 'full' else self.quick
+
+def size(*legacy_name, quick, full) -> Size:
+    "The default of a config field that differs between quick mode (tests) and full mode (the committed run)."
+    if legacy_name: return Size(quick, full)()   # transitional: the old `size(name, quick=, full=)` of not-yet-converted notebooks
+    return Size(quick, full)
 
 # %% ../nbs/00_core.ipynb #25e9d036
 def seed_everything(seed: int | None = None) -> int:
@@ -163,13 +169,90 @@ def atomic_save_torch(obj, path) -> Path:
     with atomic_path(path) as tmp: torch.save(obj, tmp)
     return Path(path)
 
+# %% ../nbs/00_core.ipynb #5a1e0c03
+def _is_int(v): return isinstance(v, int) and not isinstance(v, bool)
+
+@dataclass
+class ExperimentConfig:
+    "Base of every method's config: `mode` and `seed` from the settings, `size(quick, full)` defaults resolved for `mode`."
+    mode: str|None = None     # 'quick' or 'full'; None: the current run mode (`run_mode()`)
+    seed: int|None = None     # base seed of the run; None: the `seed` setting (`WORKBENCH_SEED=1` changes the run)
+    resume: bool|None = None  # reuse the cached units of an earlier run with this config; None: in full mode only
+    def __post_init__(self):
+        if self.mode is None: self.mode = run_mode()
+        if self.mode not in ('quick', 'full'): raise ValueError(f"mode must be 'quick' or 'full', got {self.mode!r}")
+        if self.seed is None: self.seed = get_settings().seed
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**32: raise ValueError(f"seed must be an int in [0, 2**32), got {self.seed!r}")
+        for f in fields(self):
+            if isinstance(getattr(self, f.name), Size): setattr(self, f.name, getattr(self, f.name)(self.mode))
+        self.validate()
+    def validate(self):
+        "Check the fields (subclasses override this and raise `ValueError` naming the field)."
+    def seed_list(self, n: int) -> list[int]:
+        "`n` consecutive seeds starting at `seed`."
+        if not _is_int(n) or n < 1: raise ValueError(f"the number of seeds must be a positive int, got {n!r}")
+        return [self.seed + i for i in range(n)]
+    @property
+    def sizes(self) -> dict:
+        "The fields whose default differs between quick and full mode, with their values here."
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(f.default, Size)}
+
+# %% ../nbs/00_core.ipynb #5a1e0c05
+def _coerce(name, raw, like):
+    import ast
+    try: v = ast.literal_eval(raw)
+    except (ValueError, SyntaxError): v = raw                       # a bare word is a string
+    if like is None or isinstance(v, type(like)) and not (isinstance(v, bool) and not isinstance(like, bool)): return v
+    if isinstance(like, float) and _is_int(v): return float(v)
+    if isinstance(like, tuple): return tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    raise ValueError(f"{name}={raw!r}: expected a {type(like).__name__} like {like!r}")
+
+def from_overrides(cls, overrides=(), **kw) -> ExperimentConfig:
+    "A `cls` config with `key=value` strings applied on top of its defaults (and of `kw`)."
+    if not (isinstance(cls, type) and issubclass(cls, ExperimentConfig)): raise TypeError(f"cls must be an ExperimentConfig subclass, got {cls!r}")
+    base, names = cls(**kw), [f.name for f in fields(cls)]
+    for item in overrides:
+        k, eq, raw = str(item).partition('=')
+        if not eq or not k.strip(): raise ValueError(f"expected key=value, got {item!r}")
+        if k.strip() not in names: raise ValueError(f"{cls.__name__} has no field {k.strip()!r}; fields: {', '.join(names)}")
+        kw[k.strip()] = _coerce(k.strip(), raw.strip(), getattr(base, k.strip()))
+    return cls(**kw)
+
+# %% ../nbs/00_core.ipynb #5a1e0c08
+VERDICTS = ('reproduced', 'partly', 'not reproduced')
+
+@dataclass
+class Claim:
+    "One part of a paper's claim as measured: an effect, its 95% CI, and which side of `null` supports the paper."
+    name: str                 # what is compared, e.g. 'KL(best other policy) − KL(MorphKV) at 50% bytes'
+    estimate: float           # the measured effect
+    lo: float                 # lower end of its 95% confidence interval (nan: no interval)
+    hi: float                 # upper end
+    better: str = 'higher'    # 'higher': the paper says estimate > null; 'lower': estimate < null
+    null: float = 0.0         # the no-effect value (0 for a difference, 1 for a ratio)
+    n: int|None = None        # seeds / items / prompts behind the interval
+    ci: str = ''              # how the interval was made, e.g. 'paired t over 5 seeds'
+    def __post_init__(self):
+        if self.better not in ('higher', 'lower'): raise ValueError(f"better must be 'higher' or 'lower', got {self.better!r}")
+        self.estimate, self.lo, self.hi, self.null = (float(x) for x in (self.estimate, self.lo, self.hi, self.null))
+        if self.lo > self.hi: raise ValueError(f"claim {self.name!r}: lo={self.lo} is above hi={self.hi}")
+    @property
+    def shows(self) -> bool: return self.lo > self.null if self.better == 'higher' else self.hi < self.null
+    @property
+    def opposite(self) -> bool: return self.hi < self.null if self.better == 'higher' else self.lo > self.null
+
+def judge(claims) -> str:
+    "Reproduced when every claim shows beyond its CI, partly when at least one does and one does not, else not reproduced."
+    claims = [c if isinstance(c, Claim) else Claim(**c) for c in claims]
+    if not claims: raise ValueError("judge needs at least one claim")
+    k = sum(c.shows for c in claims)
+    return VERDICTS[0] if k == len(claims) else VERDICTS[1] if k else VERDICTS[2]
+
 # %% ../nbs/00_core.ipynb #48a07475
 _SLUG = re.compile(r'[a-z][a-z0-9_]*')
 def _check_method(method):
     if not isinstance(method, str) or not _SLUG.fullmatch(method):
         raise ValueError(f"method must be a slug like 'morphkv' (lowercase letters, digits, _), got {method!r}")
-
-VERDICTS = ('reproduced', 'partly', 'not reproduced')
 
 def versions(*pkgs) -> dict:
     "Installed versions of the packages that matter for results (read from metadata: nothing is imported)."
@@ -180,37 +263,136 @@ def versions(*pkgs) -> dict:
         except metadata.PackageNotFoundError: out[p] = None
     return out
 
-# %% ../nbs/00_core.ipynb #c0baa5b6
-def save_results(method: str,           # method slug, e.g. 'morphkv'
-                 metrics: dict,         # the measured numbers, name -> value
-                 config=None,           # the run's config (a dataclass or dict)
-                 wall_time_s: float|None=None, # how long the run took
-                 headline: str|None=None, # our measured figure in words, for the scoreboard (e.g. '-48% KV memory, +3 ROUGE-L')
-                 verdict: str|None=None, # 'reproduced', 'partly' or 'not reproduced': does the run show the paper's claim?
-                 notes: str|None=None,  # anything a reader needs to interpret the numbers
-                 results_dir=None,      # default: `data/results`
-                ) -> Path:
-    "Write `data/results/<method>.json` atomically with the metrics and their provenance."
-    _check_method(method)
-    if not isinstance(metrics, dict) or not metrics: raise ValueError("metrics must be a non-empty dict of name -> value")
-    if verdict not in (None, *VERDICTS): raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
-    s = get_settings()
-    cfg = asdict(config) if is_dataclass(config) else (config or {})
-    rec = dict(method=method, metrics=metrics, config=cfg, seed=cfg.get('seed', s.seed), mode=run_mode(),
-               headline=headline, verdict=verdict,
-               wall_time_s=None if wall_time_s is None else round(float(wall_time_s), 2),
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-               versions=versions(), machine=dict(platform=platform.platform(), cpus=os.cpu_count()), notes=notes)
-    return atomic_write_json(Path(results_dir or s.results_path)/f'{method}.json', rec)
+# %% ../nbs/00_core.ipynb #5a1e0c11
+SCHEMA_VERSION = 1
+def _scalar(v):
+    if hasattr(v, 'item') and getattr(v, 'ndim', 0) == 0: v = v.item()         # numpy / torch scalars
+    if v is None or isinstance(v, (bool, int, float, str)): return v
+    raise TypeError(f"a row value must be a number, string, bool or None, got {type(v).__name__}")
 
-def load_results(method: str, results_dir=None) -> dict:
-    "Read `data/results/<method>.json`."
+def _records(rows, what) -> list[dict]:
+    if hasattr(rows, 'to_dict'): rows = rows.to_dict('records')                # a DataFrame
+    if not isinstance(rows, (list, tuple)) or not rows: raise ValueError(f"{what} must be a non-empty list of records (dicts)")
+    out = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or not r: raise TypeError(f"{what}[{i}] must be a non-empty dict of field -> value, got {type(r).__name__}")
+        try: out.append({str(k): _scalar(v) if what == 'rows' else v for k, v in r.items()})
+        except TypeError as e: raise TypeError(f"{what}[{i}]: {e}") from None
+    return out
+
+# %% ../nbs/00_core.ipynb #5a1e0c12
+@dataclass
+class Results:
+    "A run's record: rows of named fields, tables for figures, config/seeds/sizes, claims, verdict and provenance."
+    method: str                     # method slug, e.g. 'morphkv'
+    config: dict                    # the run's config (`asdict` of the method's config)
+    rows: list                      # one record per setting/seed/item: {field: number|str|bool|None}
+    seeds: list = field(default_factory=list)   # the seeds the rows cover
+    tables: dict = field(default_factory=dict)  # name -> records whose values may be lists (curves, per-token data)
+    claims: list = field(default_factory=list)  # `Claim`s: the verdict rule's inputs
+    verdict: str|None = None        # 'reproduced', 'partly' or 'not reproduced', from the method's `verdict`
+    verdict_rule: str|None = None   # that rule in words (the docstring of `verdict`)
+    headline: str|None = None       # our measured figure in words, for the scoreboard
+    notes: str|None = None          # anything a reader needs to interpret the numbers
+    wall_time_s: float|None = None  # how long the run took
+    mode: str|None = None           # 'quick' or 'full' (default: the config's)
+    sizes: dict = field(default_factory=dict)   # the config's quick/full-dependent fields (default: the config's)
+    date: str|None = None           # when the record was made (UTC, ISO 8601)
+    versions: dict = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+    def __post_init__(self):
+        _check_method(self.method)
+        cfg = self.config
+        if isinstance(cfg, ExperimentConfig):
+            self.mode = self.mode or cfg.mode; self.sizes = self.sizes or cfg.sizes
+        self.config = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+        self.mode = self.mode or self.config.get('mode') or run_mode()
+        self.rows = _records(self.rows, 'rows')
+        self.tables = {str(k): _records(v, f'tables[{k!r}]') for k, v in self.tables.items()}
+        self.claims = [c if isinstance(c, Claim) else Claim(**c) for c in self.claims]
+        self.seeds = [int(s) for s in self.seeds]
+        if self.verdict not in (None, *VERDICTS): raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        self.date = self.date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+        self.versions = self.versions or versions()
+        self.machine = self.machine or dict(platform=platform.platform(), cpus=os.cpu_count())
+
+# %% ../nbs/00_core.ipynb #5a1e0c13
+@patch_to(Results)
+def conclude(self, verdict_fn, claims, headline: str|None=None) -> Results:
+    "Record the verdict rule's inputs (`claims`), the verdict `verdict_fn(self)`, its rule (the docstring) and the headline."
+    if not inspect.getdoc(verdict_fn): raise ValueError(f"{getattr(verdict_fn, '__name__', verdict_fn)} needs a docstring: the verdict rule in one sentence")
+    self.claims = [c if isinstance(c, Claim) else Claim(**c) for c in claims]
+    self.verdict, self.verdict_rule, self.headline = verdict_fn(self), inspect.getdoc(verdict_fn), headline
+    if self.verdict not in VERDICTS: raise ValueError(f"{verdict_fn.__name__} returned {self.verdict!r}; allowed: {VERDICTS}")
+    return self
+
+@patch_to(Results, as_prop=True)
+def df(self):
+    "The rows as a pandas DataFrame."
+    import pandas as pd
+    return pd.DataFrame(self.rows)
+
+@patch_to(Results)
+def table(self, name: str):
+    "Table `name` as a pandas DataFrame."
+    import pandas as pd
+    if name not in self.tables: raise KeyError(f"no table {name!r} in the {self.method} results; tables: {sorted(self.tables) or 'none'}")
+    return pd.DataFrame(self.tables[name])
+
+@patch_to(Results)
+def to_dict(self) -> dict: return asdict(self)
+
+@patch_to(Results)
+def summary(self) -> str:
+    "A few lines for the command line: what ran, each claim with its interval, the verdict."
+    out = [f"{self.method} ({self.mode} mode, seeds {self.seeds or [self.config.get('seed')]}): {len(self.rows)} rows"
+           + (f", tables {sorted(self.tables)}" if self.tables else '')]
+    for c in self.claims:
+        out.append(f"  {'shows' if c.shows else 'opposite' if c.opposite else 'no effect'}: {c.name}: {c.estimate:.4g} [{c.lo:.4g}, {c.hi:.4g}] ({c.ci})")
+    if self.verdict: out.append(f"  verdict: {self.verdict}" + (f" — {self.headline}" if self.headline else ''))
+    return '\n'.join(out)
+
+# %% ../nbs/00_core.ipynb #5a1e0c15
+def results_schema() -> dict:
+    "The JSON Schema of a results file."
+    from importlib.resources import files
+    return json.loads(files('workbench').joinpath('results.schema.json').read_text())
+
+def check_results(record: dict, where: str='results') -> dict:
+    "Validate a results record (a dict as stored in JSON) against the schema; raise `ValueError` naming the problem."
+    import jsonschema
+    v = jsonschema.Draft202012Validator(results_schema())
+    errs = sorted(v.iter_errors(record), key=lambda e: list(e.absolute_path))
+    if errs:
+        e = errs[0]; at = '/'.join(map(str, e.absolute_path)) or '(top level)'
+        raise ValueError(f"{where} does not match results.schema.json at {at}: {e.message}" + (f" (and {len(errs) - 1} more)" if len(errs) > 1 else ''))
+    return record
+
+# %% ../nbs/00_core.ipynb #c0baa5b6
+def _results_file(method, results_dir) -> Path:
     _check_method(method)
-    d = Path(results_dir or get_settings().results_path); p = d/f'{method}.json'
+    return Path(results_dir or get_settings().results_path)/f'{method}.json'
+
+def save_results(results: Results,   # what `run_experiment` returned, after `conclude`
+                 results_dir=None,   # default: `data/results`
+                ) -> Path:
+    "Check `results` against the schema and write `data/results/<method>.json` atomically."
+    if not isinstance(results, Results): raise TypeError(f"save_results takes a Results (what run_experiment returns), got {type(results).__name__}")
+    rec = json.loads(json.dumps(results.to_dict(), default=_jsonable, allow_nan=True))
+    check_results(rec, f"the {results.method} results")
+    return atomic_write_json(_results_file(results.method, results_dir), rec)
+
+def load_results(method: str, results_dir=None) -> Results:
+    "Read `data/results/<method>.json` (checked against the schema) as `Results`."
+    p = _results_file(method, results_dir)
     if not p.is_file():
-        have = sorted(f.stem for f in d.glob('*.json')) if d.is_dir() else []
-        raise FileNotFoundError(f"no results for {method!r} in {d}; recorded: {', '.join(have) or 'none'}")
-    return json.loads(p.read_text())
+        have = sorted(f.stem for f in p.parent.glob('*.json')) if p.parent.is_dir() else []
+        raise FileNotFoundError(f"no results for {method!r} in {p.parent}; recorded: {', '.join(have) or 'none'}")
+    try: rec = json.loads(p.read_text())
+    except json.JSONDecodeError as e: raise ValueError(f"{p} is not valid JSON: {e}") from None
+    if isinstance(rec, dict) and 'schema_version' not in rec and 'metrics' in rec: return rec   # transitional: a pre-schema record
+    return Results(**check_results(rec, str(p)))
 
 # %% ../nbs/00_core.ipynb #a185809b
 class Timer:
@@ -230,6 +412,17 @@ def cache_path(name: str, config, cache_dir=None) -> Path:
     if not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', name): raise ValueError(f"cache name must be a simple file name, got {name!r}")
     return Path(cache_dir or get_settings().cache_path)/name/config_hash(config)
 
+# %% ../nbs/00_core.ipynb #5a1e0c16
+@contextlib.contextmanager
+def file_lock(path):
+    "Hold an exclusive lock on the file `path` (created if missing) for the `with` block: one process at a time."
+    import fcntl
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, 'a+') as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try: yield path
+        finally: fcntl.flock(f, fcntl.LOCK_UN)
+
 # %% ../nbs/00_core.ipynb #2cdf0a7a
 def cached(name: str,          # artifact family, e.g. 'smollm2-135m'
            config,             # what determines the artifact (dict or dataclass)
@@ -237,16 +430,52 @@ def cached(name: str,          # artifact family, e.g. 'smollm2-135m'
            cache_dir=None,     # default: the `cache_dir` setting
            refresh=False,      # rebuild even when present
           ) -> Path:
-    "Return the folder holding the artifact, building it first (atomically) if it is not cached."
+    "Return the folder holding the artifact, building it first (atomically, one process at a time) if it is not cached."
     final = cache_path(name, config, cache_dir)
     if final.is_dir() and not refresh: return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.tmp', dir=final.parent))
-    try:
-        build(tmp)
-        atomic_write_json(tmp/'_config.json', config)
-        if final.exists(): shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+    with file_lock(final.parent/f'.{final.name}.lock'):
+        if final.is_dir() and not refresh: return final            # another process built it while we waited
+        tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.tmp', dir=final.parent))
+        try:
+            build(tmp)
+            atomic_write_json(tmp/'_config.json', config)
+            if final.exists(): shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+# %% ../nbs/00_core.ipynb #5a1e0c18
+def _unit_config(cfg) -> dict:
+    d = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+    for k in ('resume', *getattr(cfg, 'unit_fields', ())): d.pop(k, None)
+    return dict(d, _cache_version=getattr(cfg, 'cache_version', 0))
+
+def cached_unit(method: str,     # method slug: the cache's subfolder
+                cfg,             # the run's config (an `ExperimentConfig`)
+                key: dict,       # what identifies the unit, e.g. {'variant': 'BT', 'seed': 3}
+                compute,         # `compute()` returns the unit's result: a JSON-able dict
+                cache_dir=None,  # default: the `cache_dir` setting
+               ) -> dict:
+    "One unit of an experiment: read from the run cache when `cfg` resumes (full mode by default), else computed (and stored)."
+    _check_method(method)
+    resume = cfg.mode == 'full' if getattr(cfg, 'resume', None) is None else cfg.resume
+    if not resume: return json.loads(json.dumps(compute(), default=_jsonable))   # same types as a resumed unit
+    p = Path(cache_dir or get_settings().cache_path)/'runs'/method/f"{config_hash(dict(config=_unit_config(cfg), key=key))}.json"
+    with file_lock(p.with_suffix('.lock')):
+        if not p.is_file(): atomic_write_json(p, dict(key=key, config=_unit_config(cfg), value=compute()))
+        return json.loads(p.read_text())['value']
+
+# %% ../nbs/00_core.ipynb #5a1e0c21
+def progress(iterable, desc: str|None=None, total: int|None=None):
+    "`tqdm.auto` progress over `iterable` in interactive and command-line runs; the bare iterable under tests."
+    if in_test() or os.environ.get('WORKBENCH_PROGRESS') == '0': return iterable
+    from tqdm.auto import tqdm
+    return tqdm(iterable, desc=desc, total=total, leave=False)
+
+def results_to_show(results: Results, results_dir=None) -> Results:
+    "What the figures draw: `results` if it is a full run, else the committed full run of its method (if there is one)."
+    if results.mode == 'full': return results
+    try: saved = load_results(results.method, results_dir)
+    except FileNotFoundError: return results
+    return saved if saved.mode == 'full' else results

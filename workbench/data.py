@@ -10,7 +10,7 @@ import os, sys, re, json, gzip, ast, hashlib, random, subprocess, tarfile, tempf
 from importlib import metadata, util as importlib_util
 from itertools import chain
 from pathlib import Path
-from .core import get_settings, cached, atomic_write_json, size
+from .core import get_settings, cached, atomic_write_json
 
 # %% auto #0
 __all__ = ['PACKAGES', 'STDLIB_MODULES', 'LICENSES_DIR', 'CORPORA', 'DATA_VERSION', 'EOS', 'WORKBENCH_BPE_CORPORA',
@@ -351,7 +351,7 @@ def pack(dataset,                # a `datasets.Dataset` (or list of dicts) with 
 # %% ../nbs/03_data.ipynb #0a988c8f
 def lm_dataset(corpus: str,              # a name from `CORPORA`
                tokenizer,                # any Hugging Face tokenizer
-               seq_len: int|None=None,   # default: `size('seq_len')`
+               seq_len: int|None=None,   # tokens per sequence (default 128)
                split: str='train',       # 'train' or 'validation'
                val_frac: float=0.05,
                seed: int=0,
@@ -361,7 +361,7 @@ def lm_dataset(corpus: str,              # a name from `CORPORA`
     from datasets import load_from_disk
     _check_corpus(corpus)
     if split not in ('train', 'validation'): raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    seq_len = size('seq_len') if seq_len is None else seq_len
+    seq_len = 128 if seq_len is None else seq_len
     cfg = dict(corpus=corpus, sha256=corpus_info(corpus, cache_dir)['sha256'], tokenizer=tokenizer_id(tokenizer),
                seq_len=seq_len, split=split, val_frac=val_frac, seed=seed, version=DATA_VERSION)
     def build(tmp):

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json, re, tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from .core import repo_root, get_settings, load_results, VERDICTS
+import importlib
+from .core import repo_root, get_settings, load_results, VERDICTS, ExperimentConfig
 
 # %% auto #0
-__all__ = ['FIELDS', 'METHODS', 'STATUSES', 'Method', 'methods_path', 'load_methods', 'get_method', 'nbs_path', 'method_status',
-           'scoreboard', 'scoreboard_markdown']
+__all__ = ['FIELDS', 'METHODS', 'STATUSES', 'ExperimentAPI', 'experiment_api', 'Method', 'methods_path', 'load_methods',
+           'get_method', 'nbs_path', 'field_notebooks', 'method_status', 'scoreboard', 'scoreboard_markdown']
 
 # %% ../nbs/07_registry.ipynb #3526066d
 FIELDS = {  # field (the notebook folder): the notebook numbers it owns
@@ -23,10 +24,29 @@ FIELDS = {  # field (the notebook folder): the notebook numbers it owns
     'multimodal': range(95, 100),
 }
 
+# %% ../nbs/07_registry.ipynb #87d443ac
+@dataclass(frozen=True)
+class ExperimentAPI:
+    "A method module's experiment: its config class, `run_experiment(cfg) -> Results` and `verdict(results) -> str`."
+    config: type            # the `ExperimentConfig` subclass
+    run_experiment: object  # callable
+    verdict: object         # callable
+
+def experiment_api(module: str) -> ExperimentAPI:
+    "The experiment API of `module` (e.g. 'workbench.alignment.bsr'): its one `ExperimentConfig` subclass, `run_experiment` and `verdict`."
+    mod = importlib.import_module(module)
+    cfgs = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, ExperimentConfig) and v is not ExperimentConfig
+            and v.__module__ == mod.__name__]
+    missing = [n for n in ('run_experiment', 'verdict') if not callable(getattr(mod, n, None))]
+    if len(cfgs) != 1 or missing:
+        raise ValueError(f"{module} does not offer the experiment API: needs one ExperimentConfig subclass (found "
+                         f"{[c.__name__ for c in cfgs] or 'none'}) and run_experiment/verdict (missing: {missing or 'none'})")
+    return ExperimentAPI(cfgs[0], mod.run_experiment, mod.verdict)
+
 # %% ../nbs/07_registry.ipynb #d78953a7
 @dataclass(frozen=True)
 class Method:
-    "One paper's method, as listed in `data/methods.json`."
+    "One paper's method, as listed in `workbench/methods.json`."
     slug: str        # short id: the module, results file and command-line name, e.g. 'morphkv'
     name: str        # the method's short name, e.g. 'MorphKV'
     field: str       # one of `FIELDS`: the notebook's folder
@@ -41,6 +61,9 @@ class Method:
     def module(self) -> str: return f'workbench.{self.field}.{self.slug}'
     @property
     def code_url(self) -> str|None: return self.code and f'https://github.com/{self.code}'
+    def api(self) -> ExperimentAPI:
+        "The method's experiment API from its module: config class, `run_experiment` and `verdict` (imports the module)."
+        return experiment_api(self.module)
 
 # %% ../nbs/07_registry.ipynb #fd8d7f99
 _KEYS = tuple(f.name for f in fields(Method))
@@ -70,11 +93,12 @@ def _check_entry(d, i) -> Method:
 
 # %% ../nbs/07_registry.ipynb #a7fe833d
 def methods_path() -> Path:
-    "Where the method list lives: `data/methods.json` in the repository (it ships with the code, so `data_dir` does not move it)."
-    return repo_root()/'data'/'methods.json'
+    "Where the method list lives: `methods.json` inside the installed package (it ships with the code)."
+    from importlib.resources import files
+    return Path(str(files('workbench').joinpath('methods.json')))
 
 def load_methods(path=None) -> dict[str, Method]:
-    "Read and check `data/methods.json`; returns slug -> `Method` ordered by notebook number."
+    "Read and check `workbench/methods.json`; returns slug -> `Method` ordered by notebook number."
     path = Path(path or methods_path())
     if not path.is_file(): raise FileNotFoundError(f"no method list at {path}; set WORKBENCH_ROOT to the workbench checkout")
     try: raw = json.loads(path.read_text())
@@ -112,7 +136,25 @@ def _results(slug, results_dir):
     except FileNotFoundError: return None
     except ValueError as e: raise ValueError(f"results for {slug!r} in {results_dir or get_settings().results_path} are unreadable: {e}") from None
 
+# %% ../nbs/07_registry.ipynb #18dbb5f5b
+def field_notebooks(nbs_dir=None) -> dict:
+    "{'methods': [...], 'platform': [...]}: the notebooks in the field folders, as paths under `nbs/`."
+    root = Path(nbs_dir or nbs_path()); registered = {m.notebook for m in METHODS.values()}; out = dict(methods=[], platform=[])
+    for f, r in FIELDS.items():
+        for p in sorted((root/f).glob('*.ipynb')):
+            rel = p.relative_to(root).as_posix()
+            if p.name.startswith('_'): continue                           # scratch
+            if rel in registered: out['methods'].append(rel); continue
+            m = re.fullmatch(r'(\d\d)_[a-z][a-z0-9_]*\.ipynb', p.name)
+            if not m or int(m[1]) >= r.start:
+                raise ValueError(f"{rel} is neither a registered method notebook nor a field platform notebook "
+                                 f"(those are numbered below {r.start}, e.g. '{f}/00_name.ipynb')")
+            out['platform'].append(rel)
+    return out
+
 # %% ../nbs/07_registry.ipynb #0a7a7a4c
+def _get(r, k): return r.get(k) if isinstance(r, dict) else getattr(r, k)   # a Results, or a pre-schema record (transitional)
+
 def method_status(slug: str,          # a method slug from `METHODS`
                   results_dir=None,   # default: `data/results`
                   nbs_dir=None,       # default: the notebooks folder
@@ -121,13 +163,14 @@ def method_status(slug: str,          # a method slug from `METHODS`
     m = get_method(slug)
     built = (Path(nbs_dir or nbs_path())/m.notebook).is_file()
     r = _results(m.slug, results_dir)
+    v = r and _get(r, 'verdict')
     if r is None: status = 'built, no full run' if built else 'not built yet'
-    elif r.get('mode') != 'full': status = 'built, no full run'   # a quick run's numbers are a smoke test, not evidence
-    elif r.get('verdict') is None: status = 'ran, no verdict'
-    elif r['verdict'] in VERDICTS: status = r['verdict']
-    else: raise ValueError(f"results for {m.slug!r} have verdict {r['verdict']!r}; allowed: {VERDICTS}")
-    return dict(status=status, built=built, headline=r and r.get('headline'), date=r and (r.get('date') or '')[:10] or None,
-                mode=r and r.get('mode'), verdict=r and r.get('verdict'))
+    elif _get(r, 'mode') != 'full': status = 'built, no full run'   # a quick run's numbers are a smoke test, not evidence
+    elif v is None: status = 'ran, no verdict'
+    elif v in VERDICTS: status = v
+    else: raise ValueError(f"results for {m.slug!r} have verdict {v!r}; allowed: {VERDICTS}")
+    return dict(status=status, built=built, headline=r and _get(r, 'headline'), date=r and (_get(r, 'date') or '')[:10] or None,
+                mode=r and _get(r, 'mode'), verdict=v)
 
 # %% ../nbs/07_registry.ipynb #b25f24ed
 def scoreboard(results_dir=None,  # default: `data/results`

@@ -19,12 +19,15 @@ import plotly.graph_objects as go
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from plotly.subplots import make_subplots
+from fastcore.basics import patch
 from .core import atomic_save_torch, seed_everything
+from .measure import check_int, check_num, check_tensor
+from .viz import LiveCurves
 
 # %% auto #0
 __all__ = ['PRECISIONS', 'TrainConfig', 'lr_at', 'as_dataset', 'collate', 'epoch_order', 'micro_batches', 'lm_labels', 'lm_loss',
            'count_tokens', 'param_groups', 'History', 'checkpoints', 'latest_checkpoint', 'load_checkpoint',
-           'perplexity', 'train', 'fig_history', 'LivePlot', 'generate_ids', 'generate']
+           'perplexity', 'train', 'fig_history', 'Generation', 'generate_ids', 'generate']
 
 # %% ../nbs/04_train.ipynb #7c9bf466
 PRECISIONS = ('no', 'bf16', 'fp16')
@@ -415,7 +418,10 @@ def train(model: torch.nn.Module,   # the model to train in place (e.g. `tiny_ll
     return hist
 
 # %% ../nbs/04_train.ipynb #16216fec
-def _summary(h: History) -> str:
+@patch
+def summary(self: History) -> str:
+    "One line: the last update's train and eval loss and speed."
+    h = self
     if not h.step: return 'no updates yet'
     s = f'update {h.step[-1]}: train loss {h.train_loss[-1]:.4g}'
     if h.eval_loss: s += f', eval loss {h.eval_loss[-1]:.4g}' + ('' if math.isnan(h.eval_ppl[-1]) else f' (ppl {h.eval_ppl[-1]:.4g})')
@@ -432,64 +438,63 @@ def fig_history(history: History, log_y: bool=False, title: str|None=None) -> go
     fig.add_scatter(x=h.step, y=h.lr, name='lr', mode='lines', showlegend=False, row=1, col=2, line_color='gray')
     fig.update_xaxes(title_text='update')
     fig.update_yaxes(title_text='nats / token' if log_y is False else 'nats / token (log)', type='log' if log_y else 'linear', row=1, col=1)
-    return fig.update_layout(title=title or _summary(h), height=340, template='plotly_white', margin=dict(l=50, r=20, t=60, b=40))
-
-# %% ../nbs/04_train.ipynb #e8721fff
-def _in_notebook() -> bool:
-    "True in a Jupyter kernel; False in scripts, pytest and nbdev-test (whose shell is not a kernel)."
-    try: from IPython import get_ipython
-    except ImportError: return False
-    ip = get_ipython()
-    return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
-
-class LivePlot:
-    "Training callback: `fig_history` as a FigureWidget (`.widget`) updated in place in a notebook; a no-op headless."
-    def __init__(self, every_s: float=0.5, log_y: bool=False, title: str|None=None):
-        self.every_s, self.log_y, self.title, self.widget, self._t = every_s, log_y, title, None, -math.inf
-        self.active = _in_notebook()
-
-    def __call__(self, history: History):
-        if not self.active or time.perf_counter() - self._t < self.every_s: return
-        self._t = time.perf_counter()
-        fig = fig_history(history, self.log_y, self.title)
-        if self.widget is None:
-            from IPython.display import display
-            self.widget = go.FigureWidget(fig); display(self.widget); return
-        with self.widget.batch_update():
-            for w, t in zip(self.widget.data, fig.data): w.x, w.y, w.customdata = t.x, t.y, t.customdata
-            self.widget.layout.title.text = fig.layout.title.text
-
-    def on_end(self, history: History): self._t = -math.inf; self(history)
+    return fig.update_layout(title=title or h.summary(), height=340, template='plotly_white', margin=dict(l=50, r=20, t=60, b=40))
 
 # %% ../nbs/04_train.ipynb #a36b2ccb
+@dataclass
+class Generation:
+    "What `generate_ids(..., trace=True)` returns: the ids and the time of the prefill and of each decode step."
+    ids: torch.Tensor   # (B, T + n) prompts and continuations
+    prefill_s: float    # seconds of the forward pass over the prompts
+    step_s: list        # seconds of each later forward pass (one new token per row)
+
+def _check_generate(input_ids, attention_mask, max_new_tokens, temperature):
+    check_tensor('input_ids', input_ids, ndim=2, floating=False)
+    if input_ids.shape[1] == 0: raise ValueError("input_ids must hold at least one prompt token, got shape (B, 0)")
+    if attention_mask is not None:
+        check_tensor('attention_mask', attention_mask, shape=tuple(input_ids.shape))
+        m = attention_mask.bool()
+        if not m[:, -1].all() or (m[:, 1:].int() < m[:, :-1].int()).any(): raise ValueError("attention_mask must be left padding: 0s then 1s in every row")
+    check_int('max_new_tokens', max_new_tokens, lo=0); check_num('temperature', temperature, lo=0, lo_open=True)
+
+# %% ../nbs/04_train.ipynb #a36b2cc0
 @torch.no_grad()
-def generate_ids(model,                    # a Hugging Face causal LM
-                 input_ids: torch.Tensor,  # the prompt, (1, T)
-                 max_new_tokens: int=32,   # at most this many new tokens
+def generate_ids(model,                    # a causal LM returning `.logits` and `.past_key_values` (Hugging Face, RMT, ...)
+                 input_ids: torch.Tensor,  # the prompts, (B, T); left-padded when `attention_mask` is given
+                 max_new_tokens: int=32,   # at most this many new tokens per row
                  greedy: bool=True,        # arg-max decoding; False: sample
                  temperature: float=1.0,   # sampling temperature tau (greedy ignores it)
                  seed: int=0,              # seed of the sampler
-                 eos_id=None,              # stop after this token id (or any of a list of ids)
-                ) -> torch.Tensor:
-    "The prompt extended by up to `max_new_tokens` tokens, (1, T + n), decoding with the KV cache."
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a (1, T) tensor with T >= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    if not _is_int(max_new_tokens) or max_new_tokens < 0: raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not _is_num(temperature) or temperature <= 0: raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-    eos = set() if eos_id is None else {eos_id} if _is_int(eos_id) else set(eos_id)
-    ids = input_ids.to(_device(model)); g = torch.Generator(ids.device).manual_seed(seed)
-    was = model.training; model.eval()
+                 eos_id=None,              # a row stops after this token id (or any of a list of ids)
+                 attention_mask=None,      # (B, T): 0 for left padding, 1 for prompt tokens; None: no padding
+                 pad_id: int|None=None,    # written after a row has stopped (default: the first eos id, else 0)
+                 trace: bool=False,        # return a `Generation` with timings instead of the ids
+                ):
+    "The prompts extended by up to `max_new_tokens` tokens, (B, T + n), decoding all rows at once with the KV cache."
+    _check_generate(input_ids, attention_mask, max_new_tokens, temperature)
+    eos = [] if eos_id is None else [eos_id] if isinstance(eos_id, int) else list(eos_id)
+    pad = pad_id if pad_id is not None else eos[0] if eos else 0
+    dev = _device(model); ids = input_ids.to(dev); g = torch.Generator(dev).manual_seed(seed)
+    mask = None if attention_mask is None else attention_mask.to(dev).long()
+    kw = {} if mask is None else dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
+    done, eos_t, steps, was = torch.zeros(len(ids), dtype=torch.bool, device=dev), torch.tensor(eos, device=dev), [], model.training
+    model.eval()
     try:
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1) if max_new_tokens else None
-        for _ in range(max_new_tokens):
-            z = out.logits[:, -1].float()                                            # (1, V)
+        t0 = time.perf_counter(); out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw); prefill = time.perf_counter() - t0
+        for i in range(max_new_tokens):
+            z = out.logits[:, -1].float()                                            # (B, V)
             # greedy: $\arg\max_v z_v$; sampling: $v \sim \mathrm{softmax}(z/\tau)$
             nxt = z.argmax(-1, keepdim=True) if greedy else torch.multinomial(torch.softmax(z / temperature, -1), 1, generator=g)
-            ids = torch.cat([ids, nxt], 1)
-            if nxt.item() in eos or _ == max_new_tokens - 1: break
-            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+            nxt = nxt.masked_fill(done[:, None], pad); ids = torch.cat([ids, nxt], 1)  # (B, 1); stopped rows get `pad`
+            if len(eos): done |= torch.isin(nxt[:, 0], eos_t)
+            if bool(done.all()) or i == max_new_tokens - 1: break
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(nxt)], 1); kw = dict(attention_mask=mask, position_ids=kw['position_ids'][:, -1:] + 1)
+            feed = nxt.masked_fill(done[:, None], eos[0] if eos else 0)              # a stopped row's input: any valid token
+            t0 = time.perf_counter(); out = model(input_ids=feed, past_key_values=out.past_key_values, use_cache=True, **kw)
+            steps.append(time.perf_counter() - t0)
     finally: model.train(was)
-    return ids
+    return Generation(ids, prefill if max_new_tokens else 0.0, steps) if trace else ids
 
 # %% ../nbs/04_train.ipynb #41a64d81
 def generate(model,                    # a Hugging Face causal LM

@@ -6,7 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/viz.html.md"""
 
 # %% ../nbs/05_viz.ipynb #d0b63ddd
 from __future__ import annotations
-import os, math
+import os, math, time
+from fastcore.basics import patch
 from collections import deque
 import numpy as np
 import plotly.graph_objects as go
@@ -15,12 +16,26 @@ from plotly.subplots import make_subplots
 import ipywidgets as W
 
 # %% auto #0
-__all__ = ['PALETTE', 'Explorer', 'fig_norms', 'NormsExplorer', 'FeatureGraph', 'fig_feature_flow', 'FeatureFlowExplorer',
-           'fig_kv_cache', 'KVCacheExplorer', 'fig_curves', 'LiveCurves', 'fig_attention', 'AttentionExplorer']
+__all__ = ['PALETTE', 'in_jupyter', 'setup', 'Explorer', 'fig_norms', 'NormsExplorer', 'FeatureGraph', 'fig_feature_flow',
+           'FeatureFlowExplorer', 'fig_kv_cache', 'KVCacheExplorer', 'fig_curves', 'LiveCurves', 'fig_attention',
+           'AttentionExplorer']
 
 # %% ../nbs/05_viz.ipynb #03f4ab1d
-pio.renderers.default = os.environ.get('PLOTLY_RENDERER', 'plotly_mimetype')
-pio.templates.default = 'plotly_white'
+def in_jupyter() -> bool:
+    "True in a Jupyter kernel; False in scripts, pytest and nbdev-test (whose shell is not a kernel)."
+    try: from IPython import get_ipython
+    except ImportError: return False
+    ip = get_ipython()
+    return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
+
+def setup(renderer: str|None=None,        # plotly renderer; default: $PLOTLY_RENDERER, else 'plotly_mimetype'
+          template: str='plotly_white',   # plotly template
+         ):
+    "Set plotly's default renderer and template for the workbench's figures (notebooks call it; nothing else changes plotly's globals)."
+    pio.renderers.default = renderer or os.environ.get('PLOTLY_RENDERER', 'plotly_mimetype')
+    pio.templates.default = template
+
+if in_jupyter(): setup()   # importing the kit inside a Jupyter kernel sets it up; anywhere else, only an explicit call does
 PALETTE = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf', '#8c564b', '#e377c2']
 
 def _np(x) -> np.ndarray:
@@ -255,19 +270,49 @@ def fig_curves(series: dict,            # name -> (steps, values)
     return fig
 
 class LiveCurves(Explorer):
-    "A live `fig_curves`: call `.append(step, **values)` during training."
-    def __init__(self, names=('train', 'eval'), secondary=(), title='Training curves'):
-        self.names, self.secondary, self.title = list(names), tuple(secondary), title
-        self.data = {n: ([], []) for n in self.names}
+    "A live `fig_curves`: `.append(step, **values)` from any loop, or pass it to `train(callbacks=[...])`, which calls it with its `History`."
+    def __init__(self, names=('train', 'eval'), secondary=(), title='Training curves', log_y=False, every_s: float=0.0):
+        self.names, self.secondary, self.title, self.log_y, self.every_s = list(names), tuple(secondary), title, log_y, every_s
+        self.data, self._t = {n: ([], []) for n in self.names}, -math.inf
         self.fig = go.FigureWidget(self.figure()); self.widget = self.fig
-    def figure(self): return fig_curves(self.data, self.secondary, self.title)
-    def append(self, step, **values):
-        for k, v in values.items():
-            if k not in self.data: raise KeyError(f"unknown series {k!r}; known: {self.names}")
-            if v is None: continue
-            self.data[k][0].append(step); self.data[k][1].append(float(v))
-            tr = self.fig.data[self.names.index(k)]
-            tr.x, tr.y = self.data[k]
+    @classmethod
+    def for_training(cls, title='Training curves', log_y=False, every_s: float=0.5):
+        "Train and eval loss, with the learning rate on a second axis: the live view of `workbench.train.train`."
+        return cls(('train', 'eval', 'lr'), secondary=('lr',), title=title, log_y=log_y, every_s=every_s)
+    def figure(self): return fig_curves(self.data, self.secondary, self.title, self.log_y)
+
+# %% ../nbs/05_viz.ipynb #7c3840f1
+@patch
+def append(self: LiveCurves, step, **values):
+    "Add one point to each named series (None skips a series) and redraw (at most every `every_s` seconds)."
+    for k, v in values.items():
+        if k not in self.data: raise KeyError(f"unknown series {k!r}; known: {self.names}")
+        if v is not None: self.data[k][0].append(step); self.data[k][1].append(float(v))
+    self.draw()
+
+@patch
+def draw(self: LiveCurves, force: bool=False):
+    "Copy the series into the live figure, unless the last redraw was under `every_s` seconds ago."
+    if not force and time.perf_counter() - self._t < self.every_s: return
+    self._t = time.perf_counter()
+    with self.fig.batch_update():
+        for i, n in enumerate(self.names): self.fig.data[i].x, self.fig.data[i].y = self.data[n]
+        self.fig.layout.title.text = self.title
+
+@patch
+def __call__(self: LiveCurves, history):
+    "Training callback: take the `History`'s `train`, `eval` and `lr` curves (and its `summary()` as the title); in Jupyter, show itself on the first call."
+    src = dict(train=(history.step, history.train_loss), eval=(history.eval_step, history.eval_loss), lr=(history.step, history.lr))
+    for n in self.names:
+        if n in src: self.data[n] = (list(src[n][0]), [float(v) for v in src[n][1]])
+    if hasattr(history, 'summary'): self.title = history.summary()
+    if in_jupyter() and not getattr(self, '_shown', False):
+        from IPython.display import display
+        display(self.widget); self._shown = True
+    self.draw()
+
+@patch
+def on_end(self: LiveCurves, history): self(history); self.draw(force=True)
 
 # %% ../nbs/05_viz.ipynb #3f56a526
 def fig_attention(pattern, tokens=None, title='Attention', query_tokens=None) -> go.Figure:

@@ -8,7 +8,9 @@ Docs: https://workbench-dev.github.io/workbench/inference/morphkv.html.md"""
 from __future__ import annotations
 import torch, torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
-from .kvcache import *
+from ..measure import check_int
+from .kvcache import (check_window, PolicyCache, DecodeTrace, decode, recent_topk,
+                                         StreamingLLMCache, H2OCache, TOVACache, SnapKVCache)
 
 # %% auto #0
 __all__ = ['POLICIES', 'KVPRESS_PEERS', 'MorphKVCache', 'morph_select', 'make_policy', 'make_press', 'press_decode']
@@ -59,7 +61,7 @@ KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-att
 def make_press(name: str, budget: int, prompt_len: int, window: int=16):
     "A kvpress press matched to our budget (see above); `name` is one of `KVPRESS_PEERS`."
     if name not in KVPRESS_PEERS: raise ValueError(f"unknown kvpress peer {name!r}; known: {', '.join(KVPRESS_PEERS)}")
-    check_int('budget', budget); check_int('prompt_len', prompt_len); check_int('window', window)
+    check_int('budget', budget, lo=1); check_int('prompt_len', prompt_len, lo=1); check_int('window', window, lo=1)
     if window >= budget: raise ValueError(f"window ({window}) must be < budget ({budget}): decoding presses compress to budget - window")
     import kvpress       # lazily: importing kvpress wraps every registered attention function
     if name == 'kvpress-snapkv':
