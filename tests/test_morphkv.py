@@ -1,4 +1,5 @@
 "Cross-checks of the KV-cache policies in `workbench.inference.morphkv` on the shared tiny Llama."
+import re
 import pytest, torch
 from transformers.cache_utils import DynamicCache
 from workbench.testing import tiny_model, tiny_ids
@@ -71,7 +72,7 @@ def test_morph_select_matches_bruteforce():
                                       (lambda: MorphKVCache(8, 2, 'avg'), "'sum' or 'max'"),
                                       (lambda: make_policy('lru', 8), 'unknown policy')])
 def test_invalid_arguments(make, msg):
-    with pytest.raises((ValueError, TypeError), match=msg.replace('(', r'\(').replace(')', r'\)')): make()
+    with pytest.raises((ValueError, TypeError), match=re.escape(msg)): make()
 
 def test_stacked_policies_match_alone(setup):
     "Five fixed-size policies decoded as one batch give each policy's own tokens, logits (to rounding) and kept sets."
