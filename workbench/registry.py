@@ -9,12 +9,13 @@ from __future__ import annotations
 import json, re, tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-import importlib
+import importlib, importlib.util
 from .core import repo_root, get_settings, load_results, VERDICTS, ExperimentConfig
 
 # %% auto #0
 __all__ = ['FIELDS', 'METHODS', 'STATUSES', 'ExperimentAPI', 'experiment_api', 'Method', 'methods_path', 'load_methods',
-           'get_method', 'nbs_path', 'field_notebooks', 'method_status', 'scoreboard', 'scoreboard_markdown']
+           'get_method', 'nbs_path', 'is_built', 'field_notebooks', 'method_status', 'scoreboard',
+           'scoreboard_markdown']
 
 # %% ../nbs/07_registry.ipynb #3526066d
 FIELDS = {  # field (the notebook folder): the notebook numbers it owns
@@ -126,10 +127,17 @@ def get_method(slug: str) -> Method:
 STATUSES = (*VERDICTS, 'ran, no verdict', 'built, no full run', 'not built yet')
 
 def nbs_path() -> Path:
-    "The notebooks folder: `[tool.nbdev] nbs_path` in the repository's `pyproject.toml` (default `nbs`)."
-    root = repo_root(); pp = root/'pyproject.toml'
+    "The notebooks folder: `[tool.nbdev] nbs_path` in the checkout's `pyproject.toml` (default `nbs`); outside a checkout, a path that does not exist."
+    root = repo_root() or Path.cwd()/'.workbench-no-checkout'; pp = root/'pyproject.toml'
     cfg = tomllib.loads(pp.read_text()).get('tool', {}).get('nbdev', {}) if pp.is_file() else {}
     return root/cfg.get('nbs_path', 'nbs')
+
+def is_built(m) -> bool:
+    "A method is built when its notebook exists (in a checkout) or its module is installed (anywhere)."
+    m = get_method(m)
+    if (nbs_path()/m.notebook).is_file(): return True
+    try: return importlib.util.find_spec(m.module) is not None
+    except ModuleNotFoundError: return False
 
 def _results(slug, results_dir):
     try: return load_results(slug, results_dir)
@@ -161,7 +169,7 @@ def method_status(slug: str,          # a method slug from `METHODS`
                  ) -> dict:
     "Status, measured headline, date and mode of `slug`'s latest results."
     m = get_method(slug)
-    built = (Path(nbs_dir or nbs_path())/m.notebook).is_file()
+    built = (Path(nbs_dir)/m.notebook).is_file() if nbs_dir else is_built(m)
     r = _results(m.slug, results_dir)
     v = r and _get(r, 'verdict')
     if r is None: status = 'built, no full run' if built else 'not built yet'

@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from plotly.subplots import make_subplots
 from fastcore.basics import patch
-from .core import atomic_save_torch, seed_everything
+from .core import atomic_save_torch, seed_everything, get_device
 from .measure import check_int, check_num, check_tensor
 from .viz import LiveCurves
 
@@ -56,7 +56,7 @@ class TrainConfig:
     num_workers: int = 0              # DataLoader worker processes
     pad_id: int = 0                   # token id that pads `input_ids` of unequal length
     mixed_precision: str = 'no'       # 'no', 'bf16' or 'fp16' (fp16 needs a GPU); passed to Accelerator
-    cpu: bool = False                 # stay on the CPU even when a GPU is present
+    cpu: bool|None = None             # stay on the CPU; None: the `device` setting decides (cpu by default)
     progress: bool = True             # show a tqdm progress bar
 
     def __post_init__(self):
@@ -298,7 +298,8 @@ def perplexity(model,                   # a causal LM returning logits (B, T, V)
 def _accelerator(cfg: TrainConfig):
     from accelerate.state import AcceleratorState, GradientState
     several = int(os.environ.get('WORLD_SIZE', '1')) > 1                     # started by accelerate launch / torchrun
-    kw = dict(cpu=cfg.cpu or (several and not torch.cuda.is_available()), mixed_precision=cfg.mixed_precision)
+    cpu = get_device().type == 'cpu' if cfg.cpu is None else cfg.cpu
+    kw = dict(cpu=cpu or (several and not torch.cuda.is_available()), mixed_precision=cfg.mixed_precision)
     try: return Accelerator(**kw)
     except ValueError:
         if several: raise

@@ -16,9 +16,9 @@ from plotly.subplots import make_subplots
 import ipywidgets as W
 
 # %% auto #0
-__all__ = ['PALETTE', 'in_jupyter', 'setup', 'Explorer', 'fig_norms', 'NormsExplorer', 'FeatureGraph', 'fig_feature_flow',
-           'FeatureFlowExplorer', 'fig_kv_cache', 'KVCacheExplorer', 'fig_curves', 'LiveCurves', 'fig_attention',
-           'AttentionExplorer']
+__all__ = ['PALETTE', 'in_jupyter', 'setup', 'Explorer', 'save_figure', 'fig_norms', 'NormsExplorer', 'FeatureGraph',
+           'fig_feature_flow', 'FeatureFlowExplorer', 'fig_kv_cache', 'KVCacheExplorer', 'fig_curves', 'LiveCurves',
+           'fig_attention', 'AttentionExplorer']
 
 # %% ../nbs/05_viz.ipynb #03f4ab1d
 def in_jupyter() -> bool:
@@ -57,6 +57,21 @@ class Explorer:
     def _ipython_display_(self):
         from IPython.display import display
         display(self.widget)
+    def save(self, path, scale: float=2.0):
+        "Save the current figure: `.html` standalone with plotly.js inlined (opens offline), `.png` where kaleido is installed."
+        return save_figure(self.figure(), path, scale)
+
+def save_figure(fig: go.Figure, path, scale: float=2.0):
+    "Write `fig` to `path` atomically: `.html` (standalone, plotly.js inlined, no network) or `.png` (needs kaleido)."
+    from pathlib import Path
+    from workbench.core import atomic_path, atomic_write_text
+    path = Path(path)
+    if path.suffix == '.html': return atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
+    if path.suffix != '.png': raise ValueError(f"save a figure as .html or .png, got {path.name!r}")
+    try: import kaleido  # noqa: F401
+    except ImportError: raise ImportError("PNG export needs kaleido (pip install kaleido); .html works without it") from None
+    with atomic_path(path, '.png') as tmp: fig.write_image(str(tmp), format='png', scale=scale)
+    return path
 
 # %% ../nbs/05_viz.ipynb #f2d969c6
 def _check_groups(norms):
@@ -258,14 +273,17 @@ class KVCacheExplorer(Explorer):
 # %% ../nbs/05_viz.ipynb #00123b71
 def fig_curves(series: dict,            # name -> (steps, values)
                secondary=(),            # names plotted on a second y axis (e.g. 'lr')
-               title='Training curves', log_y=False) -> go.Figure:
+               title='Training curves', log_y=False,
+               y_title: str='loss',     # the y axis label
+               x_title: str='step',     # the x axis label
+              ) -> go.Figure:
     "Named curves against step."
     fig = make_subplots(specs=[[{'secondary_y': bool(secondary)}]])
     for k, (name, (x, y)) in enumerate(series.items()):
         fig.add_trace(go.Scatter(x=list(x), y=list(y), name=name, mode='lines+markers' if len(list(x)) < 30 else 'lines',
                                  line=dict(color=PALETTE[k % len(PALETTE)], dash='dot' if name in secondary else None)),
                       secondary_y=name in secondary if secondary else None)
-    fig.update_xaxes(title_text='step'); fig.update_yaxes(title_text='loss', type='log' if log_y else None, secondary_y=False)
+    fig.update_xaxes(title_text=x_title); fig.update_yaxes(title_text=y_title, type='log' if log_y else None, secondary_y=False)
     fig.update_layout(title=title, height=340, margin=dict(t=50, l=50, r=20))
     return fig
 
