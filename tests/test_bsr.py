@@ -1,9 +1,13 @@
-"Cross-checks of `workbench.alignment.bsr`: the losses, the synthetic task and the reward model (fast, CPU)."
+"Cross-checks of `workbench.alignment.bsr`: the losses, the synthetic task, the reward model, best-of-n and the experiment API (fast, CPU)."
 import math
+import numpy as np
 import pytest
 import torch
-from workbench.alignment.bsr import (bt_loss, bsr_loss, bsr_penalty, center_penalty, reward_loss, kendall_tau, mean_ci,
-    SyntheticPreferenceTask, sample_pairs, sample_listwise, gold_reward, make_reward_model, score, pair_loss_fn, SPLITS)
+from workbench.alignment.bsr import (bt_loss, bsr_loss, bsr_penalty, center_penalty, reward_loss, SyntheticPreferenceTask,
+    sample_pairs, sample_listwise, sample_pool, gold_reward, make_reward_model, score, evaluate, PairLoss, bon_weights, bon_curve,
+    BSRConfig, claims, verdict, SPLITS)
+from workbench.core import Results, load_results, Claim
+from workbench.measure import kendall_tau_b
 from workbench.train import collate
 
 
@@ -47,17 +51,22 @@ def test_regularisers_spare_margin_gradient(kind, coef):
         reward_loss(rw, rl, k, cf).backward()
         grads[k] = (rw.grad - rl.grad) / 2                      # d/d(margin)
     assert torch.allclose(grads['bt'], grads[kind], atol=1e-12)
+    if kind == 'bsr':                                           # the penalty's gradient is the same λ·r̄ for every reward
+        rw, rl = (rw0 + 2).requires_grad_(), (rl0 + 2).requires_grad_()
+        (coef * bsr_penalty(rw, rl)).backward()
+        assert torch.allclose(rw.grad, torch.full_like(rw, coef * (torch.cat([rw0, rl0]) + 2).mean().item()))
 
 
 def test_errors():
     rw, rl = _r()
     with pytest.raises(ValueError, match='same shape'): bt_loss(rw, rl[:3])
-    with pytest.raises(ValueError, match='1-D'): bsr_loss(rw[None], rl[None])
+    with pytest.raises(ValueError, match='1 dims'): bsr_loss(rw[None], rl[None])
     with pytest.raises(ValueError, match='at least 2'): bsr_loss(rw[:1], rl[:1])
     with pytest.raises(ValueError, match='lam'): bsr_loss(rw, rl, lam=-0.1)
     with pytest.raises(TypeError): center_penalty(rw.tolist(), rl)
     with pytest.raises(ValueError, match='kind'): reward_loss(rw, rl, 'dpo')
     with pytest.raises(ValueError, match='split'): sample_pairs(SyntheticPreferenceTask(), 'ood', 2)
+    with pytest.raises(ValueError, match='head_input'): make_reward_model(60, head_input='pre_norm')
 
 
 def test_task_deterministic_and_splits_differ():
@@ -69,12 +78,12 @@ def test_task_deterministic_and_splits_differ():
     assert id_tmpl <= {tuple(x) for x in t.templates[:4].tolist()}
     assert all(r['chosen_input_ids'][1].item() >= t.topic0 for r in oods)   # OOD prompts: topic first
     lw = sample_listwise(t, 'id', 6, k=4, seed=0)
-    assert kendall_tau(lw['gold'], lw['gold']).eq(1).all()
+    assert torch.allclose(kendall_tau_b(lw['gold'], lw['gold']), torch.ones(6, dtype=torch.float64))
     x = lw['seqs'][0][:6]
     assert gold_reward(t, x, [t.filler0] * 3) < gold_reward(t, x, [t.topic0 + ((x[4] - t.topic0) // t.topic_size) * t.topic_size + i for i in range(3)])
 
 
-def test_reward_model_padding_and_loss_fn():
+def test_reward_model_padding_decomposition_and_loss_fn():
     t = SyntheticPreferenceTask()
     rows = sample_pairs(t, 'id', 32, seed=0)
     m = make_reward_model(t.vocab_size, seed=1)
@@ -82,15 +91,87 @@ def test_reward_model_padding_and_loss_fn():
     r_batch = m(b['chosen_input_ids'], b['chosen_attention_mask'])
     r_single = torch.stack([m(r['chosen_input_ids'][None])[0] for r in rows[:5]])
     assert torch.allclose(r_batch, r_single, atol=1e-5)
-    r_s, norms = score(m, [r['chosen_input_ids'] for r in rows[:5]])
-    assert torch.allclose(r_s, r_single, atol=1e-5) and norms.shape == (5, 3)
-    b = collate(rows[:8])                                        # the training loss_fn == reward_loss on the two forwards
+    s = score(m, [r['chosen_input_ids'] for r in rows[:5]])
+    assert torch.allclose(s['r'], r_single, atol=1e-5) and s['resid'].shape == (5, 2)
+    assert torch.allclose(s['r'], m.score.weight.norm() * s['h'] * s['cos'], atol=1e-5)   # r = ‖W_p‖‖h‖cos θ
+    assert s['h'].std() / s['h'].mean() > 0.01                                             # the residual head: ‖h‖ varies
+    fn = score(make_reward_model(t.vocab_size, head_input='final_norm', seed=1), [r['chosen_input_ids'] for r in rows[:5]])
+    assert fn['h'].std() / fn['h'].mean() < 1e-3                                           # after the final RMSNorm it does not
+    b = collate(rows[:8]); m.train()                             # the training loss_fn == reward_loss on the two forwards
     want = bsr_loss(m(b['chosen_input_ids'], b['chosen_attention_mask']), m(b['rejected_input_ids'], b['rejected_attention_mask']), 1e-3)
-    assert torch.allclose(pair_loss_fn('bsr', 1e-3)(m, b), want)
-    with pytest.raises(ValueError, match='kind'): pair_loss_fn('hinge')
+    pl = PairLoss('bsr', 1e-3)
+    assert torch.allclose(pl(m, b), want)
+    assert len(pl.log) == 1 and abs(pl.log[0]['loss'] - want.item()) < 1e-6
+    with pytest.raises(ValueError, match='kind'): PairLoss('hinge')
 
 
-def test_mean_ci():
-    assert mean_ci([2.0]) == (2.0, 0.0)
-    m, c = mean_ci([1.0, 3.0]); assert m == 2.0 and c == pytest.approx(12.71 * 1 / 1)
-    assert len(SPLITS) == 4
+def test_evaluate_perfect_and_reversed_scorer():
+    "A model whose reward is the gold reward has accuracy 1 and τ-b 1; its negative has 0 and −1."
+    t = SyntheticPreferenceTask()
+    pairs, lw = sample_pairs(t, 'id', 40, seed=1), sample_listwise(t, 'id', 10, seed=1)
+    m = make_reward_model(t.vocab_size, seed=0)
+    gold = {tuple(p[k].tolist()): p['gold_' + k.split('_')[0]] for p in pairs for k in ('chosen_input_ids', 'rejected_input_ids')}
+    for s, g in zip(lw['seqs'], lw['gold'].flatten().tolist()): gold[tuple(s)] = g
+    import workbench.alignment.bsr as B
+    real = B.score
+    for sign in (1, -1):
+        def fake(model, seqs, batch_size=512, sign=sign):
+            out = real(model, seqs); out['r'] = sign * torch.tensor([gold[tuple(torch.as_tensor(x).tolist())] for x in seqs]); return out
+        B.score = fake
+        try: ev = evaluate(m, pairs, lw)
+        finally: B.score = real
+        assert ev['acc'] == (1.0 if sign == 1 else 0.0) and ev['tau'] == pytest.approx(float(sign))
+
+
+def test_bon_estimator_matches_brute_force():
+    g = torch.Generator().manual_seed(0)
+    proxy, gold = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+    from itertools import combinations
+    for n in (1, 2, 4, 7):
+        want = np.mean([np.mean([gold[p, list(c)][proxy[p, list(c)].argmax()].item() for c in combinations(range(7), n)]) for p in range(3)])
+        assert bon_curve(proxy, gold, [n])['gold'][0] == pytest.approx(want, abs=1e-9)
+    assert bon_weights(7, 3).sum().item() == pytest.approx(1.0)
+    with pytest.raises(ValueError): bon_weights(4, 5)
+    pool = sample_pool(SyntheticPreferenceTask(), 4, 16, seed=0)
+    assert pool['gold'].shape == (4, 16) and len(pool['seqs']) == 64
+
+
+def test_config_sizes_seeds_and_validation(monkeypatch):
+    full, quick = BSRConfig(mode='full'), BSRConfig(mode='quick')
+    assert full.n_seeds >= 5 and full.bon_n >= 256 and len(full.lams) >= 3 and quick.steps < full.steps
+    monkeypatch.setenv('WORKBENCH_SEED', '1')
+    assert BSRConfig(mode='quick').seeds[0] == 1                 # WORKBENCH_SEED changes the run
+    with pytest.raises(ValueError, match='lams must hold'): BSRConfig(lam=0.3)
+    with pytest.raises(ValueError, match='power of 2'): BSRConfig(bon_n=12)
+    with pytest.raises(ValueError, match='bon_n'): BSRConfig(bon_n=1024, bon_pool=512)
+
+
+def _fake_results(tau_gap, seeds=(0, 1, 2, 3, 4), noise=0.01):
+    "Rows shaped like run_experiment's, with BSR's τ-b ahead of both baselines by `tau_gap` in every OOD split."
+    rng, rows = np.random.default_rng(0), []
+    for kind, coef in (('bt', 0.0), ('bsr', 1e-3), ('center', 1e-2)):
+        for s in seeds:
+            base = dict(variant=kind, loss=kind, coef=coef, seed=s)
+            for sp in SPLITS:
+                rows.append(dict(base, record='eval', split=sp, tau=0.5 + (tau_gap if kind == 'bsr' and sp != 'id' else 0) + noise * rng.standard_normal(),
+                                 h_cv=0.3 - (0.1 if kind == 'bsr' else 0) + noise * rng.standard_normal()))
+            rows.append(dict(base, record='run', split=None, bon_drop=0.2 - (0.1 if kind == 'bsr' else 0) + noise * rng.standard_normal()))
+    return Results('bsr', dict(mode='full', seed=0, lam=1e-3, center_coef=1e-2, bon_n=256), rows, seeds=list(seeds))
+
+
+def test_claims_and_verdict_rule():
+    cs = claims(_fake_results(0.1))
+    assert len(cs) == 5 and all(isinstance(c, Claim) for c in cs)
+    assert [c.better for c in cs] == ['lower', 'higher', 'higher', 'higher', 'lower']
+    assert verdict(_fake_results(0.1)) == 'reproduced'
+    assert verdict(_fake_results(0.0)) == 'partly'               # dispersion and best-of-n show, τ-b does not
+    assert all(not c.shows for c in claims(_fake_results(0.0))[1:4])
+    assert claims(_fake_results(-0.1))[1].opposite
+
+
+def test_recorded_results_recompute():
+    r = load_results('bsr')
+    if not isinstance(r, Results): pytest.skip('pre-schema results file')
+    assert verdict(r) == r.verdict and len(r.claims) == 5
+    assert r.mode == 'full' and len(r.seeds) >= 5
+    for c, c2 in zip(r.claims, claims(r)): assert c.name == c2.name and c.estimate == pytest.approx(c2.estimate)

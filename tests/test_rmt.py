@@ -1,11 +1,14 @@
-"Cross-checks of `workbench.architecture.rmt`: memory operations, counts, causality, cache, training loop and moment formulas (fast, CPU)."
-import math
+"Cross-checks of `workbench.architecture.rmt`: memory operations, counts, causality, cache, training loop, moment formulas, and the experiment API's sweep, claims and verdict (fast, CPU)."
+import math, os
 from dataclasses import replace
+import numpy as np
 import pytest
 import torch
 from workbench.architecture.rmt import (store, retrieve, orthonormal_keys, LMConfig, build_lm, ResidualMatrixTransformer,
     StandardTransformer, param_count, non_embedding_params, flops_per_token, measured_flops, moment_propagation,
-    tokens_to_reach, causal_attention, RMSNorm, summarise)
+    tokens_to_reach, causal_attention, RMSNorm, RMTConfig, sweep_todo, to_target, savings, claims, verdict, headline,
+    curve_arrays, torch_threads)
+from workbench.core import Results, load_results
 from workbench.train import TrainConfig, train, generate_ids
 
 C = LMConfig(vocab_size=61, n_layers=2, n_heads=3, d_head=4, d_key=6, d_ff=24, max_len=20)
@@ -32,7 +35,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match='key size 8 does not match'): retrieve(torch.zeros(2, 4, 3), torch.zeros(2, 8))
     with pytest.raises(ValueError, match='R=2'): store(torch.zeros(3, 5), torch.zeros(2, 4))
     with pytest.raises(TypeError): store(torch.zeros(2, 5), [[1.0]])
-    with pytest.raises(ValueError, match='d_key must be an int >= 1'): LMConfig(d_key=0)
+    with pytest.raises(ValueError, match=r'd_key must be an int in \[1, inf\]'): LMConfig(d_key=0)
     with pytest.raises(ValueError, match='arch must be one of'): LMConfig(arch='mamba')
     with pytest.raises(ValueError, match='exceed max_len'): build_lm(C)(torch.zeros(1, 21, dtype=torch.long))
     with pytest.raises(ValueError, match='seq_len'): flops_per_token(C, 21)
@@ -113,11 +116,90 @@ def test_table1_moments(op):
     assert r['fwd_pred'] == pytest.approx((6 if op == 'store' else 24) * 0.04 * (1.5 ** 2 + 0.3 ** 2))
 
 
-def test_tokens_to_reach_and_summary():
+def test_tokens_to_reach():
     assert tokens_to_reach([1, 2, 4], [5.0, 3.0, 1.0], 2.0) == pytest.approx(3.0)
     assert tokens_to_reach([1, 2], [5.0, 4.0], 1.0) is None
-    rec = lambda l, p: dict(params=p, non_embedding_params=p, residual_size=1, train_flops_per_token=3, tokens_per_update=10,
-                            curves=[dict(tokens=[10, 20], flops=[30, 60], time_s=[1.0, 2.0], val_loss=l)])
-    s = summarise({'t': rec([4.0, 3.0], 10), 'r': rec([3.0, 2.0], 5)}, 't')
-    assert s['r']['tokens_to_target'] == 10 and s['r']['saving_tokens_to_target'] == pytest.approx(0.5)
-    assert s['r']['saving_params'] == pytest.approx(0.5) and s['t']['saving_flops_to_target'] == 0
+    assert tokens_to_reach(np.array([10., 20.]), np.array([1.0, 0.5]), 2.0) == 10.0
+
+
+def test_config_sizes_seeds_and_validation(monkeypatch):
+    full = RMTConfig(mode='full')
+    assert full.steps * full.batch_size * full.seq_len >= 9e5 and full.n_seeds >= 4      # issue 32: ~10x the tokens, >= 4 seeds
+    assert full.baseline in full.models() and full.claim_rmt == f'RMT D_k={max(full.d_keys)}'
+    assert [m.d_ff for n, m in full.models().items() if n.startswith('transformer')] == [4 * 4 * w for w in sorted(full.widths)]
+    monkeypatch.setenv('WORKBENCH_SEED', '7')
+    assert RMTConfig(mode='full').seeds == [7, 8, 9, 10, 11]                           # WORKBENCH_SEED changes the run
+    for bad, msg in [(dict(widths=(4, 16)), 'must hold d_head'), (dict(claim_dk=3), 'claim_dk'), (dict(lr_grid=(1e-2,)), 'at least 2'),
+                     (dict(eval_every=100), 'eval_every'), (dict(workers=0), 'workers')]:
+        with pytest.raises(ValueError, match=msg): RMTConfig(**bad)
+
+
+def test_sweep_grows_past_an_edge_then_stops():
+    c = RMTConfig(lr_grid=(1.0, 2.0, 4.0), lr_extend=2)
+    down = lambda lr: (lr - 0.3) ** 2                                     # optimum at 0.3: below the grid
+    loss = {}
+    todo, best = sweep_todo(c, loss)
+    while todo:
+        loss.update({lr: down(lr) for lr in todo}); todo, best = sweep_todo(c, loss)
+    assert sorted(loss) == [0.25, 0.5, 1.0, 2.0, 4.0] and best == 0.25            # two steps down, then at the edge
+    loss = {lr: (lr - 2.2) ** 2 for lr in (1.0, 2.0, 4.0)}
+    assert sweep_todo(c, loss) == ([], 2.0)                                        # interior optimum: no growth
+
+
+def test_torch_threads_restores():
+    n = torch.get_num_threads()
+    with torch_threads(1): assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == n
+
+
+def _fake(curves, params, fpt, seeds=(0, 1, 2, 3, 4)):
+    cfg = dict(mode='quick', seed=0, n_heads=4, d_head=16, d_keys=[16], claim_dk=None)
+    rows = [dict(phase='main', model=m, arch='rmt' if m.startswith('RMT') else 'transformer', params=params[m],
+                 train_flops_per_token=fpt[m], seed=s) for m in curves for s in seeds]
+    tab = [dict(model=m, seed=s, tokens=[10, 20, 30, 40], time_s=[1, 2, 3, 4], val_loss=list(curves[m][i]))
+           for m in curves for i, s in enumerate(seeds)]
+    return Results('rmt', cfg, rows, seeds=list(seeds), tables=dict(curves=tab))
+
+
+def _noisy(c, sd, seed):
+    g = np.random.default_rng(seed)
+    return [np.array(c) + g.normal(0, sd) + g.normal(0, sd / 3, len(c)) for _ in range(5)]
+
+
+P = {'transformer D=48': 60, 'transformer D=64': 100, 'transformer D=96': 200, 'RMT D_k=16': 80}
+F = {'transformer D=48': 6, 'transformer D=64': 10, 'transformer D=96': 20, 'RMT D_k=16': 9}
+T = {'transformer D=48': [3.3, 2.9, 2.6, 2.4], 'transformer D=64': [3.2, 2.7, 2.3, 2.0], 'transformer D=96': [3.0, 2.4, 2.0, 1.8]}
+
+
+def test_to_target_and_savings_by_hand():
+    r = _fake({**{k: [v] * 5 for k, v in T.items()}, 'RMT D_k=16': [[3.0, 2.5, 2.0, 1.9]] * 5}, P, F)
+    tokens, L, meta = curve_arrays(r)
+    target, tt = to_target(tokens, L, meta, 'transformer D=64')
+    assert target == pytest.approx(2.0) and tt['transformer D=48']['tokens'] is None
+    assert tt['transformer D=96']['tokens'] == pytest.approx(30) and tt['RMT D_k=16']['flops'] == pytest.approx(270)
+    s = savings(tokens, L, meta, 'RMT D_k=16', 'transformer D=64')
+    assert s['cheapest'] == 'transformer D=64'                                    # 400 FLOPs vs D=96's 600
+    assert s['flops'] == pytest.approx(1 - 270 / 400) and s['tokens'] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize('rmt,want', [([3.0, 2.4, 2.0, 1.8], 'reproduced'),       # clearly faster: all three show
+                                      ([3.2, 2.7, 2.3, 2.0], 'partly'),           # same curve: only the exact parameter saving
+                                      ([3.4, 3.0, 2.7, 2.5], 'not reproduced')])  # never reaches the target
+def test_claims_can_pass_and_fail(rmt, want):
+    r = _fake({**{k: _noisy(v, 0.02, i) for i, (k, v) in enumerate(T.items())}, 'RMT D_k=16': _noisy(rmt, 0.02, 9)}, P, F)
+    cs = claims(r, n_boot=1000)
+    assert verdict(r) == want, [(c.name, c.estimate, c.lo, c.hi) for c in cs]
+    assert cs[2].lo == cs[2].hi == cs[2].estimate or math.isnan(cs[2].lo)        # parameters: exact, or no interval if not reached
+    assert isinstance(headline(r), str)
+
+
+def test_recorded_results_reproduce_their_verdict():
+    r = load_results('rmt')
+    if not isinstance(r, Results): pytest.skip('pre-schema record')
+    assert verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
+    main = r.df[r.df.phase == 'main']
+    assert main.groupby('model').seed.nunique().min() >= 4                        # >= 4 seeds for every model
+    sw = r.df[r.df.phase == 'sweep']
+    assert set(sw.model) == set(main.model) and sw.groupby('model').lr.nunique().min() >= 3
+    chosen = sw[sw.chosen].groupby('model').lr.first()
+    assert chosen.sort_index().equals(main.groupby('model').lr.first().sort_index())            # main runs use the swept rate

@@ -6,7 +6,7 @@ Docs: https://workbench-dev.github.io/workbench/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #1a2ce3ec
 from __future__ import annotations
-import os, json, hashlib, random, shutil, tempfile, time, datetime, platform, re, configparser, contextlib
+import os, json, math, hashlib, random, shutil, tempfile, time, datetime, platform, re, configparser, contextlib
 import inspect
 from dataclasses import dataclass, asdict, is_dataclass, fields, field
 from fastcore.basics import patch_to
@@ -252,7 +252,7 @@ class Claim:
     ci: str = ''              # how the interval was made, e.g. 'paired t over 5 seeds'
     def __post_init__(self):
         if self.better not in ('higher', 'lower'): raise ValueError(f"better must be 'higher' or 'lower', got {self.better!r}")
-        self.estimate, self.lo, self.hi, self.null = (float(x) for x in (self.estimate, self.lo, self.hi, self.null))
+        self.estimate, self.lo, self.hi, self.null = (math.nan if x is None else float(x) for x in (self.estimate, self.lo, self.hi, self.null))
         if self.lo > self.hi: raise ValueError(f"claim {self.name!r}: lo={self.lo} is above hi={self.hi}")
     @property
     def shows(self) -> bool: return self.lo > self.null if self.better == 'higher' else self.hi < self.null
@@ -388,6 +388,13 @@ def check_results(record: dict, where: str='results') -> dict:
     return record
 
 # %% ../nbs/00_core.ipynb #c0baa5b6
+def _finite(o):
+    "The JSON value `o` with every NaN or infinity replaced by None (null), which strict JSON parsers accept."
+    if isinstance(o, float): return o if math.isfinite(o) else None
+    if isinstance(o, dict): return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list): return [_finite(v) for v in o]
+    return o
+
 def _results_file(method, results_dir) -> Path:
     _check_method(method)
     return Path(results_dir or get_settings().results_path)/f'{method}.json'
@@ -397,7 +404,7 @@ def save_results(results: Results,   # what `run_experiment` returned, after `co
                 ) -> Path:
     "Check `results` against the schema and write `data/results/<method>.json` atomically."
     if not isinstance(results, Results): raise TypeError(f"save_results takes a Results (what run_experiment returns), got {type(results).__name__}")
-    rec = json.loads(json.dumps(results.to_dict(), default=_jsonable, allow_nan=True))
+    rec = _finite(json.loads(json.dumps(results.to_dict(), default=_jsonable, allow_nan=True)))   # NaN -> null: strict JSON
     check_results(rec, f"the {results.method} results")
     return atomic_write_json(_results_file(results.method, results_dir), rec)
 

@@ -1,4 +1,4 @@
-"""Penalising each batch's squared mean reward keeps the reward model's last-layer hidden-state norms from spreading, which the paper finds makes Bradley-Terry reward models more robust on unseen prompts and responses.
+"""Penalising each batch's squared mean reward keeps the reward model's last-layer hidden-state norms from spreading, which the paper finds makes Bradley-Terry reward models more robust on unseen prompts and responses and less prone to over-optimisation.
 
 Docs: https://workbench-dev.github.io/workbench/alignment/bsr.html.md"""
 
@@ -6,33 +6,34 @@ Docs: https://workbench-dev.github.io/workbench/alignment/bsr.html.md"""
 
 # %% ../../nbs/alignment/10_bsr.ipynb #bcabcd33
 from __future__ import annotations
-import math
-from dataclasses import dataclass, field, asdict
+import math, time
+from dataclasses import dataclass
+from typing import ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-from ..core import size, is_full, seed_everything, Timer
+import ipywidgets as W
+from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer
+from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kendall_tau_b, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..hooks import run_with_cache
 from ..train import TrainConfig, train, collate
-from ..viz import PALETTE
+from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['LOSSES', 'PAD', 'BOS', 'SEP', 'N_TEMPLATE_WORDS', 'ID_GENERATORS', 'OOD_GENERATORS', 'SPLITS', 'bt_loss',
-           'bsr_penalty', 'bsr_loss', 'center_penalty', 'reward_loss', 'SyntheticPreferenceTask', 'gold_reward',
-           'sample_prompt', 'sample_response', 'sample_pairs', 'sample_listwise', 'RewardModel', 'make_reward_model',
-           'score', 'kendall_tau', 'evaluate', 'pair_loss_fn', 'Probe', 'BSRConfig', 'default_config', 'best_of_n',
-           'run_one', 'run_experiment', 'mean_ci', 'summarize', 'fig_reward_hist', 'fig_bon']
+__all__ = ['LOSSES', 'PAD', 'BOS', 'SEP', 'N_TEMPLATE_WORDS', 'ID_GENERATORS', 'OOD_GENERATORS', 'SPLITS', 'HEAD_INPUTS',
+           'bt_loss', 'bsr_penalty', 'bsr_loss', 'center_penalty', 'reward_loss', 'SyntheticPreferenceTask',
+           'gold_reward', 'sample_prompt', 'sample_response', 'sample_pairs', 'sample_listwise', 'sample_pool',
+           'bon_weights', 'bon_curve', 'RewardModel', 'make_reward_model', 'score', 'evaluate', 'PairLoss', 'Probe',
+           'BSRConfig', 'make_data', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline', 'fig_trajectory',
+           'fig_bon', 'BoNExplorer', 'fig_sweep', 'SweepExplorer', 'fig_decomposition']
 
 # %% ../../nbs/alignment/10_bsr.ipynb #21069890
 def _check_rewards(r_w, r_l):
-    for n, r in (('chosen_rewards', r_w), ('rejected_rewards', r_l)):
-        if not isinstance(r, torch.Tensor): raise TypeError(f"{n} must be a torch.Tensor, got {type(r).__name__}")
-        if r.ndim != 1: raise ValueError(f"{n} must be 1-D (B,), got shape {tuple(r.shape)}")
-    if r_w.shape != r_l.shape: raise ValueError(f"chosen and rejected rewards must have the same shape, got {tuple(r_w.shape)} and {tuple(r_l.shape)}")
+    check_same_shape(chosen_rewards=check_tensor('chosen_rewards', r_w, ndim=1), rejected_rewards=check_tensor('rejected_rewards', r_l, ndim=1))
     if len(r_w) < 2: raise ValueError(f"need a batch of at least 2 pairs (a batch of one has no batch statistic), got {len(r_w)}")
 
 def bt_loss(chosen_rewards: torch.Tensor,   # (B,) r_θ(x, y_w)
@@ -58,8 +59,7 @@ def bsr_loss(chosen_rewards: torch.Tensor,   # (B,)
              lam: float=1e-3,                # λ, the paper's `bsr_lambda` before it is multiplied by the batch size
             ) -> torch.Tensor:
     "BT loss plus λ·B·(batch mean reward)²."
-    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    check_num('lam', lam, lo=0)
     # $\mathcal L_{BSR}=\mathcal L_{BT}+\lambda B\bar r^{\,2}$
     return bt_loss(chosen_rewards, rejected_rewards) + lam * bsr_penalty(chosen_rewards, rejected_rewards)
 
@@ -79,7 +79,7 @@ def reward_loss(chosen_rewards, rejected_rewards,
                 coef: float=0.0,   # λ for 'bsr', c for 'center'; ignored for 'bt'
                ) -> torch.Tensor:
     "One of the three training losses."
-    if kind not in LOSSES: raise ValueError(f"kind must be one of {LOSSES}, got {kind!r}")
+    check_choice('kind', kind, LOSSES); check_num('coef', coef, lo=0)
     if kind == 'bsr': return bsr_loss(chosen_rewards, rejected_rewards, coef)
     base = bt_loss(chosen_rewards, rejected_rewards)
     return base if kind == 'bt' else base + coef * center_penalty(chosen_rewards, rejected_rewards)
@@ -100,10 +100,8 @@ class SyntheticPreferenceTask:
     temperature: float = 0.1     # BT temperature of the training labels (label noise)
     seed: int = 0                # seed of the templates
     def __post_init__(self):
-        for k in ('n_topics', 'topic_size', 'n_filler'):
-            v = getattr(self, k)
-            if not isinstance(v, int) or v < 2: raise ValueError(f"{k} must be an int >= 2, got {v!r}")
-        if not self.temperature > 0: raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        for k in ('n_topics', 'topic_size', 'n_filler'): check_int(k, getattr(self, k), lo=2)
+        check_num('temperature', self.temperature, lo=0, lo_open=True)
         self.templates = np.random.default_rng(self.seed).integers(3, 3 + N_TEMPLATE_WORDS, size=(6, 3))  # 4 ID + 2 held out
         self.topic0 = 3 + N_TEMPLATE_WORDS; self.filler0 = self.topic0 + self.n_topics * self.topic_size
     @property
@@ -149,7 +147,7 @@ def _split_parts(split):
 
 def sample_pairs(task: SyntheticPreferenceTask, split: str, n: int, seed: int=0) -> list[dict]:
     "n preference rows {chosen_input_ids, rejected_input_ids, gold_chosen, gold_rejected}; labels ~ BT(gold / τ)."
-    if not isinstance(n, int) or n < 1: raise ValueError(f"n must be a positive int, got {n!r}")
+    check_int('n', n, lo=1)
     ood, gens = _split_parts(split); rng, rows = np.random.default_rng(seed), []
     for _ in range(n):
         x = sample_prompt(task, rng, ood)
@@ -164,7 +162,7 @@ def sample_pairs(task: SyntheticPreferenceTask, split: str, n: int, seed: int=0)
 
 def sample_listwise(task: SyntheticPreferenceTask, split: str, n_prompts: int, k: int=4, seed: int=0) -> dict:
     "n_prompts prompts with k responses each: {'seqs': n_prompts*k id lists, 'gold': (n_prompts, k)}."
-    if not isinstance(k, int) or k < 2: raise ValueError(f"k must be an int >= 2, got {k!r}")
+    check_int('k', k, lo=2)
     ood, gens = _split_parts(split); rng, seqs, gold = np.random.default_rng(seed), [], []
     for _ in range(n_prompts):
         x = sample_prompt(task, rng, ood)
@@ -172,177 +170,360 @@ def sample_listwise(task: SyntheticPreferenceTask, split: str, n_prompts: int, k
         seqs += [x + y for y in ys]; gold.append([gold_reward(task, x, y) for y in ys])
     return dict(seqs=seqs, gold=torch.tensor(gold))
 
+# %% ../../nbs/alignment/10_bsr.ipynb #bn0a1c02
+def sample_pool(task: SyntheticPreferenceTask, n_prompts: int, k: int, seed: int=0) -> dict:
+    "n_prompts prompts (in-domain and held-out alternately), k candidates each from all generators: {'seqs': n_prompts*k id lists, 'gold': (n_prompts, k)}."
+    check_int('n_prompts', n_prompts, lo=1); check_int('k', k, lo=2)
+    rng, seqs, gold, gens = np.random.default_rng(seed), [], [], ID_GENERATORS + OOD_GENERATORS
+    for p in range(n_prompts):
+        x = sample_prompt(task, rng, ood=bool(p % 2))
+        ys = [sample_response(task, rng, x, gens[int(rng.integers(len(gens)))]) for _ in range(k)]
+        seqs += [x + y for y in ys]; gold.append([gold_reward(task, x, y) for y in ys])
+    return dict(seqs=seqs, gold=torch.tensor(gold))
+
+# %% ../../nbs/alignment/10_bsr.ipynb #bn0a1c05
+def bon_weights(N: int, n: int) -> torch.Tensor:
+    "(N,) probability that the j-th lowest of N candidates is the best of a uniformly random n-subset."
+    check_int('N', N, lo=1); check_int('n', n, lo=1, hi=N)
+    j = torch.arange(1, N + 1, dtype=torch.float64)
+    lc = lambda a, b: torch.lgamma(a + 1) - torch.lgamma(b + 1) - torch.lgamma(a - b + 1)     # log C(a, b)
+    # $w_j=\binom{j-1}{n-1}/\binom{N}{n}$
+    w = torch.exp(lc(j - 1, torch.tensor(n - 1.)) - lc(torch.tensor(float(N)), torch.tensor(float(n))))
+    w = torch.where(j >= n, w, torch.zeros_like(w))
+    return w / w.sum()                                           # exact sum 1 (lgamma rounds at large N)
+
+def bon_curve(proxy: torch.Tensor,   # (P, N) proxy rewards of each prompt's candidates
+              gold: torch.Tensor,    # (P, N) their gold rewards
+              ns,                    # the n to evaluate, each <= N
+             ) -> dict:
+    "Expected gold reward G(n) and standardised proxy of the best-of-n pick, mean over prompts, and KL_BoN(n)."
+    check_same_shape(proxy=proxy, gold=gold); check_tensor('proxy', proxy, ndim=2)
+    P, N = proxy.shape; order = proxy.argsort(1)
+    g, pr = gold.double().gather(1, order), proxy.double().gather(1, order)          # (P, N) ascending by proxy
+    z = (pr - pr.mean(1, keepdim=True)) / pr.std(1, keepdim=True).clamp_min(1e-12)    # proxy in units of the pool's spread
+    W_ = torch.stack([bon_weights(N, int(n)) for n in ns])                            # (len(ns), N)
+    # $G(n)=\sum_j w_j(n)\,r^*_{(j)}$, $\mathrm{KL}_{BoN}=\log n-(n-1)/n$
+    return dict(n=[int(n) for n in ns], kl=[math.log(n) - (n - 1) / n for n in ns],
+                gold=(g @ W_.T).mean(0).tolist(), proxy_z=(z @ W_.T).mean(0).tolist())
+
 # %% ../../nbs/alignment/10_bsr.ipynb #fee82c2c
+HEAD_INPUTS = ('residual', 'final_norm')
+
 class RewardModel(nn.Module):
     "A decoder backbone (`.model`, with `.layers` and `.norm`) and a scalar head `.score`: rewards (B,) for right-padded ids."
-    def __init__(self, backbone: nn.Module, d_model: int, seed: int=0):
+    def __init__(self, backbone: nn.Module, d_model: int, head_input: str='residual', seed: int=0):
         super().__init__()
+        self.head_input = check_choice('head_input', head_input, HEAD_INPUTS)
+        if head_input == 'residual': backbone.norm = nn.Identity()   # the head reads the residual stream after the last block
         self.model = backbone
         with torch.random.fork_rng(): torch.manual_seed(seed); self.score = nn.Linear(d_model, 1, bias=False)
-    def forward(self, input_ids, attention_mask=None):
+    def features(self, input_ids, attention_mask=None) -> torch.Tensor:
+        "h (B, d): the score head's input at the last non-pad token."
         if attention_mask is None: attention_mask = torch.ones_like(input_ids)
-        h = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state   # (B, T, d)
-        last = attention_mask.sum(1) - 1                                                         # (B,) last non-pad position
-        return self.score(h[torch.arange(len(h)), last]).squeeze(-1)                             # (B,)
+        x = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state   # (B, T, d)
+        return x[torch.arange(len(x)), attention_mask.sum(1) - 1]                               # (B, d) last non-pad position
+    def forward(self, input_ids, attention_mask=None):
+        return self.score(self.features(input_ids, attention_mask)).squeeze(-1)                 # (B,)
 
-def make_reward_model(vocab_size: int, n_layers: int=2, d_model: int=32, n_heads: int=4, seed: int=0) -> RewardModel:
+def make_reward_model(vocab_size: int, n_layers: int=2, d_model: int=32, n_heads: int=4, head_input: str='residual', seed: int=0) -> RewardModel:
     "A tiny Llama decoder (no LM head) with a scalar reward head, seeded."
     lm = tiny_llama(vocab_size=vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=64, tie=False, seed=seed)
-    return RewardModel(lm.model, d_model, seed=seed)
+    return RewardModel(lm.model, d_model, head_input, seed=seed)
 
 # %% ../../nbs/alignment/10_bsr.ipynb #01da610a
 @torch.no_grad()
-def score(model: RewardModel, seqs: list, batch_size: int=256) -> tuple[torch.Tensor, torch.Tensor]:
-    "Rewards (N,) and last-token norms (N, L+1): residual stream after each block, then the score-head input."
+def score(model: RewardModel, seqs: list, batch_size: int=512) -> dict:
+    "Rewards `r` (N,), score-head input norms `h` (N,), `cos` θ to W_p (N,), residual norms after each block `resid` (N, L)."
     if not isinstance(model, RewardModel): raise TypeError(f"model must be a RewardModel, got {type(model).__name__}")
-    model.eval(); rs, ns = [], []
+    model.eval(); out = dict(r=[], h=[], cos=[], resid=[]); w = model.score.weight[0].cpu()    # (d,)
+    dev = next(model.parameters()).device
     for i in range(0, len(seqs), batch_size):
         b = collate([{'input_ids': torch.as_tensor(s)} for s in seqs[i:i + batch_size]])
         b.setdefault('attention_mask', torch.ones_like(b['input_ids']))
-        r, cache = run_with_cache(model, b, names=['blocks.*.hook_resid_post', 'hook_final_norm'])
-        last = b['attention_mask'].sum(1) - 1; idx = torch.arange(len(last))
-        ns.append(torch.stack([a[idx, last].norm(dim=-1) for a in cache.values()], 1)); rs.append(r)   # (b, L+1)
-    return torch.cat(rs), torch.cat(ns)
-
-def kendall_tau(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    "Kendall τ-a of each row of a (P, k) against the same row of b: (concordant − discordant) / (k choose 2)."
-    if a.shape != b.shape or a.ndim != 2: raise ValueError(f"a and b must be (P, k) of the same shape, got {tuple(a.shape)}, {tuple(b.shape)}")
-    i, j = torch.triu_indices(a.shape[1], a.shape[1], 1)
-    return (torch.sign(a[:, i] - a[:, j]) * torch.sign(b[:, i] - b[:, j])).mean(1)
+        r, cache = run_with_cache(model, {k: v.to(dev) for k, v in b.items()}, names=['blocks.*.hook_resid_post', 'hook_final_norm'])
+        r = r.cpu()
+        idx, last = torch.arange(len(r)), b['attention_mask'].sum(1) - 1
+        acts = [a[idx, last] for a in cache.values()]                                            # L+1 of (b, d); the last is h
+        out['r'].append(r); out['h'].append(acts[-1].norm(dim=-1)); out['cos'].append(F.cosine_similarity(acts[-1], w[None], dim=-1))
+        out['resid'].append(torch.stack([a.norm(dim=-1) for a in acts[:-1]], 1))
+    return {k: torch.cat(v) for k, v in out.items()}
 
 # %% ../../nbs/alignment/10_bsr.ipynb #ca3dbe56
 def evaluate(model: RewardModel, pairs: list[dict], listwise: dict) -> dict:
-    "Pairwise accuracy against the gold ordering, mean Kendall τ, and the spread of rewards, of ‖h‖ and of the pre-norm residual."
-    seqs = [r['chosen_input_ids'] for r in pairs] + [r['rejected_input_ids'] for r in pairs]
-    r, n = score(model, seqs); B = len(pairs)
+    "Pairwise accuracy and mean Kendall τ-b against the gold reward; spread of rewards, ‖h‖ and cos θ."
+    s = score(model, [r['chosen_input_ids'] for r in pairs] + [r['rejected_input_ids'] for r in pairs]); B = len(pairs)
+    r, h, cos, wp = s['r'], s['h'], s['cos'], model.score.weight.norm().item()
     gd = torch.tensor([p['gold_chosen'] - p['gold_rejected'] for p in pairs]); keep = gd != 0
-    acc = ((r[:B] - r[B:]).sign() == gd.sign())[keep].float().mean().item()
-    rl, _ = score(model, listwise['seqs']); P, k = listwise['gold'].shape
-    h = n[:, -1]                                                        # (2B,) ‖score-head input‖
-    return dict(acc=acc, tau=kendall_tau(rl.view(P, k), listwise['gold']).mean().item(),
+    rl = score(model, listwise['seqs'])['r']; P, k = listwise['gold'].shape
+    tau = kendall_tau_b(rl.view(P, k), listwise['gold'])                            # (P,), NaN for a constant row
+    return dict(acc=((r[:B] - r[B:]).sign() == gd.sign())[keep].float().mean().item(), tau=float(np.nanmean(tau.numpy())),
                 reward_mean=r.mean().item(), reward_std=r.std().item(), reward_absmax=r.abs().max().item(),
-                h_mean=h.mean().item(), h_cv=(h.std() / h.mean()).item(), wp_norm=model.score.weight.norm().item(),
-                resid_cv=(n[:, -2].std() / n[:, -2].mean()).item())   # pre-norm residual after the last block
+                h_mean=h.mean().item(), h_cv=(h.std() / h.mean()).item(), cos_mean=cos.mean().item(), cos_std=cos.std().item(),
+                reward_std_h_fixed=(wp * h.mean() * cos).std().item(),   # reward spread with every ‖h‖ set to its mean
+                wp_norm=wp, resid_cv=(s['resid'][:, -1].std() / s['resid'][:, -1].mean()).item())
 
 # %% ../../nbs/alignment/10_bsr.ipynb #94d52983
-def pair_loss_fn(kind: str='bt', coef: float=0.0):
-    "A `loss_fn(model, batch)` for `workbench.train.train` computing `reward_loss(r_w, r_l, kind, coef)`."
-    reward_loss(torch.zeros(2), torch.zeros(2), kind, coef)   # validate kind and coef now, not mid-training
-    def loss_fn(model, batch):
-        r_w = model(batch['chosen_input_ids'], batch['chosen_attention_mask'])      # (B,)
-        r_l = model(batch['rejected_input_ids'], batch['rejected_attention_mask'])  # (B,)
-        return reward_loss(r_w, r_l, kind, coef)
-    return loss_fn
+class PairLoss:
+    "`loss_fn(model, batch)` for `workbench.train.train`: `reward_loss(r_w, r_l, kind, coef)`; `.log` holds each training batch's reward and ‖h‖ statistics."
+    def __init__(self, kind: str='bt', coef: float=0.0):
+        reward_loss(torch.zeros(2), torch.zeros(2), kind, coef)   # validate kind and coef now, not mid-training
+        self.kind, self.coef, self.log = kind, coef, []
+    def __call__(self, model, batch):
+        h_w = model.features(batch['chosen_input_ids'], batch.get('chosen_attention_mask'))      # (B, d)
+        h_l = model.features(batch['rejected_input_ids'], batch.get('rejected_attention_mask'))  # (B, d)
+        r_w, r_l = model.score(h_w).squeeze(-1), model.score(h_l).squeeze(-1)                     # (B,)
+        loss = reward_loss(r_w, r_l, self.kind, self.coef)
+        if model.training:
+            with torch.no_grad():
+                r, hn = torch.cat([r_w, r_l]), torch.cat([h_w, h_l]).norm(dim=-1)                 # (2B,)
+                self.log.append(dict(batch_mean=r.mean().item(), batch_std=r.std().item(), h_mean=hn.mean().item(),
+                                     h_cv=(hn.std() / hn.mean()).item(), loss=loss.item()))
+        return loss
 
 class Probe:
     "Callback: every `every` updates, evaluate the model on fixed splits and keep the rows."
     def __init__(self, model, sets: dict, every: int):
-        self.model, self.sets, self.every, self.rows = model, sets, every, []
+        self.model, self.sets, self.every, self.rows = model, sets, check_int('every', every, lo=1), []
     def __call__(self, hist):
         if not hist.step or hist.step[-1] % self.every: return
         for split, (pairs, lw) in self.sets.items():
-            self.rows.append(dict(step=hist.step[-1], split=split, **evaluate(self.model, pairs, lw)))
+            ev = evaluate(self.model, pairs, lw)
+            self.rows.append(dict(step=hist.step[-1], split=split, **{k: ev[k] for k in ('acc', 'tau', 'h_cv', 'reward_mean')}))
         self.model.train()
 
 # %% ../../nbs/alignment/10_bsr.ipynb #e94c57b4
 @dataclass
-class BSRConfig:
-    variants: tuple = (('BT', 'bt', 0.0), ('BSR λ=1e-3', 'bsr', 1e-3), ('BSR λ=1e-2', 'bsr', 1e-2), ('center c=1e-2', 'center', 1e-2))  # (label, loss kind, coef)
-    seeds: tuple = (0,)          # one run per seed per variant: model init and data order
-    n_layers: int = 2            # decoder blocks of the RM backbone
-    d_model: int = 32            # residual width
-    n_train: int = 512           # training pairs (in-domain)
-    steps: int = 60              # optimizer updates
-    batch_size: int = 32         # pairs per update (the B in λ·B·r̄²)
-    lr: float = 1e-3             # AdamW peak learning rate (warm-up 10%, cosine)
-    n_eval: int = 256            # eval pairs per split
-    n_prompts: int = 64          # eval prompts per split for Kendall τ (k=4 responses each)
-    probe_every: int = 20        # evaluate ID and mutual-OOD every N updates
-    bon_prompts: int = 48        # prompts for best-of-n
-    bon_n: int = 32              # largest n for best-of-n
-    temperature: float = 0.1     # label noise of the training pairs
-    data_seed: int = 1234        # seed of the task and the eval sets
+class BSRConfig(ExperimentConfig):
+    "The BSR experiment: BT, BSR (a λ sweep) and TRL centering RMs on the synthetic task, per seed; quick and full sizes."
+    n_seeds: int = size(quick=2, full=5)              # training seeds per variant (init and data order): seed, seed+1, ...
+    lam: float = 1e-3                                 # λ of the BSR RM the claims judge (the paper's recipe)
+    lams: tuple = size(quick=(1e-3,), full=(1e-3, 1e-2, 1e-1, 1.0))  # the λ sweep (holds `lam`)
+    center_coef: float = 1e-2                         # c of TRL's per-pair centering baseline
+    head_input: str = 'residual'                      # the score head reads 'residual' (pre-final-norm) or 'final_norm'
+    n_layers: int = size(quick=2, full=3)             # decoder blocks of the RM backbone
+    d_model: int = size(quick=32, full=48)            # residual width
+    n_train: int = size(quick=384, full=1024)         # training pairs (in-domain)
+    steps: int = size(quick=40, full=200)             # optimizer updates
+    batch_size: int = 32                              # pairs per update (the B in λ·B·r̄²)
+    lr: float = 1e-3                                  # AdamW peak learning rate (warm-up 10%, cosine)
+    n_eval: int = size(quick=128, full=256)           # eval pairs per split
+    n_prompts: int = size(quick=32, full=128)         # eval prompts per split for Kendall τ-b (4 responses each)
+    probe_every: int = size(quick=20, full=25)        # evaluate in-domain and mutual-OOD every N updates
+    log_every: int = 5                                # keep the batch trajectory every N updates
+    bon_prompts: int = size(quick=16, full=64)        # prompts for best-of-n
+    bon_pool: int = size(quick=64, full=512)          # candidates per prompt (N of the estimator)
+    bon_n: int = size(quick=32, full=256)             # largest n of best-of-n (a power of 2, <= bon_pool)
+    n_sample: int = size(quick=64, full=150)          # in-domain responses whose ‖h‖, cos θ and r the tables keep
+    temperature: float = 0.1                          # label noise of the training pairs
+    data_seed: int = 1234                             # seed of the task, the train, eval and best-of-n sets
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'lams', 'lam', 'center_coef')
+    cache_version: ClassVar[int] = 1
 
-def default_config() -> BSRConfig:
-    "Quick sizes in test mode, bigger ones with WORKBENCH_MODE=full."
-    return BSRConfig(seeds=size('bsr_seeds', quick=(0,), full=(0, 1, 2)), n_layers=size('bsr_layers', quick=2, full=3),
-                     d_model=size('bsr_d', quick=32, full=48), n_train=size('bsr_train', quick=512, full=1024),
-                     steps=size('bsr_steps', quick=60, full=150), probe_every=size('bsr_probe', quick=20, full=50),
-                     bon_prompts=size('bsr_bon', quick=48, full=64))
-
-# %% ../../nbs/alignment/10_bsr.ipynb #cec4f4c6
-def best_of_n(model: RewardModel, task, n_prompts: int, n_max: int, seed: int=0) -> dict:
-    "Mean gold reward of the proxy-best response among the first n, for n = 1, 2, 4, ..., n_max; and the gold-best (oracle)."
-    rng, seqs, gold = np.random.default_rng(seed), [], []
-    gens = ID_GENERATORS + OOD_GENERATORS
-    for _ in range(n_prompts):
-        x = sample_prompt(task, rng, ood=bool(rng.integers(2)))
-        ys = [sample_response(task, rng, x, gens[int(rng.integers(len(gens)))]) for _ in range(n_max)]
-        seqs += [x + y for y in ys]; gold.append([gold_reward(task, x, y) for y in ys])
-    r = score(model, seqs)[0].view(n_prompts, n_max); g = torch.tensor(gold)
-    ns = [2**i for i in range(int(math.log2(n_max)) + 1)]
-    pick = lambda s, n: g[:, :n].gather(1, s[:, :n].argmax(1, keepdim=True)).mean().item()
-    return dict(n=ns, gold=[pick(r, n) for n in ns], oracle=[pick(g, n) for n in ns])
+    def validate(self):
+        for k in ('n_seeds', 'n_layers', 'd_model', 'n_train', 'steps', 'n_eval', 'n_prompts', 'probe_every', 'log_every',
+                  'bon_prompts', 'n_sample'): check_int(k, getattr(self, k), lo=1)
+        check_int('batch_size', self.batch_size, lo=2, hi=self.n_train); check_int('data_seed', self.data_seed, lo=0)
+        check_int('bon_pool', self.bon_pool, lo=2); check_int('bon_n', self.bon_n, lo=2, hi=self.bon_pool)
+        if self.bon_n & (self.bon_n - 1): raise ValueError(f"bon_n must be a power of 2, got {self.bon_n}")
+        for k in ('lam', 'center_coef', 'lr', 'temperature'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+        self.lams = tuple(check_num('lams[i]', l, lo=0, lo_open=True) for l in self.lams)
+        if not any(math.isclose(self.lam, l) for l in self.lams): raise ValueError(f"lams must hold lam={self.lam}, got {self.lams}")
+        check_choice('head_input', self.head_input, HEAD_INPUTS)
+    @property
+    def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
+    @property
+    def variants(self) -> list[tuple]:
+        "(label, loss kind, coefficient) of every RM trained per seed."
+        return [('BT', 'bt', 0.0), *[(f'BSR λ={l:g}', 'bsr', l) for l in self.lams], (f'center c={self.center_coef:g}', 'center', self.center_coef)]
+    @property
+    def bon_ns(self) -> list[int]: return [2**i for i in range(int(math.log2(self.bon_n)) + 1)]
 
 # %% ../../nbs/alignment/10_bsr.ipynb #0873d446
-def run_one(cfg: BSRConfig, task, kind: str, coef: float, seed: int, evals: dict, probe_sets: dict) -> dict:
-    "Train one RM; return its final metrics per split, probe rows, best-of-n curve and ‖h‖ of the ID pairs."
-    seed_everything(seed)
-    model = make_reward_model(task.vocab_size, cfg.n_layers, cfg.d_model, seed=seed)
-    probe = Probe(model, probe_sets, cfg.probe_every)
+def make_data(cfg: BSRConfig) -> dict:
+    "The task and every data set the RMs share, drawn from `cfg.data_seed`."
+    task = SyntheticPreferenceTask(temperature=cfg.temperature, seed=cfg.data_seed); ds = cfg.data_seed
+    ev = {s: (sample_pairs(task, s, cfg.n_eval, seed=ds + 2 + i), sample_listwise(task, s, cfg.n_prompts, seed=ds + 2 + i)) for i, s in enumerate(SPLITS)}
+    probe = {s: (ev[s][0][:128], {'seqs': ev[s][1]['seqs'][:128], 'gold': ev[s][1]['gold'][:32]}) for s in ('id', 'mutual_ood')}
+    return dict(task=task, train=sample_pairs(task, 'id', cfg.n_train, seed=ds + 1), eval=ev, probe=probe,
+                pool=sample_pool(task, cfg.bon_prompts, cfg.bon_pool, seed=ds + 7),
+                sample=[p['chosen_input_ids'] for p in ev['id'][0][:cfg.n_sample]])
+
+def _r4(xs): return [round(float(x), 4) for x in xs]
+
+def run_unit(cfg: BSRConfig, data: dict, kind: str, coef: float, seed: int) -> dict:
+    "Train one RM and measure it: metrics per split, probe rows, batch trajectory, best-of-n curve, a sample of ‖h‖, cos θ, r."
+    model = make_reward_model(data['task'].vocab_size, cfg.n_layers, cfg.d_model, head_input=cfg.head_input, seed=seed)
+    lossf, probe = PairLoss(kind, coef), Probe(model, data['probe'], cfg.probe_every)
     tc = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=0.0, seed=seed, progress=False)
-    train(model, sample_pairs(task, 'id', cfg.n_train, seed=cfg.data_seed + 1), tc, loss_fn=pair_loss_fn(kind, coef), callbacks=[probe])
-    final = {s: evaluate(model, *evals[s]) for s in SPLITS}
-    pid = evals['id'][0]
-    r, n = score(model, [p['chosen_input_ids'] for p in pid] + [p['rejected_input_ids'] for p in pid])
-    return dict(final=final, probe=probe.rows, bon=best_of_n(model, task, cfg.bon_prompts, cfg.bon_n, seed=cfg.data_seed + 7),
-                norms_chosen=n[:len(pid)].numpy(), norms_rejected=n[len(pid):].numpy(), rewards=r.numpy())
+    with Timer() as t: train(model, data['train'], tc, loss_fn=lossf, callbacks=[probe])
+    log = lossf.log[cfg.log_every - 1::cfg.log_every]
+    traj = dict(step=[cfg.log_every * (i + 1) for i in range(len(log))], **{k: _r4(r[k] for r in log) for k in log[0]})
+    pool = data['pool']; P, N = pool['gold'].shape
+    bon = bon_curve(score(model, pool['seqs'])['r'].view(P, N), pool['gold'], cfg.bon_ns)
+    smp = score(model, data['sample'])
+    return dict(final={s: evaluate(model, *data['eval'][s]) for s in SPLITS}, probe=probe.rows, traj=traj, train_s=t.s,
+                bon={k: _r4(v) if k != 'n' else v for k, v in bon.items()},
+                sample=dict(h=_r4(smp['h']), cos=_r4(smp['cos']), r=_r4(smp['r']), resid=[_r4(x) for x in smp['resid'].T]))
 
-def run_experiment(cfg: BSRConfig) -> dict:
-    "Every variant × seed; returns {label: [run_one(...) per seed]}."
-    task = SyntheticPreferenceTask(temperature=cfg.temperature, seed=cfg.data_seed)
-    evals = {s: (sample_pairs(task, s, cfg.n_eval, seed=cfg.data_seed + 2 + i), sample_listwise(task, s, cfg.n_prompts, seed=cfg.data_seed + 2 + i))
-             for i, s in enumerate(SPLITS)}
-    probe_sets = {s: (evals[s][0][:128], {'seqs': evals[s][1]['seqs'][:128], 'gold': evals[s][1]['gold'][:32]}) for s in ('id', 'mutual_ood')}
-    return {lab: [run_one(cfg, task, kind, coef, s, evals, probe_sets) for s in cfg.seeds] for lab, kind, coef in cfg.variants}
+# %% ../../nbs/alignment/10_bsr.ipynb #rx0a1c02
+def _bon_summary(b: dict) -> dict:
+    g = b['gold']; k = int(np.argmax(g))
+    return dict(bon_gold_n1=g[0], bon_gold_peak=g[k], bon_peak_n=b['n'][k], bon_gold_nmax=g[-1], bon_drop=g[k] - g[-1])
 
-# %% ../../nbs/alignment/10_bsr.ipynb #206b7e99
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78}
-def mean_ci(xs) -> tuple[float, float]:
-    "Mean and half-width of a 95% t-interval over seeds (0 for one seed)."
-    x = np.asarray(xs, float)
-    if x.size == 0: raise ValueError("need at least one value")
-    return float(x.mean()), float(_T95.get(x.size - 1, 1.96) * x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else 0.0
+def _rows(cfg: BSRConfig, out: dict) -> list[dict]:
+    rows = []
+    for (lab, kind, coef), s in ((v, s) for v in cfg.variants for s in cfg.seeds):
+        u, base = out[lab, s], dict(variant=lab, loss=kind, coef=coef, seed=s)
+        rows += [dict(base, record='eval', split=sp, **u['final'][sp]) for sp in SPLITS]
+        tr = u['traj']; half = len(tr['batch_mean']) // 2
+        rows.append(dict(base, record='run', split=None, **_bon_summary(u['bon']), wp_norm=u['final']['id']['wp_norm'],
+                         batch_mean_end=float(np.mean(tr['batch_mean'][half:])), batch_mean_absmax=float(np.max(np.abs(tr['batch_mean']))),
+                         train_s=u['train_s']))
+    return rows
 
-def summarize(res: dict) -> dict:
-    "Flat metrics: '<variant>/<split>/<metric>' -> [mean, ci95], plus best-of-n gold at n=1 and n=max."
-    out = {}
-    for lab, runs in res.items():
-        for s in SPLITS:
-            for m in ('acc', 'tau', 'h_cv', 'resid_cv', 'reward_std', 'wp_norm'):
-                out[f'{lab}/{s}/{m}'] = list(mean_ci([r['final'][s][m] for r in runs]))
-        for k, name in ((0, 'bon_gold_n1'), (-1, 'bon_gold_nmax')):
-            out[f'{lab}/{name}'] = list(mean_ci([r['bon']['gold'][k] for r in runs]))
-        out[f'{lab}/bon_drop'] = list(mean_ci([max(r['bon']['gold']) - r['bon']['gold'][-1] for r in runs]))
+def _tables(cfg: BSRConfig, out: dict, data: dict) -> dict:
+    V = [(lab, s, dict(variant=lab, seed=s)) for lab, _, _ in cfg.variants for s in cfg.seeds]
+    pool = data['pool']; oracle = bon_curve(pool['gold'], pool['gold'], cfg.bon_ns)
+    probe = [dict(k, split=sp, **{m: _r4(r[m] for r in out[lab, s]['probe'] if r['split'] == sp) for m in ('step', 'acc', 'tau', 'h_cv', 'reward_mean')})
+             for lab, s, k in V for sp in ('id', 'mutual_ood')]
+    return dict(traj=[dict(k, **out[lab, s]['traj']) for lab, s, k in V], probe=probe,
+                bon=[dict(k, **out[lab, s]['bon']) for lab, s, k in V] + [dict(variant='oracle (gold picks)', seed=None, **{k: _r4(v) if k != 'n' else v for k, v in oracle.items()})],
+                sample=[dict(variant=lab, seed=cfg.seeds[0], **out[lab, cfg.seeds[0]]['sample']) for lab, _, _ in cfg.variants])
+
+# %% ../../nbs/alignment/10_bsr.ipynb #rx0a1c03
+def run_experiment(cfg: BSRConfig) -> Results:
+    "Train every variant × seed (each a cached unit), then rows, tables, claims and the verdict."
+    if not isinstance(cfg, BSRConfig): raise TypeError(f"cfg must be a BSRConfig, got {type(cfg).__name__}")
+    t0 = time.perf_counter(); data = make_data(cfg); out = {}
+    units = [(lab, kind, coef, s) for lab, kind, coef in cfg.variants for s in cfg.seeds]
+    for lab, kind, coef, s in progress(units, desc='bsr: variant × seed'):
+        seed_everything(s)
+        out[lab, s] = cached_unit('bsr', cfg, dict(loss=kind, coef=coef, seed=s), lambda: run_unit(cfg, data, kind, coef, s))
+    res = Results('bsr', cfg, _rows(cfg, out), seeds=cfg.seeds, tables=_tables(cfg, out, data), wall_time_s=time.perf_counter() - t0,
+                  notes=f"tiny Llama RM ({cfg.n_layers} layers, d={cfg.d_model}, score head on the {cfg.head_input} stream) trained from scratch "
+                        f"on a synthetic preference task; {len(cfg.seeds)} seeds per variant; best-of-n from a pool of {cfg.bon_pool} per prompt")
+    return res.conclude(verdict, claims(res), headline(res))
+
+# %% ../../nbs/alignment/10_bsr.ipynb #cl0a1c02
+def _arm(df, kind, coef, split, metric):
+    "Per-seed values of `metric` for the RM (kind, coef), sorted by seed."
+    d = df[(df['loss'] == kind) & np.isclose(df['coef'].astype(float), coef)]
+    d = d[d['record'] == 'run'] if split is None else d[(d['record'] == 'eval') & (d['split'] == split)]
+    return d.sort_values('seed')[metric].to_numpy(float)
+
+def _label(kind, coef): return 'BT' if kind == 'bt' else f'BSR λ={coef:g}' if kind == 'bsr' else f'TRL centering c={coef:g}'
+
+def claims(results: Results) -> list[Claim]:
+    "The three parts of the paper's claim as paired effects over seeds: dispersion, OOD τ-b per scenario, best-of-n drop."
+    df, C = results.df, results.config
+    bsr, bt, cen = ('bsr', C['lam']), ('bt', 0.0), ('center', C['center_coef'])
+    out = [claim(f"‖h‖ CV on in-domain responses: {_label(*bsr)} − BT", paired_t(_arm(df, *bsr, 'id', 'h_cv'), _arm(df, *bt, 'id', 'h_cv')), better='lower')]
+    for sp in SPLITS[1:]:
+        base = max((bt, cen), key=lambda b: _arm(df, *b, sp, 'tau').mean())
+        out.append(claim(f"Kendall τ-b on {sp}: {_label(*bsr)} − {_label(*base)} (stronger baseline)",
+                         paired_t(_arm(df, *bsr, sp, 'tau'), _arm(df, *base, sp, 'tau')), better='higher'))
+    base = min((bt, cen), key=lambda b: _arm(df, *b, None, 'bon_drop').mean())
+    out.append(claim(f"best-of-n gold drop from its peak by n={C['bon_n']}: {_label(*bsr)} − {_label(*base)} (stronger baseline)",
+                     paired_t(_arm(df, *bsr, None, 'bon_drop'), _arm(df, *base, None, 'bon_drop')), better='lower'))
     return out
 
-# %% ../../nbs/alignment/10_bsr.ipynb #bfe2d94b
-def fig_reward_hist(rewards: dict, title: str='Rewards on the in-domain eval pairs') -> go.Figure:
-    "Overlaid histograms of rewards, one per model."
-    if not isinstance(rewards, dict) or not rewards: raise TypeError("rewards must be a non-empty dict: label -> 1-D array")
-    fig = go.Figure()
-    for k, (lab, r) in enumerate(rewards.items()):
-        fig.add_trace(go.Histogram(x=np.asarray(r).ravel(), name=lab, opacity=0.55, nbinsx=40, marker_color=PALETTE[k % len(PALETTE)]))
-    fig.update_layout(barmode='overlay', title=title, xaxis_title='reward', yaxis_title='count', height=340, margin=dict(t=50, l=50, r=20))
+def verdict(results: Results) -> str:
+    "Reproduced when every claim (lower ‖h‖ dispersion than BT; higher OOD Kendall τ-b than the stronger baseline in each of the three OOD scenarios; a smaller best-of-n drop than the stronger baseline) shows beyond its paired 95% CI over seeds, partly when at least one does, else not reproduced."
+    return judge(claims(results))
+
+def headline(results: Results) -> str:
+    "Our measured figure in words: each claim's effect and interval."
+    cs = claims(results); f = lambda c: f"{c.estimate:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]"
+    return (f"BSR λ={results.config['lam']:g} vs BT ‖h‖ CV {f(cs[0])}; OOD τ-b vs the stronger baseline: "
+            + ', '.join(f"{sp} {f(c)}" for sp, c in zip(SPLITS[1:], cs[1:4])) + f"; best-of-{results.config['bon_n']} drop {f(cs[4])} "
+            f"({sum(c.shows for c in cs)}/{len(cs)} claims beyond the paired CI over {len(results.seeds)} seeds)")
+
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c01
+def _band(fig, x, ys, name, color, dash=None, showlegend=True, **rc):
+    "Mean over the rows of `ys` (seeds) with a 95% t-band."
+    ys = np.asarray(ys, float); x = list(x); m = ys.mean(0)
+    if len(ys) > 1:
+        iv = [mean_ci(ys[:, j]) for j in range(ys.shape[1])]
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=[i.lo for i in iv] + [i.hi for i in iv][::-1], fill='toself', fillcolor=color, opacity=0.15,
+                                 line=dict(width=0), hoverinfo='skip', showlegend=False, legendgroup=name), **rc)
+    fig.add_trace(go.Scatter(x=x, y=m, name=name, line=dict(color=color, dash=dash), legendgroup=name, showlegend=showlegend), **rc)
+
+def _colors(variants) -> dict: return {v: PALETTE[k % len(PALETTE)] for k, v in enumerate(variants)}
+
+def fig_trajectory(traj, variants=None, title: str='Training batches: mean reward r̄ and ‖h‖ dispersion') -> go.Figure:
+    "Batch-mean reward and ‖h‖ CV of the training batches against the update step, per variant (mean over seeds, 95% band)."
+    variants = list(dict.fromkeys(traj['variant'])) if variants is None else list(variants); col = _colors(dict.fromkeys(traj['variant']))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=('batch-mean reward r̄ (BSR pins it to 0)', '‖h‖ CV within the batch'))
+    for v in variants:
+        d = traj[traj['variant'] == v]
+        for c, m in enumerate(('batch_mean', 'h_cv')):
+            _band(fig, d['step'].iloc[0], np.stack(d[m].to_numpy()), v, col[v], showlegend=c == 0, row=1, col=c + 1)
+    fig.update_xaxes(title_text='update'); fig.update_layout(title=title, height=360, margin=dict(t=70, l=50, r=20))
     return fig
 
-def fig_bon(curves: dict, title: str='Best-of-n against each reward model, scored by the gold reward') -> go.Figure:
-    "Gold reward of the proxy-best response vs n (log₂ axis), one line per model, plus the oracle."
-    if not isinstance(curves, dict) or not curves: raise TypeError("curves must be a non-empty dict: label -> best_of_n(...) output")
-    fig = go.Figure()
-    for k, (lab, c) in enumerate(curves.items()):
-        fig.add_trace(go.Scatter(x=c['n'], y=c['gold'], name=lab, mode='lines+markers', line=dict(color=PALETTE[k % len(PALETTE)])))
-    c = next(iter(curves.values()))
-    fig.add_trace(go.Scatter(x=c['n'], y=c['oracle'], name='oracle (gold picks)', line=dict(color='grey', dash='dot')))
-    fig.update_layout(title=title, xaxis=dict(type='log', title='n'), yaxis_title='gold reward', height=340, margin=dict(t=50, l=50, r=20))
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c02
+def fig_bon(bon, variants=None, y: str='gold', x: str='kl', title: str|None=None) -> go.Figure:
+    "Best-of-n against each RM: gold reward (or standardised proxy) of the pick against KL_BoN (or n); mean over seeds, 95% band."
+    check_choice('y', y, ('gold', 'proxy_z')); check_choice('x', x, ('kl', 'n'))
+    rms = [v for v in dict.fromkeys(bon['variant']) if not v.startswith('oracle')]
+    variants = rms if variants is None else list(variants); col = _colors(rms); fig = go.Figure()
+    for v in variants:
+        d = bon[bon['variant'] == v]; _band(fig, d[x].iloc[0], np.stack(d[y].to_numpy()), v, col[v])
+    o = bon[bon['variant'].str.startswith('oracle')]
+    if y == 'gold' and len(o): fig.add_trace(go.Scatter(x=o[x].iloc[0], y=o['gold'].iloc[0], name=o['variant'].iloc[0], line=dict(color='grey', dash='dot')))
+    fig.update_layout(title=title or ('Best-of-n: gold reward of the proxy-best pick' if y == 'gold' else 'Best-of-n: proxy reward of the pick (pool-standardised)'),
+                      xaxis=dict(title='KL_BoN = log n − (n−1)/n' if x == 'kl' else 'n', type='log' if x == 'n' else None),
+                      yaxis_title='gold reward' if y == 'gold' else 'proxy z', height=360, margin=dict(t=50, l=50, r=20))
+    return fig
+
+class BoNExplorer(Explorer):
+    "Toggle RMs, gold or proxy reward, and the x axis of `fig_bon`."
+    def __init__(self, bon):
+        self.bon = bon; rms = [v for v in dict.fromkeys(bon['variant']) if not v.startswith('oracle')]
+        self.rms = W.SelectMultiple(options=rms, value=tuple(rms), description='RMs', rows=min(6, len(rms)))
+        self.y = W.ToggleButtons(options=[('gold', 'gold'), ('proxy', 'proxy_z')], value='gold')
+        self.x = W.ToggleButtons(options=[('KL', 'kl'), ('n', 'n')], value='kl')
+        self.fig = go.FigureWidget(self.figure())
+        for w in (self.rms, self.y, self.x): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.y, self.x]), self.rms, self.fig])
+    def figure(self): return fig_bon(self.bon, self.rms.value or None, self.y.value, self.x.value)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c03
+def fig_sweep(df, metric: str='tau', title: str|None=None) -> go.Figure:
+    "`metric` per split against BSR's λ (95% t-interval over seeds), with BT and TRL centering as horizontal bands."
+    ev = df[df['record'] == 'eval']; fig = make_subplots(rows=1, cols=len(SPLITS), subplot_titles=SPLITS, shared_yaxes=True)
+    for c, sp in enumerate(SPLITS):
+        d = ev[ev['split'] == sp]; b = d[d['loss'] == 'bsr']
+        lams = sorted(b['coef'].unique()); iv = [mean_ci(b[b['coef'] == l][metric]) for l in lams]
+        fig.add_trace(go.Scatter(x=lams, y=[i.estimate for i in iv], mode='lines+markers', name='BSR', line=dict(color=PALETTE[1]), showlegend=c == 0,
+                                 error_y=dict(type='data', symmetric=False, array=[i.hi - i.estimate for i in iv], arrayminus=[i.estimate - i.lo for i in iv])), 1, c + 1)
+        for k, (kind, dash) in enumerate((('bt', None), ('center', 'dash'))):
+            i = mean_ci(d[d['loss'] == kind][metric]); nm = 'BT' if kind == 'bt' else 'TRL centering'
+            for yv, w in ((i.estimate, 2), (i.lo, 0.5), (i.hi, 0.5)):
+                fig.add_trace(go.Scatter(x=[lams[0], lams[-1]], y=[yv, yv], mode='lines', name=nm, legendgroup=nm, showlegend=c == 0 and w == 2,
+                                         line=dict(color=PALETTE[0 if kind == 'bt' else 2], dash=dash, width=w)), 1, c + 1)
+    fig.update_xaxes(type='log', title_text='λ'); fig.update_layout(title=title or f'{metric} against λ', height=340, margin=dict(t=70, l=50, r=20))
+    return fig
+
+class SweepExplorer(Explorer):
+    "A metric selector over `fig_sweep`."
+    METRICS = ('tau', 'acc', 'h_cv', 'reward_std', 'reward_absmax', 'cos_std')
+    def __init__(self, df):
+        self.df = df; self.metric = W.Dropdown(options=self.METRICS, value='tau', description='metric')
+        self.fig = go.FigureWidget(self.figure()); self.metric.observe(self._update, names='value')
+        self.widget = W.VBox([self.metric, self.fig])
+    def figure(self): return fig_sweep(self.df, self.metric.value)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c04
+def fig_decomposition(sample, variants=None, title: str='r = ‖W_p‖·‖h‖·cos θ on in-domain responses (first seed)') -> go.Figure:
+    "Scatter of ‖h‖ against cos θ and histograms of r, per variant."
+    variants = list(dict.fromkeys(sample['variant'])) if variants is None else list(variants); col = _colors(dict.fromkeys(sample['variant']))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=('‖h‖ against cos θ', 'reward r'))
+    for v in variants:
+        d = sample[sample['variant'] == v].iloc[0]
+        fig.add_trace(go.Scatter(x=d['h'], y=d['cos'], mode='markers', name=v, legendgroup=v, marker=dict(color=col[v], size=5, opacity=0.6),
+                                 customdata=d['r'], hovertemplate='‖h‖ %{x:.2f}<br>cos θ %{y:.2f}<br>r %{customdata:.2f}'), 1, 1)
+        fig.add_trace(go.Histogram(x=d['r'], name=v, legendgroup=v, showlegend=False, opacity=0.5, nbinsx=30, marker_color=col[v]), 1, 2)
+    fig.update_xaxes(title_text='‖h‖', row=1, col=1); fig.update_yaxes(title_text='cos θ', row=1, col=1); fig.update_xaxes(title_text='r', row=1, col=2)
+    fig.update_layout(title=title, barmode='overlay', height=360, margin=dict(t=70, l=50, r=20))
     return fig

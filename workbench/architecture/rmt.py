@@ -6,45 +6,46 @@ Docs: https://workbench-dev.github.io/workbench/architecture/rmt.html.md"""
 
 # %% ../../nbs/architecture/50_rmt.ipynb #14dc6bba
 from __future__ import annotations
-import math
-from dataclasses import dataclass, field, asdict, replace
+import math, contextlib, warnings
+from dataclasses import dataclass, asdict, replace
+from typing import ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
 from torch.utils.flop_counter import FlopCounterMode
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import size, is_full, seed_everything, Timer
+from fastcore.basics import patch_to
+from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer
+from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, mean_ci
+from ..data import workbench_bpe, lm_dataset
 from ..hooks import run_with_cache
 from ..train import TrainConfig, train
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['ARCHS', 'XAXES', 'store', 'retrieve', 'orthonormal_keys', 'RMSNorm', 'LMConfig', 'causal_attention', 'KVCache',
-           'Retrieve', 'Store', 'Attention', 'RMTAttention', 'MLP', 'RMTFeedForward', 'Block', 'LMOutput', 'CausalLM',
-           'StandardTransformer', 'ResidualMatrixTransformer', 'build_lm', 'param_count', 'non_embedding_params',
-           'flops_per_token', 'measured_flops', 'moment_propagation', 'init_moments', 'tokens_to_reach', 'train_curve',
-           'summarise', 'fig_loss_curves', 'LossCurvesExplorer', 'residual_norms', 'fig_depth_moments']
+__all__ = ['ARCHS', 'XAXES', 'FRONTIER_X', 'PAPER', 'store', 'retrieve', 'orthonormal_keys', 'RMSNorm', 'LMConfig',
+           'causal_attention', 'KVCache', 'Retrieve', 'Store', 'Attention', 'RMTAttention', 'MLP', 'RMTFeedForward',
+           'Block', 'LMOutput', 'CausalLM', 'StandardTransformer', 'ResidualMatrixTransformer', 'build_lm',
+           'param_count', 'non_embedding_params', 'flops_per_token', 'measured_flops', 'moment_propagation',
+           'init_moments', 'tokens_to_reach', 'train_curve', 'torch_threads', 'residual_norms', 'RMTConfig',
+           'load_data', 'train_unit', 'unit', 'run_units', 'sweep_todo', 'run_sweeps', 'run_experiment', 'curve_arrays',
+           'to_target', 'savings', 'claims', 'verdict', 'headline', 'fig_lr_sweep', 'curves_by_model',
+           'fig_loss_curves', 'LossCurvesExplorer', 'fig_frontier', 'fig_depth_moments', 'savings_table']
 
 # %% ../../nbs/architecture/50_rmt.ipynb #76ab3bb3
-def _check_keys(keys):
-    if not isinstance(keys, Tensor): raise TypeError(f"keys must be a torch.Tensor of shape (R, D_k), got {type(keys).__name__}")
-    if keys.ndim != 2: raise ValueError(f"keys must have shape (R, D_k), got {tuple(keys.shape)}")
-
 def store(data: Tensor, keys: Tensor) -> Tensor:
     "Write R data vectors into a memory matrix: `data` (..., R, D_v), `keys` (R, D_k) -> (..., D_k, D_v)."
-    _check_keys(keys)
-    if not isinstance(data, Tensor) or data.ndim < 2 or data.shape[-2] != keys.shape[0]:
-        raise ValueError(f"data must have shape (..., R={keys.shape[0]}, D_v), got {tuple(getattr(data, 'shape', ()))}")
+    check_tensor('keys', keys, ndim=2, floating=True); check_tensor('data', data, floating=True)
+    if data.ndim < 2 or data.shape[-2] != keys.shape[0]: raise ValueError(f"data must have shape (..., R={keys.shape[0]}, D_v), got {tuple(data.shape)}")
     # $M_{kv} = \sum_r w_{rk}\, x_{rv}$
     return torch.einsum('...rv,rk->...kv', data, keys)
 
 def retrieve(memory: Tensor, keys: Tensor) -> Tensor:
     "Read R vectors from a memory matrix: `memory` (..., D_k, D_v), `keys` (R, D_k) -> (..., R, D_v)."
-    _check_keys(keys)
-    if not isinstance(memory, Tensor) or memory.ndim < 2: raise ValueError("memory must have shape (..., D_k, D_v)")
+    check_tensor('keys', keys, ndim=2, floating=True); check_tensor('memory', memory, floating=True)
+    if memory.ndim < 2: raise ValueError(f"memory must have shape (..., D_k, D_v), got {tuple(memory.shape)}")
     if keys.shape[1] != memory.shape[-2]:
         raise ValueError(f"key size {keys.shape[1]} does not match the memory's key axis D_k={memory.shape[-2]}: keys must be (R, {memory.shape[-2]})")
     # $x_{rv} = \sum_k r_{rk}\, M_{kv}$
@@ -53,7 +54,7 @@ def retrieve(memory: Tensor, keys: Tensor) -> Tensor:
 # %% ../../nbs/architecture/50_rmt.ipynb #46d8fa68
 def orthonormal_keys(R: int, d_key: int, seed: int=0) -> Tensor:
     "R orthonormal keys in $\\mathbb R^{D_k}$ (rows of a random orthogonal matrix), shape (R, D_k); needs R <= D_k."
-    if not all(isinstance(v, int) and v > 0 for v in (R, d_key)): raise ValueError(f"R and d_key must be positive ints, got {R!r}, {d_key!r}")
+    check_int('R', R, lo=1); check_int('d_key', d_key, lo=1)
     if R > d_key: raise ValueError(f"cannot have R={R} orthonormal keys in D_k={d_key} dimensions: need R <= D_k")
     q, _ = torch.linalg.qr(torch.randn(d_key, R, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
     return q.T.float().contiguous()                                  # (R, D_k)
@@ -95,12 +96,9 @@ class LMConfig:
     def residual_shape(self) -> tuple: return (self.d_key, self.d_head) if self.arch == 'rmt' else (self.d_model,)
 
     def __post_init__(self):
-        if self.arch not in ARCHS: raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
-        for k in ('vocab_size', 'n_layers', 'n_heads', 'd_head', 'd_key', 'd_ff', 'max_len'):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"LMConfig.{k} must be an int >= 1, got {v!r}")
-        if not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0: raise ValueError(f"LMConfig.norm_eps must be > 0, got {self.norm_eps!r}")
-        if not isinstance(self.seed, int) or self.seed < 0: raise ValueError(f"LMConfig.seed must be an int >= 0, got {self.seed!r}")
+        check_choice('arch', self.arch, ARCHS)
+        for k in ('vocab_size', 'n_layers', 'n_heads', 'd_head', 'd_key', 'd_ff', 'max_len'): check_int(f'LMConfig.{k}', getattr(self, k), lo=1)
+        check_num('LMConfig.norm_eps', self.norm_eps, lo=0, lo_open=True); check_int('LMConfig.seed', self.seed, lo=0)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #4493817e
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, attention_mask: Tensor|None=None) -> Tensor:
@@ -289,7 +287,7 @@ def non_embedding_params(c: LMConfig) -> int:
 # %% ../../nbs/architecture/50_rmt.ipynb #0db03c70
 def flops_per_token(c: LMConfig, seq_len: int) -> dict:
     "Forward FLOPs per token by part at context `seq_len` (matrix products as executed; attention over the full T x T scores)."
-    if not isinstance(seq_len, int) or not 1 <= seq_len <= c.max_len: raise ValueError(f"seq_len must be an int in [1, {c.max_len}], got {seq_len!r}")
+    check_int('seq_len', seq_len, 1, c.max_len)
     L, R, Dk, Dv, Dff, D, V, T = c.n_layers, c.n_heads, c.d_key, c.d_head, c.d_ff, c.d_model, c.vocab_size, seq_len
     rmt = c.arch == 'rmt'
     out = dict(proj=L * (8 * R * Dk * Dv if rmt else 8 * D * D),        # Q, K, V, O: 4 retrievals/storages or 4 dense maps
@@ -313,9 +311,9 @@ def measured_flops(model: CausalLM, seq_len: int, backward: bool=False) -> float
 def moment_propagation(op: str, R: int, d_key: int, d_value: int=16, sigma_w: float=0.1, mu_in: float=0.5, sigma_in: float=1.0,
                        n_samples: int=4096, seed: int=0) -> dict:
     "Measured and Table-1 predicted forward output variance and backward variance ratio of `op` ('store' or 'retrieve')."
-    if op not in ('store', 'retrieve'): raise ValueError(f"op must be 'store' or 'retrieve', got {op!r}")
-    if not all(isinstance(v, int) and v > 0 for v in (R, d_key, d_value, n_samples)): raise ValueError("R, d_key, d_value and n_samples must be positive ints")
-    if not sigma_w > 0 or not sigma_in >= 0: raise ValueError(f"need sigma_w > 0 and sigma_in >= 0, got {sigma_w}, {sigma_in}")
+    check_choice('op', op, ('store', 'retrieve'))
+    for k, v in dict(R=R, d_key=d_key, d_value=d_value, n_samples=n_samples).items(): check_int(k, v, lo=1)
+    check_num('sigma_w', sigma_w, lo=0, lo_open=True); check_num('sigma_in', sigma_in, lo=0); check_num('mu_in', mu_in)
     g = torch.Generator().manual_seed(seed); n_in = R if op == 'store' else d_key
     x = (mu_in + sigma_in * torch.randn(n_samples, n_in, d_value, generator=g, dtype=torch.float64)).requires_grad_()
     w = sigma_w * torch.randn(n_samples, R, d_key, generator=g, dtype=torch.float64)          # fresh keys per sample
@@ -345,82 +343,39 @@ def init_moments(model: CausalLM, ids: Tensor) -> dict:
 # %% ../../nbs/architecture/50_rmt.ipynb #510a77ed
 def tokens_to_reach(xs, losses, target: float):
     "First x (tokens, FLOPs or seconds) where a validation-loss curve reaches `target`, interpolating linearly between evaluations; None if it never does."
-    xs, losses = list(map(float, xs)), list(map(float, losses))
-    if len(xs) != len(losses) or not xs: raise ValueError(f"xs and losses must be non-empty and of equal length, got {len(xs)} and {len(losses)}")
-    for i, l in enumerate(losses):
-        if l <= target:
-            if i == 0: return xs[0]
-            # $x^* = x_{i-1} + (x_i - x_{i-1})\,\frac{\ell_{i-1} - \ell^*}{\ell_{i-1} - \ell_i}$
-            return xs[i - 1] + (xs[i] - xs[i - 1]) * (losses[i - 1] - target) / (losses[i - 1] - l)
-    return None
+    xs, losses = np.asarray(xs, dtype=float).ravel(), np.asarray(losses, dtype=float).ravel()
+    if len(xs) != len(losses) or not len(xs): raise ValueError(f"xs and losses must be non-empty and of equal length, got {len(xs)} and {len(losses)}")
+    hit = np.flatnonzero(losses <= target)
+    if not hit.size: return None
+    i = int(hit[0])
+    if i == 0: return float(xs[0])
+    # $x^* = x_{i-1} + (x_i - x_{i-1})\,\frac{\ell_{i-1} - \ell^*}{\ell_{i-1} - \ell_i}$
+    return float(xs[i - 1] + (xs[i] - xs[i - 1]) * (losses[i - 1] - target) / (losses[i - 1] - losses[i]))
 
 # %% ../../nbs/architecture/50_rmt.ipynb #1ee7a472
 def train_curve(c: LMConfig,              # the model (its `seed` is replaced by `seed`)
-                train_ds, val_ds,         # packed `input_ids` rows (e.g. `workbench.data.lm_dataset`)
-                steps: int, batch_size: int, lr: float, eval_every: int, seed: int=0):
+                train_ids: Tensor,        # (N, T) packed training rows
+                val_ids: Tensor,          # (M, T) validation rows, evaluated every `eval_every` updates and after the last
+                steps: int, batch_size: int, lr: float,
+                eval_every: int|None=None,# None: evaluate only after the last update
+                seed: int=0,              # initialisation and data-order seed
+                callbacks=()):            # passed to `workbench.train.train`, e.g. a `workbench.viz.LiveCurves`
     "Train `build_lm(c)` from scratch; returns (curve dict: tokens, flops, time_s, val_loss per evaluation; the trained model)."
-    model = build_lm(replace(c, seed=seed))
-    T = len(train_ds[0]['input_ids'])
+    check_tensor('train_ids', train_ids, ndim=2, floating=False); check_tensor('val_ids', val_ids, ndim=2, floating=False)
+    model, T = build_lm(replace(c, seed=seed)), train_ids.shape[1]
     tcfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every, seed=seed, progress=False)
-    h = train(model, train_ds, tcfg, eval_data=val_ds)
+    h = train(model, train_ids, tcfg, eval_data=val_ids, callbacks=callbacks)
     busy = np.cumsum([batch_size * T / tps for tps in h.tokens_per_s])             # seconds after each update (log_every = 1)
     tok = [s * batch_size * T for s in h.eval_step]
     fpt = flops_per_token(c, T)['train']
     return dict(tokens=tok, flops=[t * fpt for t in tok], time_s=[float(busy[s - 1]) for s in h.eval_step], val_loss=list(h.eval_loss)), model.eval()
 
-# %% ../../nbs/architecture/50_rmt.ipynb #886b8a34
-def summarise(runs: dict, baseline: str) -> dict:
-    "Per model: seed-mean curves, final loss ± std, and tokens/FLOPs/time/params to reach `baseline`'s final validation loss."
-    if baseline not in runs: raise ValueError(f"baseline {baseline!r} is not one of the runs: {list(runs)}")
-    mean = lambda k, r: np.mean([cv[k] for cv in r['curves']], 0)
-    target = float(mean('val_loss', runs[baseline])[-1])
-    out = {}
-    for name, r in runs.items():
-        loss = mean('val_loss', r)
-        reach = {k: tokens_to_reach(mean(k, r), loss, target) for k in ('tokens', 'flops', 'time_s')}
-        out[name] = dict(params=r['params'], non_embedding_params=r['non_embedding_params'], residual_size=r['residual_size'],
-                         train_flops_per_token=r['train_flops_per_token'], final_val_loss=float(loss[-1]),
-                         final_val_loss_std=float(np.std([cv['val_loss'][-1] for cv in r['curves']])),
-                         s_per_update=float(mean('time_s', r)[-1]) * r['tokens_per_update'] / r['curves'][0]['tokens'][-1],
-                         **{f'{k}_to_target': v for k, v in reach.items()}, target=target)
-    b = out[baseline]
-    for s in out.values():   # saving vs the baseline: 1 - model / baseline (positive = the model needed less)
-        for k in ('tokens_to_target', 'flops_to_target', 'time_s_to_target', 'params', 'non_embedding_params'):
-            s[f'saving_{k}'] = None if s[k] is None else 1 - s[k] / b[k]
-    return out
-
-# %% ../../nbs/architecture/50_rmt.ipynb #e0f43e4b
-XAXES = {'tokens': 'training tokens', 'flops': 'training FLOPs (counted)', 'time_s': 'wall time of the updates (s)'}
-
-def fig_loss_curves(curves: dict,          # name -> list of curve dicts (tokens, flops, time_s, val_loss), one per seed
-                    x: str='flops',         # 'tokens', 'flops' or 'time_s'
-                    models=None,            # names to show (default: all)
-                    target: float|None=None, # a loss to mark (the baseline's final loss)
-                    title: str='Validation loss') -> go.Figure:
-    "Seed-mean validation loss (seeds faint) against tokens, counted FLOPs or wall time, one colour per model."
-    if x not in XAXES: raise ValueError(f"x must be one of {list(XAXES)}, got {x!r}")
-    if not isinstance(curves, dict) or not curves: raise TypeError("curves must be a non-empty dict: name -> list of curve dicts")
-    models = list(curves) if models is None else list(models)
-    fig = go.Figure()
-    for k, name in enumerate(curves):
-        if name not in models: continue
-        c, runs = PALETTE[k % len(PALETTE)], curves[name]
-        for r in runs: fig.add_scatter(x=r[x], y=r['val_loss'], mode='lines', line=dict(color=c, width=1), opacity=0.3, showlegend=False, hoverinfo='skip')
-        fig.add_scatter(x=np.mean([r[x] for r in runs], 0), y=np.mean([r['val_loss'] for r in runs], 0), name=name, mode='lines+markers', line=dict(color=c))
-    if target is not None: fig.add_hline(y=target, line_dash='dot', line_color='grey', annotation_text='baseline final loss')
-    fig.update_xaxes(title_text=XAXES[x], type='log' if x == 'flops' else None); fig.update_yaxes(title_text='validation loss (nats/token)')
-    return fig.update_layout(title=title, height=380, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
-
-class LossCurvesExplorer(Explorer):
-    "x-axis toggle (tokens / FLOPs / wall time) and a model selector over `fig_loss_curves`."
-    def __init__(self, curves: dict, target: float|None=None, title: str='Validation loss'):
-        self.curves, self.target, self.title = curves, target, title
-        self.x = W.ToggleButtons(options=[('tokens', 'tokens'), ('FLOPs', 'flops'), ('wall time', 'time_s')], value='flops')
-        self.models = W.SelectMultiple(options=list(curves), value=tuple(curves), description='models', rows=min(6, len(curves)))
-        self.fig = go.FigureWidget(self.figure())
-        for w in (self.x, self.models): w.observe(self._update, names='value')
-        self.widget = W.VBox([self.x, self.models, self.fig])
-    def figure(self): return fig_loss_curves(self.curves, self.x.value, self.models.value or list(self.curves)[:1], self.target, self.title)
+@contextlib.contextmanager
+def torch_threads(n: int):
+    "Run the block with `n` torch CPU threads, then restore the previous number (tiny models on shared cores run fastest on one)."
+    old = torch.get_num_threads(); torch.set_num_threads(check_int('n', n, lo=1))
+    try: yield
+    finally: torch.set_num_threads(old)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #1f00e09a
 @torch.no_grad()
@@ -433,6 +388,337 @@ def residual_norms(model: CausalLM, ids: Tensor) -> dict:
     # $\lVert X_t \rVert_F$ per token and layer; $\lVert \mathrm{concat}_h V^{(h)}_t \rVert$
     return dict(residual=per('hook_resid_post', nd_x), retrieved=per('hook_v', nd_v))
 
+# %% ../../nbs/architecture/50_rmt.ipynb #6c57c269
+@dataclass
+class RMTConfig(ExperimentConfig):
+    "The RMT experiment: the mirrored transformer, a transformer width sweep and RMTs of several D_k, each at its own swept learning rate."
+    vocab: int = size(quick=4096, full=512)                   # BPE vocabulary size (`workbench_bpe`)
+    seq_len: int = size(quick=128, full=64)                   # tokens per training row, T (= the models' positions N)
+    n_layers: int = size(quick=1, full=2)                     # L
+    n_heads: int = 4                                          # R of the RMTs = H of the transformers
+    d_head: int = size(quick=8, full=16)                      # D_v of the RMTs = D_h of the mirrored transformer (width D = n_heads * d_head)
+    d_ff: int = size(quick=128, full=256)                     # D_FF of the RMTs and the mirrored transformer (4D)
+    widths: tuple = size(quick=(4, 8), full=(12, 16, 24))     # D_h of the transformer width sweep (D_FF = 4D); must hold d_head
+    d_keys: tuple = size(quick=(2, 8), full=(4, 8, 16))       # D_k of the RMTs (residual D_k x D_v)
+    claim_dk: int|None = None                                 # the RMT the claims are about, declared before the run; None: the largest D_k
+    steps: int = size(quick=12, full=480)                     # updates per main run
+    batch_size: int = size(quick=4, full=32)                  # rows per update
+    eval_every: int = size(quick=4, full=24)                  # updates between validation evaluations
+    n_val: int = size(quick=16, full=128)                     # validation rows (seq_len tokens each) in every evaluation
+    train_rows: int|None = size(quick=2048, full=None)        # use only the first rows of the packed training split; None: all of it
+    n_seeds: int = size(quick=2, full=5)                      # seeds of the main runs (initialisation and data order)
+    lr_grid: tuple = size(quick=(3e-3, 1e-2), full=(8e-3, 1.6e-2, 3.2e-2))  # starting grid of every model's learning-rate sweep (geometric)
+    lr_extend: int = size(quick=0, full=2)                    # rates a sweep may add beyond each edge while the best rate sits on it
+    sweep_steps: int = size(quick=6, full=120)                # updates per sweep run
+    n_sweep_seeds: int = 1                                    # seeds per sweep point
+    threads: int = 1                                          # torch CPU threads per training process (shared cores: more threads oversubscribe them)
+    workers: int = size(quick=1, full=2)                      # training processes (1: this one; more: a pool of spawned workers)
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'n_sweep_seeds', 'lr_grid', 'lr_extend', 'widths', 'd_keys', 'claim_dk', 'threads', 'workers')
+    cache_version: ClassVar[int] = 1
+
+    @property
+    def seeds(self) -> list: return self.seed_list(self.n_seeds)
+    @property
+    def sweep_seeds(self) -> list: return self.seed_list(self.n_sweep_seeds)
+    @property
+    def baseline(self) -> str: return _baseline_name(asdict(self))
+    @property
+    def claim_rmt(self) -> str: return _claim_name(asdict(self))
+
+# %% ../../nbs/architecture/50_rmt.ipynb #6c57c270
+def _baseline_name(c: dict) -> str: return f"transformer D={c['n_heads'] * c['d_head']}"
+def _claim_name(c: dict) -> str: return f"RMT D_k={c['claim_dk'] or max(c['d_keys'])}"
+
+@patch_to(RMTConfig)
+def validate(self):
+    "Check every field (ValueError/TypeError naming it)."
+    for k in ('vocab', 'seq_len', 'n_layers', 'n_heads', 'd_head', 'd_ff', 'steps', 'batch_size', 'n_val', 'n_seeds', 'sweep_steps', 'n_sweep_seeds', 'threads', 'workers'):
+        check_int(k, getattr(self, k), lo=1)
+    check_int('eval_every', self.eval_every, 1, self.steps); check_int('lr_extend', self.lr_extend, lo=0)
+    if self.train_rows is not None: check_int('train_rows', self.train_rows, lo=self.batch_size)
+    for k in ('widths', 'd_keys', 'lr_grid'):
+        if not isinstance(getattr(self, k), (tuple, list)) or not getattr(self, k): raise TypeError(f"{k} must be a non-empty tuple, got {getattr(self, k)!r}")
+    for w in (*self.widths, *self.d_keys): check_int('widths and d_keys entries', w, lo=1)
+    if self.d_head not in self.widths: raise ValueError(f"widths must hold d_head={self.d_head} (the mirrored transformer), got {tuple(self.widths)}")
+    if any(self.d_ff * w % self.d_head for w in self.widths): raise ValueError(f"d_ff * width / d_head must be an int for every width (D_FF = 4D), got d_ff={self.d_ff}, widths={tuple(self.widths)}")
+    if self.claim_dk is not None and self.claim_dk not in self.d_keys: raise ValueError(f"claim_dk must be one of d_keys={tuple(self.d_keys)} or None, got {self.claim_dk!r}")
+    lrs = [check_num('lr_grid entries', v, lo=0, lo_open=True) for v in self.lr_grid]
+    if len(lrs) < 2 or any(b <= a for a, b in zip(lrs, lrs[1:])): raise ValueError(f"lr_grid must hold at least 2 increasing rates, got {tuple(self.lr_grid)}")
+
+@patch_to(RMTConfig)
+def models(self) -> dict:
+    "name -> LMConfig of every model: the transformer width sweep (the mirrored transformer among it), then the RMTs."
+    base = LMConfig('transformer', self.vocab, self.n_layers, self.n_heads, self.d_head, 1, self.d_ff, self.seq_len)
+    out = {f'transformer D={self.n_heads * w}': replace(base, d_head=w, d_ff=self.d_ff * w // self.d_head) for w in sorted(self.widths)}
+    return out | {f'RMT D_k={dk}': replace(base, arch='rmt', d_key=dk) for dk in sorted(self.d_keys)}
+
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d167
+def load_data(cfg: RMTConfig) -> tuple:
+    "(tokenizer, training rows (N, T), the first `n_val` validation rows (n_val, T)) of the prose corpus, packed at `seq_len`."
+    tok = workbench_bpe(vocab_size=cfg.vocab)
+    rows = lambda split, n: torch.from_numpy(np.asarray(lm_dataset('prose', tok, seq_len=cfg.seq_len, split=split).with_format('numpy')[:n]['input_ids']))
+    tr, va = rows('train', cfg.train_rows), rows('validation', cfg.n_val)
+    if len(va) < cfg.n_val: raise ValueError(f"n_val={cfg.n_val} but the validation split has only {len(va)} rows of {cfg.seq_len} tokens")
+    return tok, tr, va
+
+def train_unit(data: tuple, mc: LMConfig, lr: float, seed: int, steps: int, batch_size: int, eval_every: int|None, norms: bool=False) -> dict:
+    "One training run as a JSON-able record: curve (tokens, time_s, val_loss), final loss, seconds per update, and per-layer norms if `norms`."
+    _, tr, va = data
+    c, model = train_curve(mc, tr, va, steps, batch_size, lr, eval_every, seed)
+    out = dict(curve=dict(tokens=c['tokens'], time_s=[round(t, 3) for t in c['time_s']], val_loss=[round(l, 5) for l in c['val_loss']]),
+               final_val_loss=c['val_loss'][-1], s_per_update=c['time_s'][-1] / steps)
+    if norms: out['norms'] = {k: np.round(v, 3).tolist() for k, v in residual_norms(model, va[:2].to(next(model.parameters()).device)).items()}
+    return out
+
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d168
+def unit(cfg: RMTConfig, data: tuple, job: tuple) -> dict:
+    "The record of `job` = (phase 'sweep' | 'main', model name, learning rate, seed), from the run cache or trained now."
+    phase, name, lr, seed = job
+    mc, main = cfg.models()[name], phase == 'main'
+    key = dict(phase=phase, model=asdict(mc), lr=lr, seed=seed, steps=cfg.steps if main else cfg.sweep_steps)
+    return cached_unit('rmt', cfg, key, lambda: train_unit(data, mc, lr, seed, key['steps'], cfg.batch_size,
+                                                             cfg.eval_every if main else None, norms=main and seed == cfg.seed))
+
+_WORKER = {}
+def _worker_init(cfg_fields: dict):
+    "Start of a worker process: one torch thread, the config and the data."
+    cfg = RMTConfig(**cfg_fields); torch.set_num_threads(cfg.threads)
+    _WORKER.update(cfg=cfg, data=load_data(cfg))
+
+def _worker_unit(job): return unit(_WORKER['cfg'], _WORKER['data'], job)
+
+def run_units(cfg: RMTConfig, jobs: list, data=None, pool=None, desc: str='units') -> dict:
+    "job -> record for every job: in this process (with `data`), or spread over the worker processes of `pool`."
+    if pool is None: return {j: unit(cfg, data, j) for j in progress(jobs, desc)}
+    from workbench.architecture import rmt as mod                    # workers import the package's copy of these functions
+    return dict(zip(jobs, progress(pool.map(mod._worker_unit, jobs), desc, total=len(jobs))))
+
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d169
+def sweep_todo(cfg: RMTConfig, loss: dict) -> tuple:
+    "(rates still to run, chosen rate or None) from a model's mean final sweep losses so far (lr -> loss): the starting grid, then one rate past an edge (at most `lr_extend` a side) while the best rate sits on it."
+    if not loss: return [float(v) for v in cfg.lr_grid], None
+    grid, f = sorted(loss), cfg.lr_grid[1] / cfg.lr_grid[0]
+    best = min(grid, key=lambda lr: loss[lr] if math.isfinite(loss[lr]) else math.inf)
+    below, above = sum(lr < cfg.lr_grid[0] for lr in grid), sum(lr > cfg.lr_grid[-1] for lr in grid)
+    if best == grid[0] and below < cfg.lr_extend: return [float(f'{grid[0] / f:.6g}')], None
+    if best == grid[-1] and above < cfg.lr_extend: return [float(f'{grid[-1] * f:.6g}')], None
+    return [], best
+
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d16c
+def run_sweeps(cfg: RMTConfig, data=None, pool=None) -> tuple:
+    "(model -> chosen rate, sweep rows): every model's sweep, run in rounds (a round holds every model's next rates)."
+    loss, chosen, out = {n: {} for n in cfg.models()}, {}, {}
+    todo = {n: sweep_todo(cfg, {})[0] for n in loss}
+    while todo:
+        jobs = [('sweep', n, lr, s) for n, lrs in todo.items() for lr in lrs for s in cfg.sweep_seeds]
+        out.update(run_units(cfg, jobs, data, pool, 'learning-rate sweeps'))
+        for n in list(todo):
+            for lr in todo[n]: loss[n][lr] = float(np.mean([out['sweep', n, lr, s]['final_val_loss'] for s in cfg.sweep_seeds]))
+            todo[n], best = sweep_todo(cfg, loss[n])
+            if not todo[n]: chosen[n] = best; del todo[n]
+    edge = lambda n: chosen[n] in (min(loss[n]), max(loss[n]))
+    rows = [dict(phase='sweep', model=n, lr=lr, seed=s, steps=cfg.sweep_steps, final_val_loss=out['sweep', n, lr, s]['final_val_loss'],
+                 chosen=lr == chosen[n], lr_at_edge=edge(n)) for n in loss for lr in sorted(loss[n]) for s in cfg.sweep_seeds]
+    return chosen, rows
+
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d16d
+def _main_row(cfg, name, mc, lr, edge, seed, u, target) -> dict:
+    "One main run's row: the model's sizes, its rate, final loss and (this seed's own curve) tokens/FLOPs/seconds to `target`."
+    c, fpt = u['curve'], flops_per_token(mc, cfg.seq_len)['train']
+    tt = tokens_to_reach(c['tokens'], c['val_loss'], target)
+    return dict(phase='main', model=name, arch=mc.arch, width=mc.d_model, d_key=mc.d_key if mc.arch == 'rmt' else None,
+                residual_size=mc.residual_size, params=param_count(mc), non_embedding_params=non_embedding_params(mc),
+                train_flops_per_token=fpt, lr=lr, lr_at_edge=edge, seed=seed, tokens=c['tokens'][-1], final_val_loss=u['final_val_loss'],
+                target=target, tokens_to_target=tt, flops_to_target=None if tt is None else tt * fpt,
+                time_s_to_target=tokens_to_reach(c['time_s'], c['val_loss'], target), s_per_update=u['s_per_update'])
+
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d16a
+def run_experiment(cfg: RMTConfig) -> Results:
+    "Sweep every model's learning rate, train every model for every seed at its rate, and measure the claims."
+    if not isinstance(cfg, RMTConfig): raise TypeError(f"cfg must be an RMTConfig, got {type(cfg).__name__}")
+    models = cfg.models()
+    with Timer() as tm, torch_threads(cfg.threads), contextlib.ExitStack() as stack:
+        pool, data = None, None
+        if cfg.workers > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            from workbench.architecture import rmt as mod
+            pool = stack.enter_context(ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context('spawn'),
+                                                           initializer=mod._worker_init, initargs=(asdict(cfg),)))
+        else: data = load_data(cfg)
+        lrs, sweep_rows = run_sweeps(cfg, data, pool)
+        jobs = [('main', n, lrs[n], s) for s in cfg.seeds for n in models]
+        out = run_units(cfg, jobs, data, pool, 'main runs')
+    U = lambda n, s: out['main', n, lrs[n], s]
+    target = float(np.mean([U(cfg.baseline, s)['final_val_loss'] for s in cfg.seeds]))
+    edge = {r['model']: r['lr_at_edge'] for r in sweep_rows}
+    rows = sweep_rows + [_main_row(cfg, n, models[n], lrs[n], edge[n], s, U(n, s), target) for n in models for s in cfg.seeds]
+    tables = dict(curves=[dict(model=n, seed=s, **U(n, s)['curve']) for n in models for s in cfg.seeds],
+                  norms=[dict(model=n, kind=k, values=v) for n in models for k, v in U(n, cfg.seed)['norms'].items()])
+    res = Results('rmt', cfg, rows, seeds=cfg.seeds, tables=tables, wall_time_s=tm.s, notes=_notes(cfg))
+    return res.conclude(verdict, claims(res), headline(res))
+
+def _notes(cfg) -> str:
+    mc = cfg.models()[cfg.baseline]
+    return (f"Tiny models (L={cfg.n_layers}, D={mc.d_model}, V={cfg.vocab}, T={cfg.seq_len}; the mirrored transformer has {param_count(mc):,} parameters) "
+            f"trained for {cfg.steps * cfg.batch_size * cfg.seq_len:,} tokens per run on CPU, {cfg.n_seeds} seeds, each model at its own swept "
+            f"learning rate. Target: the mirrored transformer's final seed-mean validation loss. Savings are 1 - model/baseline.")
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a34
+def curve_arrays(results: Results) -> tuple:
+    "(tokens (J,), model -> (S, J) validation losses over the main seeds, model -> its first main row) from a run's `curves` table and rows."
+    recs = results.tables.get('curves')
+    if not recs: raise ValueError(f"the {results.method} results have no 'curves' table")
+    models, seeds = list(dict.fromkeys(r['model'] for r in recs)), sorted({r['seed'] for r in recs})
+    by = {(r['model'], r['seed']): r for r in recs}
+    if len(by) != len(models) * len(seeds) or any(r['tokens'] != recs[0]['tokens'] for r in recs):
+        raise ValueError("every model needs one curve per seed, all evaluated at the same token counts")
+    L = {m: np.array([by[m, s]['val_loss'] for s in seeds], dtype=float) for m in models}
+    meta = {m: next(r for r in results.rows if r.get('phase') == 'main' and r['model'] == m) for m in models}
+    return np.array(recs[0]['tokens'], dtype=float), L, meta
+
+def to_target(tokens, L: dict, meta: dict, baseline: str, idx=None) -> tuple:
+    "(target, model -> dict(tokens, flops) to first reach it): seed-mean curves over the seeds `idx` (default all), target = the baseline's final mean loss."
+    if baseline not in L: raise ValueError(f"baseline {baseline!r} is not one of the models: {list(L)}")
+    idx = slice(None) if idx is None else np.asarray(idx, dtype=int)
+    m = {k: v[idx].mean(0) for k, v in L.items()}
+    target = float(m[baseline][-1])
+    out = {k: tokens_to_reach(tokens, c, target) for k, c in m.items()}
+    return target, {k: dict(tokens=t, flops=None if t is None else t * meta[k]['train_flops_per_token']) for k, t in out.items()}
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a35
+def savings(tokens, L: dict, meta: dict, rmt: str, baseline: str, idx=None) -> dict:
+    "The RMT's FLOPs saving against the cheapest transformer that reaches the target, and its token saving against `baseline`, on the seeds `idx` (-inf: it never reaches the target)."
+    _, tt = to_target(tokens, L, meta, baseline, idx)
+    trans = [k for k in tt if meta[k]['arch'] == 'transformer' and tt[k]['flops'] is not None]
+    cheapest = min(trans, key=lambda k: tt[k]['flops'])              # the baseline itself always reaches its own final loss
+    r = tt[rmt]
+    # $1 - F_{\rm RMT} / \min_D F_{{\rm T}(D)}$ and $1 - N_{\rm RMT} / N_{\rm T}$
+    return dict(flops=-math.inf if r['flops'] is None else 1 - r['flops'] / tt[cheapest]['flops'],
+                tokens=-math.inf if r['tokens'] is None else 1 - r['tokens'] / tt[baseline]['tokens'], cheapest=cheapest)
+
+def _finite(v: float) -> float: return v if math.isfinite(v) else math.nan
+
+def _boot_claim(name, stat, n, n_boot, better='higher') -> Claim:
+    "A claim from `bootstrap` over seed indices; an end made infinite by resamples where the RMT never reaches the target becomes nan (no interval)."
+    with np.errstate(invalid='ignore'), warnings.catch_warnings():
+        warnings.simplefilter('ignore', RuntimeWarning)
+        iv = bootstrap(np.arange(n, dtype=float), lambda ix: stat(ix.astype(int)), n_boot=n_boot, unit='seeds')
+    return Claim(name, _finite(iv.estimate), _finite(iv.lo), _finite(iv.hi), better=better, n=iv.n,
+                 ci=iv.how + ' (a resample where the RMT never reaches the target counts as -inf)')
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a36
+def claims(results: Results, n_boot: int=10_000) -> list:
+    "The paper's three savings for the declared RMT at the mirrored transformer's final loss: FLOPs (vs the cheapest transformer of the width sweep), tokens (vs the mirrored transformer), parameters (vs the smallest transformer that reaches it)."
+    tokens, L, meta = curve_arrays(results)
+    rmt, base = _claim_name(results.config), _baseline_name(results.config)
+    n, full = len(L[base]), savings(tokens, L, meta, rmt, base)
+    out = [_boot_claim(f"FLOPs saving to reach {base}'s final loss: {rmt} vs the cheapest transformer of the width sweep ({full['cheapest']} on all seeds)",
+                       lambda ix: savings(tokens, L, meta, rmt, base, ix)['flops'], n, n_boot),
+           _boot_claim(f"token saving to reach {base}'s final loss: {rmt} vs {base}",
+                       lambda ix: savings(tokens, L, meta, rmt, base, ix)['tokens'], n, n_boot)]
+    _, tt = to_target(tokens, L, meta, base)
+    small = min((k for k in tt if meta[k]['arch'] == 'transformer' and tt[k]['tokens'] is not None), key=lambda k: meta[k]['params'])
+    p = 1 - meta[rmt]['params'] / meta[small]['params']
+    reached = tt[rmt]['tokens'] is not None
+    return out + [Claim(f"parameter saving: {rmt} vs the smallest transformer of the width sweep that reaches {base}'s final loss ({small})",
+                        p, p if reached else math.nan, p if reached else math.nan, n=None,
+                        ci='exact: parameter counts' if reached else f'no interval: {rmt} does not reach the target')]
+
+def verdict(results: Results) -> str:
+    "Reproduced when the declared RMT (default: the largest D_k) reaches the mirrored transformer's final loss with fewer FLOPs than the cheapest transformer of the width sweep, fewer tokens than the mirrored transformer and fewer parameters than the smallest transformer that reaches it, each beyond its 95% CI (seed bootstrap; parameters exact); partly when at least one shows; else not reproduced."
+    return judge(claims(results))
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a37
+def headline(results: Results) -> str:
+    "The measured savings in words, from the claims (recomputed when `results` has none yet)."
+    cs, c = results.claims or claims(results), results.config
+    ci = lambda k: f" [{cs[k].lo:+.0%}, {cs[k].hi:+.0%}]" if math.isfinite(cs[k].lo) and math.isfinite(cs[k].hi) else ' [no interval]'
+    rmt, base, n = _claim_name(c), _baseline_name(c), len(results.seeds)
+    if not math.isfinite(cs[1].estimate): return f"{rmt} does not reach {base}'s final val loss within the run ({n} seeds); parameter saving {cs[2].estimate:+.0%}"
+    cheapest = savings(*curve_arrays(results), rmt, base)['cheapest']
+    return (f"to reach {base}'s final val loss, {rmt} saves {cs[0].estimate:+.0%}{ci(0)} FLOPs against the cheapest transformer ({cheapest}), "
+            f"{cs[1].estimate:+.0%}{ci(1)} tokens against {base} and {cs[2].estimate:+.0%} parameters ({n} seeds, 95% bootstrap CIs)")
+
+# %% ../../nbs/architecture/50_rmt.ipynb #e0f43e4a
+def fig_lr_sweep(df, title: str='Learning-rate sweeps: final validation loss of the short runs') -> go.Figure:
+    "One line per model of the sweep's mean final loss against the learning rate (log x), the chosen rate ringed; `df` is `Results.df`."
+    sw = df[df.phase == 'sweep']
+    if sw.empty: raise ValueError("df has no sweep rows (phase == 'sweep')")
+    fig = go.Figure()
+    for k, (name, g) in enumerate(sw.groupby('model', sort=False)):
+        g, c = g.groupby('lr', as_index=False).agg(loss=('final_val_loss', 'mean'), chosen=('chosen', 'any')).sort_values('lr'), PALETTE[k % len(PALETTE)]
+        fig.add_scatter(x=g.lr, y=g.loss, name=name, mode='lines+markers', line=dict(color=c))
+        ch = g[g.chosen]
+        fig.add_scatter(x=ch.lr, y=ch.loss, mode='markers', showlegend=False, hoverinfo='skip',
+                        marker=dict(size=16, color='rgba(0,0,0,0)', line=dict(color=c, width=2)))
+    fig.update_xaxes(title_text='peak learning rate', type='log'); fig.update_yaxes(title_text='final validation loss (nats/token)')
+    return fig.update_layout(title=title, height=380, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+
+# %% ../../nbs/architecture/50_rmt.ipynb #e7f37f17
+XAXES = {'tokens': 'training tokens', 'flops': 'training FLOPs (counted)', 'time_s': 'wall time of the updates (s)'}
+
+def curves_by_model(results: Results) -> dict:
+    "name -> per-seed curve dicts (tokens, flops, time_s, val_loss), as `fig_loss_curves` takes them, from a run's `curves` table."
+    fpt = {r['model']: r['train_flops_per_token'] for r in results.rows if r.get('phase') == 'main'}
+    out = {}
+    for r in results.tables['curves']:
+        out.setdefault(r['model'], []).append(dict(tokens=r['tokens'], flops=[t * fpt[r['model']] for t in r['tokens']], time_s=r['time_s'], val_loss=r['val_loss']))
+    return out
+
+def fig_loss_curves(curves: dict,           # name -> list of curve dicts (tokens, flops, time_s, val_loss), one per seed
+                    x: str='flops',          # 'tokens', 'flops' or 'time_s'
+                    models=None,             # names to show (default: all)
+                    target: float|None=None, # a loss to mark (the baseline's final loss)
+                    title: str='Validation loss') -> go.Figure:
+    "Seed-mean validation loss (seeds faint) against tokens, counted FLOPs or wall time, one colour per model."
+    check_choice('x', x, XAXES)
+    if not isinstance(curves, dict) or not curves: raise TypeError("curves must be a non-empty dict: name -> list of curve dicts")
+    models = list(curves) if models is None else list(models)
+    fig = go.Figure()
+    for k, name in enumerate(curves):
+        if name not in models: continue
+        c, runs = PALETTE[k % len(PALETTE)], curves[name]
+        for r in runs: fig.add_scatter(x=r[x], y=r['val_loss'], mode='lines', line=dict(color=c, width=1), opacity=0.3, showlegend=False, hoverinfo='skip')
+        fig.add_scatter(x=np.mean([r[x] for r in runs], 0), y=np.mean([r['val_loss'] for r in runs], 0), name=name, mode='lines+markers', line=dict(color=c))
+    if target is not None: fig.add_hline(y=target, line_dash='dot', line_color='grey', annotation_text='target: mirrored transformer final loss')
+    fig.update_xaxes(title_text=XAXES[x], type='log' if x == 'flops' else None); fig.update_yaxes(title_text='validation loss (nats/token)')
+    return fig.update_layout(title=title, height=400, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+
+class LossCurvesExplorer(Explorer):
+    "x-axis toggle (tokens / FLOPs / wall time) and a model selector over `fig_loss_curves`."
+    def __init__(self, curves: dict, target: float|None=None, title: str='Validation loss'):
+        self.curves, self.target, self.title = curves, target, title
+        self.x = W.ToggleButtons(options=[('tokens', 'tokens'), ('FLOPs', 'flops'), ('wall time', 'time_s')], value='flops')
+        self.models = W.SelectMultiple(options=list(curves), value=tuple(curves), description='models', rows=min(8, len(curves)))
+        self.fig = go.FigureWidget(self.figure())
+        for w in (self.x, self.models): w.observe(self._update, names='value')
+        self.widget = W.VBox([self.x, self.models, self.fig])
+    def figure(self): return fig_loss_curves(self.curves, self.x.value, self.models.value or list(self.curves)[:1], self.target, self.title)
+
+# %% ../../nbs/architecture/50_rmt.ipynb #2b6e1a01
+FRONTIER_X = {'train_flops_per_token': 'training FLOPs per token', 'params': 'parameters', 'non_embedding_params': 'non-embedding parameters'}
+
+def fig_frontier(df, x: str='train_flops_per_token', title: str|None=None) -> go.Figure:
+    "Final validation loss (seed mean, 95% t-interval) of every model against FLOPs per token or parameters: one line per architecture; `df` is `Results.df`."
+    check_choice('x', x, FRONTIER_X)
+    main = df[df.phase == 'main']
+    if main.empty: raise ValueError("df has no main rows (phase == 'main')")
+    fig = go.Figure()
+    for k, (arch, g) in enumerate(main.groupby('arch', sort=False)):
+        pts = []
+        for name, h in g.groupby('model', sort=False):
+            iv = mean_ci(h.final_val_loss.to_numpy())
+            pts.append((h[x].iloc[0], iv.estimate, (iv.hi - iv.lo) / 2 if math.isfinite(iv.lo) else 0, name, h.residual_size.iloc[0]))
+        pts.sort()
+        fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], error_y=dict(type='data', array=[p[2] for p in pts]), name=arch,
+                        mode='lines+markers+text', text=[p[3].split(' ', 1)[1] for p in pts], textposition='top center',
+                        customdata=[p[4] for p in pts], hovertemplate='%{text}: loss %{y:.4f}, residual size %{customdata}<extra></extra>',
+                        line=dict(color=PALETTE[k % len(PALETTE)]))
+    fig.add_hline(y=float(main.target.iloc[0]), line_dash='dot', line_color='grey', annotation_text='target')
+    fig.update_xaxes(title_text=FRONTIER_X[x], type='log'); fig.update_yaxes(title_text='final validation loss (nats/token)')
+    return fig.update_layout(title=title or f'Final loss against {FRONTIER_X[x]}', height=400, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+
 # %% ../../nbs/architecture/50_rmt.ipynb #148cfc14
 def fig_depth_moments(moments: dict, title: str='Residual second moment through depth at initialisation') -> go.Figure:
     "One line per model of E[X^2] against depth (0 = embedding), from `init_moments` outputs (name -> list over seeds)."
@@ -443,3 +729,30 @@ def fig_depth_moments(moments: dict, title: str='Residual second moment through 
         fig.add_scatter(x=list(range(len(y))), y=y, name=name, mode='lines+markers', line=dict(color=PALETTE[k % len(PALETTE)]))
     fig.update_xaxes(title_text='depth (0 = embedding, l = after block l)', dtick=1); fig.update_yaxes(title_text='E[X²] per entry')
     return fig.update_layout(title=title, height=340, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+
+# %% ../../nbs/architecture/50_rmt.ipynb #427814e5
+PAPER = dict(saving_flops=0.58, saving_params=0.25, saving_tokens=0.41, wall_time_overhead=0.04)   # 305M RMT vs 405M transformer at loss 3.03
+
+def savings_table(results: Results, n_boot: int=2000):
+    "Per model: sizes, chosen rate, final loss with its t-interval, tokens and FLOPs to the target, and savings against the mirrored transformer with bootstrap intervals."
+    import pandas as pd
+    tokens, L, meta = curve_arrays(results)
+    base, main = _baseline_name(results.config), results.df[results.df.phase == 'main']
+    _, tt = to_target(tokens, L, meta, base)
+    def vs(m, key):
+        def stat(ix):
+            _, t = to_target(tokens, L, meta, base, ix.astype(int))
+            return -math.inf if t[m][key] is None else 1 - t[m][key] / t[base][key]
+        with np.errstate(invalid='ignore'), warnings.catch_warnings():
+            warnings.simplefilter('ignore', RuntimeWarning)
+            return bootstrap(np.arange(len(L[m]), dtype=float), stat, n_boot=n_boot, unit='seeds')
+    out = []
+    for m, g in main.groupby('model', sort=False):
+        fl, tk, f = vs(m, 'flops'), vs(m, 'tokens'), mean_ci(g.final_val_loss.to_numpy())
+        out.append(dict(model=m, params=meta[m]['params'], non_embedding_params=meta[m]['non_embedding_params'], residual_size=meta[m]['residual_size'],
+                        train_flops_per_token=meta[m]['train_flops_per_token'], lr=meta[m]['lr'], lr_at_edge=meta[m]['lr_at_edge'],
+                        final_val_loss=f.estimate, final_lo=f.lo, final_hi=f.hi, tokens_to_target=tt[m]['tokens'], flops_to_target=tt[m]['flops'],
+                        saving_flops=_finite(fl.estimate), saving_flops_lo=_finite(fl.lo), saving_flops_hi=_finite(fl.hi),
+                        saving_tokens=_finite(tk.estimate), saving_tokens_lo=_finite(tk.lo), saving_tokens_hi=_finite(tk.hi),
+                        saving_params=1 - meta[m]['params'] / meta[base]['params'], ms_per_update=1e3 * g.s_per_update.mean()))
+    return pd.DataFrame(out)
