@@ -1,11 +1,15 @@
-"Cross-checks of `workbench.alignment.tgdpo`: the losses, the token rewards, the task and the preference trainer (fast, CPU)."
+"Cross-checks of `workbench.alignment.tgdpo`: the losses, the token rewards, the task, the preference trainer, the frontier and the verdict (fast, CPU)."
 import math
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from workbench.core import Results, save_results, load_results
 from workbench.alignment.tgdpo import (dpo_loss, simpo_loss, tgdpo_loss, tgdpo_weights, token_rewards, token_logps,
     DigitRuleTask, gold_reward, gold_token_reward, gold_guidance, make_policy, make_pairs, pair_rows, PreferenceLoss,
-    train_preference, sample_responses, evaluate_policy, seq_and_labels, mean_ci, TGDPOConfig, fig_token_strip)
+    train_preference, sample_from, reference_rewards, evaluate_policy, seq_and_labels, TGDPOConfig, fig_token_strip,
+    frontier_win, matched_kl, claims, verdict, headline, gains_table, variant_label, BASELINE, RECIPE, one_thread)
 
 
 def _tok(seed=0, B=5, T=7):
@@ -85,6 +89,7 @@ def test_shape_and_value_errors():
     with pytest.raises(ValueError, match=r'\(B, T\)'): tgdpo_loss(**{k: v.sum(-1) for k, v in d.items()})
     with pytest.raises(TypeError): tgdpo_loss(**dict(d, pol_c=d['pol_c'].tolist()))
     with pytest.raises(ValueError, match='beta'): tgdpo_loss(**d, beta=-1)
+    with pytest.raises(ValueError, match='alpha'): tgdpo_loss(**d, alpha=float('inf'))
     with pytest.raises(ValueError, match='1-D'): dpo_loss(d['pol_c'], d['pol_r'], d['ref_c'], d['ref_r'])
     with pytest.raises(ValueError, match='same shape'): simpo_loss(torch.zeros(3), torch.zeros(2))
     with pytest.raises(ValueError, match='shape'): token_rewards(d['pol_c'], d['ref_c'][:, :3], d['mask_c'])
@@ -112,8 +117,24 @@ def test_task_gold_reward():
     assert torch.equal(gold_reward(task, P, task.rule(P)), torch.full((6,), sum(task.weights)))
     y = task.rule(P).clone(); y[:, 0] = (y[:, 0] + 1) % 10
     assert torch.allclose(gold_reward(task, P, y), torch.full((6,), sum(task.weights) - task.weights[0]))
-    assert torch.equal(gold_guidance(task, P, y)[:, 0], torch.full((6,), -task.weights[0] / 2))
+    assert torch.equal(gold_guidance(task, P, y, task.rule(P), centre='half')[0][:, 0], torch.full((6,), -task.weights[0] / 2))
     assert torch.equal(task.sample_prompts(4, seed=9), task.sample_prompts(4, seed=9))
+
+
+def test_gold_guide_is_scaled_and_centred():
+    "Pooled centring: each position's r̂ sums to 0 over both sides, so mean f_w = mean f_l for every α; the scale is β."
+    task = DigitRuleTask(); P = task.sample_prompts(64, seed=1)
+    g = torch.Generator().manual_seed(0)
+    yc, yr = (torch.where(torch.rand(64, 8, generator=g) < p, task.rule(P), torch.randint(0, 10, (64, 8), generator=g)) for p in (0.45, 0.3))   # both sides mostly wrong, as samples of the reference
+    c1, r1 = gold_guidance(task, P, yc, yr, beta=0.1); c2, r2 = gold_guidance(task, P, yc, yr, beta=0.3)
+    assert torch.allclose(c2, 3 * c1, atol=1e-6) and torch.allclose(r2, 3 * r1, atol=1e-6)
+    assert torch.allclose(c1.sum(0) + r1.sum(0), torch.zeros(8), atol=1e-5)
+    assert (c1.mean() > 0) and (r1.mean() < 0)                  # it still ranks: chosen tokens are better on average
+    for a in (0.5, 5.0, 20.0):
+        m = torch.ones_like(c1)
+        assert tgdpo_weights(c1, m, a).mean() == pytest.approx(tgdpo_weights(r1, m, a, chosen=False).mean().item(), abs=1e-5)
+    hc, hr = gold_guidance(task, P, yc, yr, centre='half')      # the previous version: rejected side weighs more
+    assert tgdpo_weights(hr, torch.ones_like(hr), 0.5, chosen=False).mean() > tgdpo_weights(hc, torch.ones_like(hc), 0.5).mean() + 0.02
 
 
 def test_trainer_alpha_zero_equals_dpo_and_guidance_flows():
@@ -122,20 +143,86 @@ def test_trainer_alpha_zero_equals_dpo_and_guidance_flows():
     pairs = make_pairs(task, ref, 32, seed=1)
     rows = pair_rows(task, pairs, ref)
     ref_before = {k: v.clone() for k, v in ref.state_dict().items()}
-    _, h1 = train_preference(ref, rows, PreferenceLoss('dpo'), steps=2, batch_size=16)
+    _, h1, _ = train_preference(ref, rows, PreferenceLoss('dpo'), steps=2, batch_size=16)
     guide = make_policy(task, seed=5).eval()
     grows = pair_rows(task, pairs, ref, guide=guide)
     assert any(r['chosen_rhat'].abs().sum() > 0 for r in grows)
-    _, h2 = train_preference(ref, grows, PreferenceLoss('tgdpo', alpha=0.0), steps=2, batch_size=16)
+    _, h2, _ = train_preference(ref, grows, PreferenceLoss('tgdpo', alpha=0.0), steps=2, batch_size=16)
     assert h1.train_loss == pytest.approx(h2.train_loss, abs=1e-6)
-    _, h3 = train_preference(ref, grows, PreferenceLoss('tgdpo', alpha=2.0), steps=2, batch_size=16)
+    _, h3, _ = train_preference(ref, grows, PreferenceLoss('tgdpo', alpha=2.0), steps=2, batch_size=16)
     assert h3.train_loss[-1] != pytest.approx(h1.train_loss[-1], abs=1e-6)   # step 1 is log 2 for every loss (policy = ref)
+    _, h4, _ = train_preference(ref, rows, PreferenceLoss('simpo', beta=2.0), steps=2, batch_size=16)
+    assert math.isfinite(h4.train_loss[-1])
     assert all(torch.equal(v, ref.state_dict()[k]) for k, v in ref_before.items())     # the reference never moves
-    ev = evaluate_policy(task, ref, ref, task.sample_prompts(64, seed=3))
+    P = task.sample_prompts(64, seed=3); rr = reference_rewards(task, ref, P, k=4, seed=1)
+    assert rr.shape == (64, 4)
+    ev = evaluate_policy(task, ref, ref, P, rr)
     assert ev['kl'] == pytest.approx(0.0, abs=1e-5)
 
 
-def test_config_and_ci():
-    with pytest.raises(ValueError, match='DPO method listed before'): TGDPOConfig(methods=(('x', 'tgdpo', 'dpo', 0.5),))
-    assert mean_ci([0.6], se=0.02) == (0.6, pytest.approx(0.0392))
-    m, c = mean_ci([0.5, 0.6, 0.7]); assert m == pytest.approx(0.6) and c == pytest.approx(4.30 * 0.1 / math.sqrt(3))
+def test_sampling_uses_the_shared_decode_loop():
+    "sample_from is generate_ids: seeded, the prompt dropped, the same tokens as the platform loop."
+    from workbench.train import generate_ids
+    task = DigitRuleTask(); m = make_policy(task, seed=2).eval(); P = task.sample_prompts(16, seed=0)
+    y = sample_from(m, task, P, seed=7)
+    assert y.shape == (16, task.length) and torch.equal(y, sample_from(m, task, P, seed=7))
+    assert torch.equal(y, generate_ids(m, P, task.length, greedy=False, seed=7)[:, P.shape[1]:])
+    assert not torch.equal(y, sample_from(m, task, P, seed=8))
+
+
+def test_one_thread_restores_the_thread_count():
+    n = torch.get_num_threads()
+    with one_thread(): assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == n
+
+
+def test_frontier_and_matched_kl():
+    assert frontier_win([1.0, 2.0], [0.6, 0.8], 1.5) == pytest.approx(0.7)
+    assert frontier_win([1.0, 2.0, 3.0], [0.8, 0.6, 0.7], 2.5) == pytest.approx(0.8)     # a later drop does not lower the frontier
+    assert frontier_win([1.0], [0.9], 0.0) == pytest.approx(0.5)                          # KL 0: the reference itself
+    with pytest.raises(ValueError, match='at'): frontier_win([1.0], [0.9], -1.0)
+    # B reaches a higher win only by moving further: at matched KL A is ahead
+    df = pd.DataFrame([dict(variant=v, seed=0, n_pairs=4, kl=k, win=w) for v, k, w in
+                       [('A', 1.0, 0.7), ('A', 2.0, 0.8), ('B', 1.0, 0.6), ('B', 4.0, 0.9)]])
+    m = matched_kl(df, 'A', 'B')
+    assert m.kl.item() == 2.0 and m.win.item() == pytest.approx(0.8) and m.win_base.item() == pytest.approx(0.6 + 0.3 / 3)
+
+
+def _fake_results(gain, n_seeds=5, sizes=(8, 16), noise=0.01):
+    "Rows as run_experiment writes them: DPO and the recipe at the same KL, the recipe `gain` ahead (per size)."
+    rng = np.random.default_rng(0); rows, wts = [], []
+    cfg = TGDPOConfig(mode='quick', n_pairs=sizes, batch_size=4, n_seeds=n_seeds)
+    for v in (BASELINE, RECIPE):
+        for n in sizes:
+            for s in range(n_seeds):
+                for e, k in ((1.0, 1.0), (2.0, 2.0)):
+                    w = 0.6 + 0.1 * k + (gain[n] if v == RECIPE else 0) + noise * rng.standard_normal()
+                    rows.append(dict(variant=variant_label(v), guide=v[1] or 'none', alpha=v[2], clamp_min=v[3], n_pairs=n, seed=s,
+                                     epoch=e, step=int(e * 2), final=e == 2.0, win=w, win_se=0.01, gold=1.0, kl=k, p_special=0.0))
+                wts.append(dict(variant=variant_label(v), n_pairs=n, seed=s, f_w=1.0, f_l=1.0, f_min=1.0, neg_frac=0.0, rhat_sd=None, rhat_corr=None))
+    r = Results('tgdpo', cfg, rows, seeds=list(range(n_seeds)), tables=dict(weights=wts))
+    return r.conclude(verdict, claims(r), headline(r))
+
+
+@pytest.mark.parametrize('gain,want', [({8: 0.05, 16: 0.05}, 'reproduced'), ({8: 0.05, 16: 0.0}, 'partly'),
+                                       ({8: 0.0, 16: 0.0}, 'not reproduced'), ({8: -0.05, 16: -0.05}, 'not reproduced')])
+def test_verdict_counts_each_size(gain, want, tmp_path):
+    r = _fake_results(gain)
+    assert [c.n for c in r.claims] == [5, 5] and len(r.claims) == 2          # one claim per data size
+    assert r.verdict == want
+    assert r.claims[0].estimate == pytest.approx(100 * gain[8], abs=2.0)   # in win-rate points
+    back = load_results('tgdpo', save_results(r, tmp_path).parent)          # the verdict is recomputed from the file
+    assert verdict(back) == want and back.headline == r.headline
+    gt = gains_table(back)
+    assert set(gt.variant) == {'DPO', variant_label(RECIPE)}
+
+
+def test_config_validation_and_seeds():
+    assert TGDPOConfig(mode='full').seeds == [0, 1, 2, 3, 4] and TGDPOConfig(mode='full', seed=3).seeds[0] == 3
+    assert TGDPOConfig(mode='full').n_pairs == (250, 500, 1000)
+    with pytest.raises(ValueError, match='RECIPE'): TGDPOConfig(variants=(BASELINE,))
+    with pytest.raises(ValueError, match='BASELINE'): TGDPOConfig(variants=(RECIPE,))
+    with pytest.raises(ValueError, match='guide'): TGDPOConfig(variants=(BASELINE, RECIPE, ('tgdpo', 'oracle', 0.5, None)))
+    with pytest.raises(ValueError, match='unique'): TGDPOConfig(variants=(BASELINE, RECIPE, RECIPE))
+    with pytest.raises(ValueError, match='eval_epochs'): TGDPOConfig(epochs=2.0, eval_epochs=(1.0, 3.0))
+    with pytest.raises(TypeError, match='n_seeds'): TGDPOConfig(n_seeds=2.0)

@@ -6,43 +6,48 @@ Docs: https://workbench-dev.github.io/workbench/alignment/tgdpo.html.md"""
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #329cbe45
 from __future__ import annotations
-import math, copy
-from dataclasses import dataclass, field, asdict
+import math, copy, functools, contextlib
+from dataclasses import dataclass, asdict
+from typing import ClassVar
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import size, seed_everything, Timer
+from fastcore.basics import patch_to
+from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
+from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kl_from_logits, mean_ci, paired_t, claim
 from ..models import tiny_llama
-from ..train import TrainConfig, train
+from ..train import TrainConfig, train, generate_ids
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['BOS', 'SEP', 'LOSS_KINDS', 'METHODS', 'dpo_loss', 'simpo_loss', 'token_rewards', 'tgdpo_weights', 'tgdpo_loss',
-           'token_logps', 'DigitRuleTask', 'gold_token_reward', 'gold_reward', 'gold_guidance', 'noisy_responses',
-           'make_policy', 'seq_and_labels', 'sft_reference', 'sample_responses', 'make_pairs', 'pair_rows',
-           'PreferenceLoss', 'train_preference', 'evaluate_policy', 'TGDPOConfig', 'default_config', 'run_cell',
-           'run_experiment', 'mean_ci', 'summarize', 'fig_token_strip', 'TokenRewardExplorer']
+__all__ = ['BOS', 'SEP', 'GOLD_GUIDES', 'LOSS_KINDS', 'GUIDES', 'BASELINE', 'RECIPE', 'QUICK_VARIANTS', 'FULL_VARIANTS',
+           'dpo_loss', 'simpo_loss', 'token_rewards', 'tgdpo_weights', 'tgdpo_loss', 'token_logps', 'DigitRuleTask',
+           'gold_token_reward', 'gold_reward', 'noisy_responses', 'gold_guidance', 'one_thread', 'make_policy',
+           'seq_and_labels', 'sample_from', 'sft_reference', 'make_pairs', 'pair_rows', 'PreferenceLoss',
+           'train_preference', 'reference_rewards', 'evaluate_policy', 'frontier_win', 'matched_kl', 'variant_label',
+           'TGDPOConfig', 'reference_policy', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline',
+           'gains_table', 'fig_frontier', 'FrontierExplorer', 'fig_alpha_sweep', 'fig_token_strip',
+           'TokenRewardExplorer']
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #acd2fed7
-def _is_num(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-def _check_beta(beta):
-    if not _is_num(beta) or beta <= 0: raise ValueError(f"beta must be a positive finite number, got {beta!r}")
-
 def _check_seq(**ts):
     "Validate (B,) per-sequence tensors of one shape."
-    for n, t in ts.items():
-        if not isinstance(t, torch.Tensor): raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 1: raise ValueError(f"{n} must be 1-D (B,) (one summed log-prob per sequence), got shape {tuple(t.shape)}")
-    if len({t.shape for t in ts.values()}) > 1: raise ValueError(f"{', '.join(ts)} must have the same shape (B,), got {[tuple(t.shape) for t in ts.values()]}")
+    t = check_same_shape(**ts)[0]
+    if t.ndim != 1: raise ValueError(f"{', '.join(ts)} must be 1-D (B,) (one summed log-prob per sequence), got shape {tuple(t.shape)}")
+
+def _check_tok(side, **ts):
+    "Validate per-token (B, T) tensors of one shape."
+    try: t = check_same_shape(**ts)[0]
+    except ValueError as e: raise ValueError(f"{side}: {', '.join(ts)} {e}") from None
+    if t.ndim != 2: raise ValueError(f"{side}: expected per-token tensors of shape (B, T), got {tuple(t.shape)}")
 
 def _reduce(losses, reduction):
-    if reduction == 'mean': return losses.mean()
-    if reduction == 'sum': return losses.sum()
-    if reduction == 'none': return losses
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    check_choice('reduction', reduction, ('mean', 'sum', 'none'))
+    return losses.mean() if reduction == 'mean' else losses.sum() if reduction == 'sum' else losses
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #cf1963dc
 def dpo_loss(pol_c: torch.Tensor,   # (B,) summed log π_θ(y_w|x)
@@ -53,7 +58,7 @@ def dpo_loss(pol_c: torch.Tensor,   # (B,) summed log π_θ(y_w|x)
              reduction: str='mean', # 'mean', 'sum' or 'none' (per pair)
             ) -> torch.Tensor:
     "The DPO loss from summed log-probabilities."
-    _check_seq(pol_c=pol_c, pol_r=pol_r, ref_c=ref_c, ref_r=ref_r); _check_beta(beta)
+    _check_seq(pol_c=pol_c, pol_r=pol_r, ref_c=ref_c, ref_r=ref_r); check_num('beta', beta, lo=0, lo_open=True)
     # $\mathcal L_{DPO}=-\log\sigma\big(\beta[(\log\pi_\theta-\log\pi_{ref})(y_w)-(\log\pi_\theta-\log\pi_{ref})(y_l)]\big)$
     return _reduce(-F.logsigmoid(beta * ((pol_c - ref_c) - (pol_r - ref_r))), reduction)
 
@@ -64,27 +69,18 @@ def simpo_loss(pol_c_avg: torch.Tensor, # (B,) mean per-token log π_θ(y_w|x)
                reduction: str='mean',
               ) -> torch.Tensor:
     "The SimPO loss: reference-free, length-normalised, with a margin."
-    _check_seq(pol_c_avg=pol_c_avg, pol_r_avg=pol_r_avg); _check_beta(beta)
-    if not _is_num(gamma): raise ValueError(f"gamma must be a finite number, got {gamma!r}")
+    _check_seq(pol_c_avg=pol_c_avg, pol_r_avg=pol_r_avg); check_num('beta', beta, lo=0, lo_open=True); check_num('gamma', gamma)
     # $\mathcal L_{SimPO}=-\log\sigma(\beta\,\overline{\log\pi_\theta}(y_w)-\beta\,\overline{\log\pi_\theta}(y_l)-\gamma)$
     return _reduce(-F.logsigmoid(beta * (pol_c_avg - pol_r_avg) - gamma), reduction)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #5cf5d659
-def _check_tok(side, **ts):
-    "Validate per-token (B, T) tensors of one shape."
-    for n, t in ts.items():
-        if not isinstance(t, torch.Tensor): raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
-    shapes = [tuple(t.shape) for t in ts.values()]
-    if len(set(shapes)) > 1: raise ValueError(f"{side}: {', '.join(ts)} must have the same shape (B, T), got {shapes}")
-    if len(shapes[0]) != 2: raise ValueError(f"{side}: expected per-token tensors of shape (B, T), got {shapes[0]}")
-
 def token_rewards(guide_logps: torch.Tensor, # (B, T) per-token log π_g
                   ref_logps: torch.Tensor,   # (B, T) per-token log π_ref
                   mask: torch.Tensor,        # (B, T) 1 on response tokens, 0 on prompt and padding
                   beta: float=0.1,           # β (the official code reuses the DPO β)
                  ) -> torch.Tensor:
     "Implicit token reward of a guide policy, zero where masked: (B, T)."
-    _check_tok('token_rewards', guide_logps=guide_logps, ref_logps=ref_logps, mask=mask); _check_beta(beta)
+    _check_tok('token_rewards', guide_logps=guide_logps, ref_logps=ref_logps, mask=mask); check_num('beta', beta, lo=0, lo_open=True)
     # $\hat r_t=\beta\log\frac{\pi_g(a_t|s_t)}{\pi_{ref}(a_t|s_t)}$
     return beta * (guide_logps - ref_logps) * mask.to(guide_logps.dtype)
 
@@ -95,11 +91,10 @@ def tgdpo_weights(rhat: torch.Tensor,  # (B, T) token rewards r̂_t
                   clamp_min: float|None=None, # clamp weights from below (not in the official code)
                  ) -> torch.Tensor:
     "Per-token weights f(r̂) (zero where masked): (B, T)."
-    _check_tok('tgdpo_weights', rhat=rhat, mask=mask)
-    if not _is_num(alpha): raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+    _check_tok('tgdpo_weights', rhat=rhat, mask=mask); check_num('alpha', alpha)
     # $f_w(\hat r)=1+\alpha\hat r,\qquad f_l(\hat r)=1-\alpha\hat r$
     w = 1 + (alpha if chosen else -alpha) * rhat
-    if clamp_min is not None: w = w.clamp_min(clamp_min)
+    if clamp_min is not None: w = w.clamp_min(check_num('clamp_min', clamp_min))
     return w * mask.to(w.dtype)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #3ed0e649
@@ -116,7 +111,7 @@ def tgdpo_loss(pol_c: torch.Tensor, pol_r: torch.Tensor,   # (B, T) per-token lo
     _check_tok('chosen', pol_c=pol_c, ref_c=ref_c, rhat_c=rhat_c, mask_c=mask_c)
     _check_tok('rejected', pol_r=pol_r, ref_r=ref_r, rhat_r=rhat_r, mask_r=mask_r)
     if pol_c.shape[0] != pol_r.shape[0]: raise ValueError(f"chosen and rejected need the same batch size, got {pol_c.shape[0]} and {pol_r.shape[0]}")
-    _check_beta(beta)
+    check_num('beta', beta, lo=0, lo_open=True)
     wc = tgdpo_weights(rhat_c.detach(), mask_c, alpha, True, clamp_min)   # (B, T), no gradient to the guide
     wr = tgdpo_weights(rhat_r.detach(), mask_r, alpha, False, clamp_min)
     # $z=\beta\sum_t m^w_t f_w(\hat r^w_t)\ell^w_t-\beta\sum_t m^l_t f_l(\hat r^l_t)\ell^l_t$
@@ -131,7 +126,7 @@ def token_logps(model,                     # a causal LM returning `.logits` (B,
                 ignore_index: int=-100,
                ) -> tuple[torch.Tensor, torch.Tensor]:
     "Masked per-token log-probabilities (B, T-1) of `labels[:, 1:]`, and the bool mask (B, T-1)."
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2: raise ValueError(f"input_ids must be a (B, T) tensor, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    check_tensor("input_ids", input_ids, ndim=2, floating=False)
     if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape: raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {getattr(labels, 'shape', type(labels).__name__)}")
     if input_ids.shape[1] < 2: raise ValueError("need sequences of at least 2 tokens")
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()   # (B, T-1, V)
@@ -150,16 +145,15 @@ class DigitRuleTask:
     shift: int = 3                                                 # the hidden rule g(x) = (x + shift) mod 10
     weights: tuple = (2.0, 0.25, 1.5, 0.25, 1.0, 0.25, 0.5, 0.25)  # w_t, gold reward of a right token at position t
     def __post_init__(self):
-        if not isinstance(self.length, int) or self.length < 1: raise ValueError(f"length must be a positive int, got {self.length!r}")
-        if len(self.weights) != self.length or not all(_is_num(w) and w >= 0 for w in self.weights):
-            raise ValueError(f"weights must be {self.length} numbers >= 0, got {self.weights!r}")
+        check_int('length', self.length, lo=1); check_int('shift', self.shift)
+        if len(self.weights) != self.length: raise ValueError(f"weights must be {self.length} numbers >= 0 (one per position), got {self.weights!r}")
+        for w in self.weights: check_num('weights[t]', w, lo=0)
     vocab_size = 12
     @property
     def prompt_len(self) -> int: return self.length + 2
     def sample_prompts(self, n: int, seed: int=0) -> torch.Tensor:
         "(n, L+2) prompts: BOS, L digits, SEP."
-        if not isinstance(n, int) or n < 1: raise ValueError(f"n must be a positive int, got {n!r}")
-        x = torch.randint(0, 10, (n, self.length), generator=torch.Generator().manual_seed(seed))
+        x = torch.randint(0, 10, (check_int('n', n, lo=1), self.length), generator=torch.Generator().manual_seed(seed))
         return torch.cat([torch.full((n, 1), BOS), x, torch.full((n, 1), SEP)], 1)
     def rule(self, prompts: torch.Tensor) -> torch.Tensor:
         "(n, L) the right response."
@@ -177,18 +171,34 @@ def gold_reward(task, prompts, responses) -> torch.Tensor:
     "R* = Σ_t r*_t: (n,)."
     return gold_token_reward(task, prompts, responses).sum(-1)
 
-def gold_guidance(task, prompts, responses) -> torch.Tensor:
-    "Centred gold token reward r*_t − w_t/2 (= ±w_t/2), the oracle guide: (n, L)."
-    return gold_token_reward(task, prompts, responses) - torch.tensor(task.weights) / 2
-
 def noisy_responses(task, prompts, p_correct: float=0.3, seed: int=0) -> torch.Tensor:
     "SFT responses: each token follows the rule with probability p_correct, else is a uniform digit: (n, L)."
-    if not 0 <= p_correct <= 1: raise ValueError(f"p_correct must be in [0, 1], got {p_correct!r}")
+    check_num('p_correct', p_correct, lo=0, hi=1)
     g = torch.Generator().manual_seed(seed)
     r = torch.randint(0, 10, (len(prompts), task.length), generator=g)
     return torch.where(torch.rand(len(prompts), task.length, generator=g) < p_correct, task.rule(prompts), r)
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e002
+def gold_guidance(task, prompts, chosen, rejected,   # a pair set: (n, L+2) prompts, (n, L) responses
+                  beta: float=0.1,                   # scale, as in a DPO guide's r̂ = β log π_g/π_ref
+                  centre: str='pooled',              # 'pooled': minus the mean over both sides per position; 'half': r* − w/2, no β (previous version)
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    "The gold guide's token rewards (n, L) for the chosen and the rejected responses."
+    check_num('beta', beta, lo=0, lo_open=True); check_choice('centre', centre, ('pooled', 'half'))
+    rc, rr = gold_token_reward(task, prompts, chosen), gold_token_reward(task, prompts, rejected)   # (n, L) each
+    if centre == 'half': return rc - torch.tensor(task.weights) / 2, rr - torch.tensor(task.weights) / 2
+    # $\hat r^*_t=\beta(r^*_t-\bar r_t)$, $\bar r_t$ the mean of $r^*_t$ over both sides
+    rbar = torch.cat([rc, rr]).mean(0)                                                                # (L,)
+    return beta * (rc - rbar), beta * (rr - rbar)
+
 # %% ../../nbs/alignment/11_tgdpo.ipynb #6aa3a47b
+@contextlib.contextmanager
+def one_thread():
+    "Run torch on one intra-op thread inside the block (also a decorator): a 98k-parameter model gains nothing from more, and on a shared CPU they spin against each other."
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    try: yield
+    finally: torch.set_num_threads(n)
+
 def make_policy(task: DigitRuleTask, n_layers: int=2, d_model: int=64, n_heads: int=4, seed: int=0):
     "A tiny Llama over the task's vocabulary."
     return tiny_llama(vocab_size=task.vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=32, seed=seed)
@@ -198,8 +208,13 @@ def seq_and_labels(task, prompts, responses) -> tuple[torch.Tensor, torch.Tensor
     ids = torch.cat([prompts, responses], 1); lab = ids.clone(); lab[:, :task.prompt_len] = -100
     return ids, lab
 
+def sample_from(model, task, prompts: torch.Tensor, seed: int=0) -> torch.Tensor:
+    "Responses (n, L) sampled at temperature 1 with `generate_ids`."
+    return generate_ids(model, prompts, task.length, greedy=False, seed=seed)[:, prompts.shape[1]:].cpu()
+
 _SFT_MEMO = {}   # one SFT per process and setting: the demos and the experiment share it
 
+@one_thread()
 def sft_reference(task, steps: int=300, n: int=4096, p_correct: float=0.3, lr: float=3e-3, seed: int=0, **model_kw):
     "The reference policy: SFT on noisy rule-following responses; returned frozen, in eval mode (memoised in-process)."
     key = (repr(task), steps, n, p_correct, lr, seed, tuple(sorted(model_kw.items())))
@@ -210,41 +225,40 @@ def sft_reference(task, steps: int=300, n: int=4096, p_correct: float=0.3, lr: f
         _SFT_MEMO[key] = ref.eval().requires_grad_(False)
     return copy.deepcopy(_SFT_MEMO[key])
 
-@torch.no_grad()
-def sample_responses(model, prompts: torch.Tensor, length: int, temperature: float=1.0, seed: int=0) -> torch.Tensor:
-    "Sampled continuations (n, length) of a batch of equal-length prompts."
-    if not _is_num(temperature) or temperature <= 0: raise ValueError(f"temperature must be positive, got {temperature!r}")
-    g, ids, was = torch.Generator().manual_seed(seed), prompts.clone(), model.training
-    model.eval()
-    try:
-        for _ in range(length):
-            z = model(input_ids=ids).logits[:, -1].float()                                    # (n, V)
-            ids = torch.cat([ids, torch.multinomial(torch.softmax(z / temperature, -1), 1, generator=g)], 1)
-    finally: model.train(was)
-    return ids[:, prompts.shape[1]:]
-
 # %% ../../nbs/alignment/11_tgdpo.ipynb #0a5b4836
+@one_thread()
 def make_pairs(task, ref, n: int, temperature: float=0.5, seed: int=0) -> dict:
     "n prompts with two reference samples each, ordered by a BT draw on the gold reward: {prompts, chosen, rejected}."
-    if not _is_num(temperature) or temperature <= 0: raise ValueError(f"temperature must be positive, got {temperature!r}")
+    check_num('temperature', temperature, lo=0, lo_open=True)
     P = task.sample_prompts(n, seed=seed)
-    a, b = (sample_responses(ref, P, task.length, seed=seed + k) for k in (1, 2))
+    a, b = (sample_from(ref, task, P, seed=seed + k) for k in (1, 2))
     # $P(a\succ b)=\sigma((R^*(a)-R^*(b))/\tau)$
     first = torch.rand(n, generator=torch.Generator().manual_seed(seed + 3)) < torch.sigmoid((gold_reward(task, P, a) - gold_reward(task, P, b)) / temperature)
     return dict(prompts=P, chosen=torch.where(first[:, None], a, b), rejected=torch.where(first[:, None], b, a))
 
+GOLD_GUIDES = {'gold': 'pooled', 'gold_half': 'half'}   # guide name -> `gold_guidance` centring
+
 @torch.no_grad()
-def pair_rows(task, pairs: dict, ref, guide=None, beta: float=0.1) -> list[dict]:
-    "Training rows with ids, labels, reference log-probs and guidance r̂ per side; guide: None (r̂=0), a model, or 'gold'."
-    if not (guide is None or guide == 'gold' or isinstance(guide, torch.nn.Module)): raise TypeError(f"guide must be None, 'gold' or a model, got {type(guide).__name__}")
+def pair_rows(task, pairs: dict, ref, guide=None, beta: float=0.1,
+              centre: bool=False,   # subtract from a guide model's r̂ its mean over both sides per position (not in the paper)
+             ) -> list[dict]:
+    "Training rows with ids, labels, reference log-probs and guidance r̂ per side; guide: None (r̂=0), a model, 'gold' or 'gold_half'."
+    if not (guide is None or guide in GOLD_GUIDES or isinstance(guide, torch.nn.Module)):
+        raise TypeError(f"guide must be None, a model or one of {tuple(GOLD_GUIDES)}, got {guide!r}")
+    gold = gold_guidance(task, pairs['prompts'], pairs['chosen'], pairs['rejected'], beta, GOLD_GUIDES[guide]) if isinstance(guide, str) else None
     cols = {}
-    for s in ('chosen', 'rejected'):
+    for i, s in enumerate(('chosen', 'rejected')):
         ids, lab = seq_and_labels(task, pairs['prompts'], pairs[s])
         lref, mk = token_logps(ref.eval(), ids, lab)                                          # (n, T-1)
         if guide is None: rh = torch.zeros_like(lref)
-        elif isinstance(guide, str): rh = torch.zeros_like(lref); rh[:, -task.length:] = gold_guidance(task, pairs['prompts'], pairs[s])
+        elif gold is not None: rh = torch.zeros_like(lref); rh[:, -task.length:] = gold[i]
         else: rh = token_rewards(token_logps(guide.eval(), ids, lab)[0], lref, mk, beta)
-        cols.update({f'{s}_input_ids': ids, f'{s}_labels': lab, f'{s}_ref_logps': lref, f'{s}_rhat': rh})
+        cols.update({f'{s}_input_ids': ids, f'{s}_labels': lab, f'{s}_ref_logps': lref, f'{s}_rhat': rh, f'{s}_mask': mk.float()})
+    if centre:                                                                                # $\hat r_t-\bar r_t$, $\bar r_t$ over both sides
+        m = sum(cols[f'{s}_mask'] for s in ('chosen', 'rejected'))                            # (T-1,) tokens per position, both sides
+        rbar = sum(cols[f'{s}_rhat'].sum(0) for s in ('chosen', 'rejected')) / m.sum(0).clamp_min(1)
+        for s in ('chosen', 'rejected'): cols[f'{s}_rhat'] = (cols[f'{s}_rhat'] - rbar) * cols[f'{s}_mask']
+    for s in ('chosen', 'rejected'): del cols[f'{s}_mask']
     return [{k: v[i] for k, v in cols.items()} for i in range(len(pairs['prompts']))]
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #1a077621
@@ -253,8 +267,8 @@ LOSS_KINDS = ('dpo', 'simpo', 'tgdpo')
 class PreferenceLoss:
     "`loss_fn(policy, batch)` for `workbench.train.train`: DPO, SimPO or TGDPO on `pair_rows` batches; `.log` holds per-step stats."
     def __init__(self, kind: str='dpo', beta: float=0.1, alpha: float=0.5, gamma: float=1.0, clamp_min: float|None=None):
-        if kind not in LOSS_KINDS: raise ValueError(f"kind must be one of {LOSS_KINDS}, got {kind!r}")
-        _check_beta(beta)
+        check_choice('kind', kind, LOSS_KINDS); check_num('beta', beta, lo=0, lo_open=True); check_num('alpha', alpha); check_num('gamma', gamma)
+        if clamp_min is not None: check_num('clamp_min', clamp_min)
         self.kind, self.beta, self.alpha, self.gamma, self.clamp_min, self.log = kind, beta, alpha, gamma, clamp_min, []
     def __call__(self, model, b: dict) -> torch.Tensor:
         B = len(b['chosen_input_ids'])
@@ -269,115 +283,324 @@ class PreferenceLoss:
             self.log.append(dict(chosen=lc.mean().item(), rejected=lr_.mean().item(), margin=(lc - lr_).mean().item(), loss=loss.item()))
         return loss
 
-def train_preference(ref, rows: list, loss: PreferenceLoss, steps: int, batch_size: int=32, lr: float=1e-3, seed: int=0):
-    "A policy initialised from `ref` and trained on `rows` with the platform loop; returns (policy, history)."
-    policy = copy.deepcopy(ref).train().requires_grad_(True)
-    hist = train(policy, rows, TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, seed=seed, progress=False), loss_fn=loss)
-    return policy.eval().requires_grad_(False), hist
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e005
+@one_thread()
+def train_preference(ref, rows: list, loss: PreferenceLoss, steps: int, batch_size: int=32, lr: float=1e-3, seed: int=0,
+                     evaluate=None,    # `evaluate(policy) -> dict`, called at `eval_steps`
+                     eval_steps=(),    # update numbers (1-based) at which to evaluate
+                    ) -> tuple:
+    "A policy initialised from `ref` and trained on `rows` (constant lr after warm-up); returns (policy, history, evaluations)."
+    if evaluate is not None and not callable(evaluate): raise TypeError("evaluate must be a callable evaluate(policy) -> dict")
+    policy, evals, at = copy.deepcopy(ref).train().requires_grad_(True), [], {check_int('eval step', s, lo=1, hi=steps) for s in eval_steps}
+    def checkpoint(h):
+        if evaluate is not None and h.step and h.step[-1] in at and not any(e['step'] == h.step[-1] for e in evals):
+            evals.append(dict(step=h.step[-1], **evaluate(policy)))
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, min_lr=lr, weight_decay=0.0, seed=seed, progress=False)
+    hist = train(policy, rows, cfg, loss_fn=loss, callbacks=[checkpoint])
+    return policy.eval().requires_grad_(False), hist, evals
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #91eb7294
+def reference_rewards(task, ref, prompts: torch.Tensor, k: int=16, seed: int=0) -> torch.Tensor:
+    "Gold rewards (n, k) of k reference samples per prompt: the opponents of the win rate."
+    check_int('k', k, lo=1); P = prompts.repeat_interleave(k, 0)                          # (n k, L+2)
+    return gold_reward(task, P, sample_from(ref, task, P, seed=seed)).view(len(prompts), k)
+
 @torch.no_grad()
-def evaluate_policy(task, policy, ref, prompts: torch.Tensor, seed: int=0) -> dict:
-    "Gold win rate vs the reference (and its standard error), gold reward, per-position accuracy and KL(π‖π_ref)."
-    yp, yr = sample_responses(policy, prompts, task.length, seed=seed), sample_responses(ref, prompts, task.length, seed=seed + 1)
-    gp, gr = gold_reward(task, prompts, yp), gold_reward(task, prompts, yr)
-    w = (gp > gr).float() + 0.5 * (gp == gr).float()                                      # (n,) win = 1, tie = 1/2
-    ids = torch.cat([prompts, yp], 1); sl = slice(task.prompt_len - 1, -1)                 # logits that predict the response
-    lq, lr_ = (m(input_ids=ids).logits[:, sl].float().log_softmax(-1) for m in (policy, ref))   # (n, L, V)
-    # $\mathrm{KL}=\sum_t\sum_v \pi(v|s_t)(\log\pi(v|s_t)-\log\pi_{ref}(v|s_t))$
-    kl = (lq.exp() * (lq - lr_)).sum(-1).sum(-1)
-    p_special = lq.exp()[..., BOS:].sum(-1).mean()                                        # mass on BOS/SEP, never seen in a response
-    return dict(win=w.mean().item(), win_se=(w.std() / math.sqrt(len(w))).item(), gold=gp.mean().item(), gold_ref=gr.mean().item(),
-                kl=kl.mean().item(), p_special=p_special.item(), acc=(yp == task.rule(prompts)).float().mean(0).tolist())
+@one_thread()
+def evaluate_policy(task, policy, ref, prompts: torch.Tensor, ref_rewards: torch.Tensor, seed: int=0) -> dict:
+    "Gold win rate vs the reference samples (and its standard error), gold reward, KL(π‖π_ref) and mass on special tokens."
+    check_tensor('ref_rewards', ref_rewards, shape=(len(prompts), None), floating=True)
+    yp = sample_from(policy, task, prompts, seed=seed); gp = gold_reward(task, prompts, yp)  # (n, L), (n,)
+    # win $=\frac1k\sum_j \mathbb 1[R^*(y_\pi)>R^*(y^{ref}_j)]+\frac12\mathbb 1[=]$
+    w = ((gp[:, None] > ref_rewards).float() + 0.5 * (gp[:, None] == ref_rewards).float()).mean(1)   # (n,)
+    ids, sl, was = torch.cat([prompts, yp], 1), slice(task.prompt_len - 1, -1), policy.training    # logits that predict the response
+    try: zq, zr = (m.eval()(input_ids=ids.to(next(m.parameters()).device)).logits[:, sl].float().cpu() for m in (policy, ref))   # (n, L, V)
+    finally: policy.train(was)
+    kl = kl_from_logits(zq, zr, reduction='none').sum(-1)                                    # (n,) KL(π‖π_ref) summed over positions
+    return dict(win=w.mean().item(), win_se=(w.std() / math.sqrt(len(w))).item(), gold=gp.mean().item(),
+                kl=kl.mean().item(), p_special=zq.softmax(-1)[..., BOS:].sum(-1).mean().item())
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e007
+def frontier_win(kl, win, at: float) -> float:
+    "The best win rate a run reached at KL ≤ `at`, interpolated linearly between checkpoints (the reference (0, ½) included)."
+    kl, win = np.r_[0.0, np.asarray(kl, float)], np.r_[0.5, np.asarray(win, float)]
+    if kl.shape != win.shape: raise ValueError(f"kl and win must have one value per checkpoint, got {kl.size - 1} and {win.size - 1}")
+    o = np.argsort(kl, kind='stable')
+    # $F(K)=\mathrm{interp}(K;\ \mathrm{KL}_{(c)},\ \max_{c'\le c}\mathrm{win}_{(c')})$
+    return float(np.interp(check_num('at', at, lo=0), kl[o], np.maximum.accumulate(win[o])))
+
+def matched_kl(df: pd.DataFrame, variant: str, base: str='DPO', n_pairs: int|None=None) -> pd.DataFrame:
+    "Per seed: K* (the largest KL both runs reached) and the frontier win rates of `variant` and `base` there."
+    d = df if n_pairs is None else df[df.n_pairs == n_pairs]
+    out = []
+    for s in sorted(set(d.seed[d.variant == variant]) & set(d.seed[d.variant == base])):
+        a, b = (d[(d.variant == v) & (d.seed == s)] for v in (variant, base))
+        K = min(a.kl.max(), b.kl.max())
+        out.append(dict(seed=s, kl=K, win=frontier_win(a.kl, a.win, K), win_base=frontier_win(b.kl, b.win, K)))
+    if not out: raise ValueError(f"no seed has both {variant!r} and {base!r}" + (f" at n_pairs={n_pairs}" if n_pairs else ''))
+    return pd.DataFrame(out)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #d3f9a0a7
-METHODS = (('DPO', 'dpo', None, 0.0), ('SimPO', 'simpo', None, 0.0),
-           ('TGDPO (DPO guide)', 'tgdpo', 'dpo', 0.5), ('TGDPO (gold guide)', 'tgdpo', 'gold', 0.5))
+GUIDES = (None, 'dpo', 'dpo_heldout', 'dpo_centred', 'gold', 'gold_half')
+BASELINE = ('dpo', None, 0.0, None)       # (loss, guide, α, clamp_min): the strongest baseline, DPO
+RECIPE = ('tgdpo', 'dpo', 0.5, None)      # the paper's recipe: DPO guide trained on the same pairs, α = 0.5, no clamp
+_SIMPO = ('simpo', None, 0.0, None)
+QUICK_VARIANTS = (BASELINE, RECIPE, ('tgdpo', 'dpo_heldout', 0.5, None), ('tgdpo', 'dpo_centred', 0.5, None), ('tgdpo', 'gold', 6.0, None), ('tgdpo', 'gold', 12.0, 0.0))
+FULL_VARIANTS = (BASELINE, _SIMPO, RECIPE, ('tgdpo', 'dpo', 2.0, None), ('tgdpo', 'dpo', 4.0, None), ('tgdpo', 'dpo_heldout', 0.5, None),
+                 ('tgdpo', 'dpo_centred', 0.5, None), ('tgdpo', 'dpo_centred', 4.0, None), ('tgdpo', 'gold', 2.0, None),
+                 ('tgdpo', 'gold', 6.0, None), ('tgdpo', 'gold', 12.0, None), ('tgdpo', 'gold', 12.0, 0.0),
+                 ('tgdpo', 'gold_half', 0.5, None))
+_GUIDE_NAMES = {'dpo': 'DPO guide', 'dpo_heldout': 'held-out DPO guide', 'dpo_centred': 'centred DPO guide', 'gold': 'gold guide', 'gold_half': 'previous gold guide'}
 
+def variant_label(v) -> str:
+    "A variant's name, e.g. 'TGDPO (gold guide, α=12, clamp 0)'."
+    kind, guide, alpha, clamp = v
+    if kind != 'tgdpo': return {'dpo': 'DPO', 'simpo': 'SimPO'}[kind]
+    return f"TGDPO ({_GUIDE_NAMES[guide]}, α={alpha:g}" + ('' if clamp is None else f", clamp {clamp:g}") + ')'
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e009
 @dataclass
-class TGDPOConfig:
-    methods: tuple = METHODS     # (label, loss kind, guide: None | 'dpo' (the DPO run's policy) | 'gold', α)
-    sizes: tuple = (250,)        # numbers of preference pairs
-    seeds: tuple = (0,)          # one run per seed per size and method
-    n_layers: int = 2            # blocks of the tiny Llama policy
-    d_model: int = 64            # residual width
-    sft_steps: int = 300         # SFT updates of the reference (batch 64)
-    p_correct: float = 0.3       # SFT responses follow the rule with this probability per token
-    label_temperature: float = 0.5  # τ of the BT labels on the gold reward
-    epochs: float = 2.0          # passes over the pairs: updates = ceil(epochs · n / batch_size)
-    batch_size: int = 32         # pairs per update
-    lr: float = 1e-3             # AdamW peak learning rate (10% warm-up, cosine)
-    beta: float = 0.1            # β of DPO and TGDPO (and inside r̂ of the DPO guide)
-    simpo_beta: float = 2.0      # β of SimPO
-    simpo_gamma: float = 1.0     # γ of SimPO (γ/β = 0.5)
-    n_eval: int = 1024           # held-out prompts for the win rate
-    data_seed: int = 1234        # seed of the reference and the eval prompts
-    def __post_init__(self):
-        labs = [m[0] for m in self.methods]
-        for i, (lab, kind, guide, alpha) in enumerate(self.methods):
-            if kind not in LOSS_KINDS: raise ValueError(f"method {lab!r}: kind must be one of {LOSS_KINDS}")
-            if guide not in (None, 'dpo', 'gold'): raise ValueError(f"method {lab!r}: guide must be None, 'dpo' or 'gold'")
-            if guide == 'dpo' and 'dpo' not in [m[1] for m in self.methods[:i]]: raise ValueError(f"method {lab!r} needs a DPO method listed before it")
-        if len(set(labs)) != len(labs): raise ValueError("method labels must be unique")
+class TGDPOConfig(ExperimentConfig):
+    "The TGDPO experiment: variants × data sizes × seeds on the digit-rule task, each run evaluated along training."
+    n_seeds: int = size(quick=2, full=5)                       # seeds per size and variant (paired across variants)
+    n_pairs: tuple = size(quick=(256,), full=(250, 500, 1000)) # numbers of preference pairs (one claim each)
+    variants: tuple = size(quick=QUICK_VARIANTS, full=FULL_VARIANTS)  # (loss, guide, α, clamp_min) per run; must hold BASELINE and RECIPE
+    n_layers: int = 2                # blocks of the tiny Llama policy
+    d_model: int = 64                # residual width
+    sft_steps: int = size(quick=200, full=300)   # SFT updates of the reference (batch 64)
+    p_correct: float = 0.3           # SFT responses follow the rule with this probability per token
+    label_temperature: float = 0.5   # τ of the BT labels on the gold reward
+    epochs: float = size(quick=2.0, full=4.0)    # passes over the pairs: updates = ceil(epochs · n / batch_size)
+    eval_epochs: tuple = size(quick=(1.0, 2.0), full=(0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0))  # checkpoints (in epochs) where each run is evaluated
+    guide_epochs: float = 1.0        # training of the DPO guides, in epochs (the paper trains its guides for one epoch)
+    batch_size: int = 32             # pairs per update
+    lr: float = 1e-3                 # AdamW learning rate (10% linear warm-up, then constant)
+    beta: float = 0.1                # β of DPO and TGDPO, inside r̂ of the DPO guides, and the gold guide's scale
+    simpo_beta: float = 2.0          # β of SimPO
+    simpo_gamma: float = 1.0         # γ of SimPO (γ/β = 0.5)
+    n_eval: int = size(quick=256, full=1024)     # held-out prompts for the win rate and the KL
+    ref_samples: int = size(quick=8, full=16)    # reference samples per eval prompt (the win rate's opponents)
+    data_seed: int = 1234            # seed of the reference and the eval prompts
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'n_pairs', 'variants')
+    cache_version: ClassVar[int] = 1
+    @property
+    def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
+    @property
+    def steps(self) -> dict: return {n: math.ceil(self.epochs * n / self.batch_size) for n in self.n_pairs}
 
-def default_config() -> TGDPOConfig:
-    "Quick sizes under nbdev-test, the full sweep with WORKBENCH_MODE=full."
-    full_methods = METHODS + (('TGDPO (DPO guide, α=4)', 'tgdpo', 'dpo', 4.0),)
-    return TGDPOConfig(methods=size('tgdpo_methods', quick=METHODS, full=full_methods), sizes=size('tgdpo_sizes', quick=(256,), full=(250, 500, 1000)), seeds=size('tgdpo_seeds', quick=(0,), full=(0, 1, 2)),
-                       sft_steps=size('tgdpo_sft', quick=200, full=300), n_eval=size('tgdpo_eval', quick=512, full=1024))
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e010
+def _check_variant(v):
+    if not (isinstance(v, (tuple, list)) and len(v) == 4): raise ValueError(f"a variant must be (loss, guide, alpha, clamp_min), got {v!r}")
+    kind, guide, alpha, clamp = v
+    check_choice('variant loss', kind, LOSS_KINDS); check_choice('variant guide', guide, GUIDES); check_num('variant alpha', alpha)
+    if clamp is not None: check_num('variant clamp_min', clamp)
+    if (kind == 'tgdpo') != (guide is not None): raise ValueError(f"variant {v!r}: TGDPO needs a guide, DPO and SimPO take none")
+    return tuple(v)
+
+@patch_to(TGDPOConfig)
+def validate(self):
+    check_int('n_seeds', self.n_seeds, lo=1); check_int('n_layers', self.n_layers, lo=1); check_int('d_model', self.d_model, lo=4)
+    check_int('batch_size', self.batch_size, lo=1); check_int('sft_steps', self.sft_steps, lo=1); check_int('n_eval', self.n_eval, lo=2)
+    check_int('ref_samples', self.ref_samples, lo=1); check_int('data_seed', self.data_seed, lo=0)
+    if not self.n_pairs: raise ValueError("n_pairs must hold at least one size")
+    for n in self.n_pairs: check_int('n_pairs[i]', n, lo=self.batch_size)
+    for k in ('p_correct',): check_num(k, getattr(self, k), lo=0, hi=1)
+    for k in ('label_temperature', 'epochs', 'guide_epochs', 'lr', 'beta', 'simpo_beta'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    check_num('simpo_gamma', self.simpo_gamma)
+    self.variants = tuple(_check_variant(v) for v in self.variants); self.n_pairs = tuple(self.n_pairs)
+    if len(set(self.variants)) != len(self.variants): raise ValueError("variants must be unique")
+    for need, what in ((BASELINE, 'BASELINE (DPO)'), (RECIPE, "RECIPE (the paper's TGDPO)")):
+        if need not in self.variants: raise ValueError(f"variants must include {what} {need!r}: the claims compare them")
+    self.eval_epochs = tuple(float(check_num('eval_epochs[i]', e, lo=0, lo_open=True, hi=self.epochs)) for e in self.eval_epochs)
+    if not self.eval_epochs or list(self.eval_epochs) != sorted(set(self.eval_epochs)): raise ValueError(f"eval_epochs must be increasing, got {self.eval_epochs}")
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #bb329086
-def run_cell(cfg: TGDPOConfig, task, ref, n: int, seed: int, eval_prompts) -> dict:
-    "All methods on one pair set: {label: {eval, log, rows?, policy?}}."
-    seed_everything(seed)
-    pairs = make_pairs(task, ref, n, cfg.label_temperature, seed=cfg.data_seed + 1000 * seed + n)
-    steps, out, dpo_policy = math.ceil(cfg.epochs * n / cfg.batch_size), {}, None
-    for lab, kind, guide, alpha in cfg.methods:
-        g = dpo_policy if guide == 'dpo' else guide
-        rows = pair_rows(task, pairs, ref, g, cfg.beta)
-        lf = PreferenceLoss(kind, cfg.simpo_beta if kind == 'simpo' else cfg.beta, alpha, cfg.simpo_gamma)
-        pol, _ = train_preference(ref, rows, lf, steps, cfg.batch_size, cfg.lr, seed)
-        if kind == 'dpo' and dpo_policy is None: dpo_policy = pol
-        fw = [tgdpo_weights(torch.stack([r[f'{s}_rhat'] for r in rows]), torch.stack([r[f'{s}_labels'][1:] != -100 for r in rows]), alpha, s == 'chosen')
-              for s in ('chosen', 'rejected')]                                     # (n, T-1) f_w and f_l on the training pairs
-        mw = [w.sum().item() / torch.stack([r[f'{s}_labels'][1:] != -100 for r in rows]).sum().item() for w, s in zip(fw, ('chosen', 'rejected'))]
-        out[lab] = dict(eval=evaluate_policy(task, pol, ref, eval_prompts, seed=seed + 17), log=lf.log, rows=rows[:32] if guide else None,
-                        f_w=mw[0], f_l=mw[1], f_min=min(w[w != 0].min().item() if guide else 1.0 for w in fw))
-    out['_pairs'] = {k: v[:32] for k, v in pairs.items()}
+def reference_policy(cfg: TGDPOConfig) -> torch.nn.Module:
+    "The SFT reference of an experiment config (memoised in-process)."
+    return sft_reference(DigitRuleTask(), cfg.sft_steps, p_correct=cfg.p_correct, seed=cfg.data_seed, n_layers=cfg.n_layers, d_model=cfg.d_model)
+
+class _Setup:
+    "What every unit of a run shares: task, reference, eval prompts and reference samples (built on first use), pair sets and guides."
+    def __init__(self, cfg): self.cfg, self.task, self.guides = cfg, DigitRuleTask(), {}
+    @functools.cached_property
+    def ref(self): return reference_policy(self.cfg)
+    @functools.cached_property
+    def eval_prompts(self): return self.task.sample_prompts(self.cfg.n_eval, seed=self.cfg.data_seed + 7)
+    @functools.cached_property
+    def ref_rewards(self): return reference_rewards(self.task, self.ref, self.eval_prompts, self.cfg.ref_samples, seed=self.cfg.data_seed + 8)
+    def pairs(self, n, seed, heldout=False):
+        "The training pairs of (n, seed), or an independent set of the same size for a held-out guide."
+        return make_pairs(self.task, self.ref, n, self.cfg.label_temperature, seed=self.cfg.data_seed + 1000 * seed + n + (500_000 if heldout else 0))
+    def guide(self, name, n, seed):
+        "None, a gold guide's name, or a DPO policy trained for `guide_epochs` on the same (or held-out) pairs."
+        if name is None or name in GOLD_GUIDES: return name
+        heldout = name == 'dpo_heldout'
+        if (heldout, n, seed) not in self.guides:
+            rows, c = pair_rows(self.task, self.pairs(n, seed, heldout), self.ref), self.cfg
+            steps = math.ceil(c.guide_epochs * n / c.batch_size)
+            self.guides[(heldout, n, seed)] = train_preference(self.ref, rows, PreferenceLoss('dpo', c.beta), steps, c.batch_size, c.lr, seed)[0]
+        return self.guides[(heldout, n, seed)]
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e012
+def _weight_stats(rows, alpha, clamp, r_star) -> dict:
+    "Mean weights per side, the smallest weight, the share of negative weights, and the guide's r̂ spread and rank correlation with r*."
+    from scipy.stats import spearmanr
+    rh = {s: torch.stack([r[f'{s}_rhat'][-len(r_star[s][0]):] for r in rows]) for s in ('chosen', 'rejected')}   # (n, L) response positions
+    f = {s: tgdpo_weights(rh[s], torch.ones_like(rh[s]), alpha, s == 'chosen', clamp) for s in rh}
+    allw, allr = torch.cat([f['chosen'], f['rejected']]), torch.cat([rh['chosen'], rh['rejected']])
+    return dict(f_w=f['chosen'].mean().item(), f_l=f['rejected'].mean().item(), f_min=allw.min().item(), neg_frac=(allw < 0).float().mean().item(),
+                rhat_sd=allr.std().item(), rhat_corr=float(spearmanr(allr.flatten(), torch.cat([r_star['chosen'], r_star['rejected']]).flatten()).statistic))
+
+def run_unit(cfg: TGDPOConfig, setup: _Setup, variant: tuple, n: int, seed: int) -> dict:
+    "One variant on the pairs of (n, seed): evaluations at the checkpoints, the weights' statistics, the per-step log, r̂ of the first pairs."
+    kind, guide, alpha, clamp = variant; task = setup.task
+    pairs = setup.pairs(n, seed)
+    rows = pair_rows(task, pairs, setup.ref, setup.guide(guide, n, seed), cfg.beta, centre=guide == 'dpo_centred')
+    lf = PreferenceLoss(kind, cfg.simpo_beta if kind == 'simpo' else cfg.beta, alpha, cfg.simpo_gamma, clamp)
+    at = {max(1, round(e * n / cfg.batch_size)): e for e in cfg.eval_epochs}                 # update -> epoch
+    ev = lambda p: evaluate_policy(task, p, setup.ref, setup.eval_prompts, setup.ref_rewards, seed=cfg.data_seed + 10_000 + seed)
+    _, _, evals = train_preference(setup.ref, rows, lf, cfg.steps[n], cfg.batch_size, cfg.lr, seed, evaluate=ev, eval_steps=tuple(at))
+    r_star = {s: gold_token_reward(task, pairs['prompts'], pairs[s]) for s in ('chosen', 'rejected')}
+    stats = _weight_stats(rows, alpha, clamp, r_star) if guide else dict(f_w=1.0, f_l=1.0, f_min=1.0, neg_frac=0.0, rhat_sd=None, rhat_corr=None)
+    head = {s: [r[f'{s}_rhat'][-task.length:].tolist() for r in rows[:8]] for s in ('chosen', 'rejected')} if guide else None
+    return dict(evals=[dict(e, epoch=at[e['step']]) for e in evals], weights=stats, rhat_head=head,
+                log=[{k: round(v, 4) for k, v in r.items()} for r in lf.log])
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e013
+def _rows(cfg, units) -> list[dict]:
+    "Flat records: one per variant, size, seed and checkpoint."
+    out = []
+    for (v, n, s), u in units.items():
+        kind, guide, alpha, clamp = v
+        for e in u['evals']:
+            out.append(dict(variant=variant_label(v), guide=guide or 'none', alpha=alpha, clamp_min=clamp, n_pairs=n, seed=s,
+                            epoch=e['epoch'], step=e['step'], final=e is u['evals'][-1], **{k: round(e[k], 5) for k in ('win', 'win_se', 'gold', 'kl', 'p_special')}))
     return out
 
-def run_experiment(cfg: TGDPOConfig) -> dict:
-    "The SFT reference and every (size, seed) cell: {'ref', 'cells': {(n, seed): run_cell(...)}}."
-    task = DigitRuleTask()
-    ref = sft_reference(task, cfg.sft_steps, p_correct=cfg.p_correct, seed=cfg.data_seed, n_layers=cfg.n_layers, d_model=cfg.d_model)
-    ev = task.sample_prompts(cfg.n_eval, seed=cfg.data_seed + 7)
-    return dict(task=task, ref=ref, cells={(n, s): run_cell(cfg, task, ref, n, s, ev) for n in cfg.sizes for s in cfg.seeds})
+def _tables(cfg, setup, units) -> dict:
+    "The weights' statistics per run; training logs of the first seed at the largest size; the first pairs of the first size and seed with each guide's r̂."
+    s0, n0, n1 = cfg.seeds[0], cfg.n_pairs[0], max(cfg.n_pairs)
+    weights = [dict(variant=variant_label(v), n_pairs=n, seed=s, **{k: (None if x is None else round(x, 5)) for k, x in u['weights'].items()})
+               for (v, n, s), u in units.items()]
+    logs = [dict(variant=variant_label(v), n_pairs=n, seed=s, **{k: [r[k] for r in u['log']] for k in ('chosen', 'rejected', 'margin', 'loss')})
+            for (v, n, s), u in units.items() if s == s0 and n == n1]
+    pr = {k: t[:8] for k, t in setup.pairs(n0, s0).items()}; task = setup.task
+    toks = []
+    for side in ('chosen', 'rejected'):
+        for i in range(len(pr['prompts'])):
+            rec = dict(pair=i, side=side, n_pairs=n0, seed=s0, tokens=pr[side][i].tolist(), correct=(pr[side][i] == task.rule(pr['prompts'][i:i + 1])[0]).tolist(),
+                       r_star=gold_token_reward(task, pr['prompts'][i:i + 1], pr[side][i:i + 1])[0].tolist())
+            for g in GUIDES[1:]:
+                u = next((u for (v, n, s), u in units.items() if v[1] == g and n == n0 and s == s0), None)
+                if u is not None: rec[f'rhat_{g}'] = [round(x, 4) for x in u['rhat_head'][side][i]]
+            toks.append(rec)
+    return dict(weights=weights, logs=logs, tokens=toks)
 
-# %% ../../nbs/alignment/11_tgdpo.ipynb #033d0297
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78}
-def mean_ci(xs, se=None) -> tuple[float, float]:
-    "Mean and 95% half-width: a t-interval over seeds, or 1.96·se for a single run with a standard error."
-    x = np.asarray(xs, float)
-    if x.size == 0: raise ValueError("need at least one value")
-    if x.size == 1: return float(x[0]), float(1.96 * se) if se is not None else 0.0
-    return float(x.mean()), float(_T95.get(x.size - 1, 1.96) * x.std(ddof=1) / math.sqrt(x.size))
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e014
+@one_thread()
+def run_experiment(cfg: TGDPOConfig|None=None) -> Results:
+    "Every variant on every (size, seed), evaluated along training; rows, tables, claims and the verdict."
+    cfg = cfg or TGDPOConfig()
+    setup, units = _Setup(cfg), {}
+    with Timer() as wall:
+        grid = [(n, s, v) for n in cfg.n_pairs for s in cfg.seeds for v in cfg.variants]
+        for n, s, v in progress(grid, desc='tgdpo units'):
+            key = dict(variant=list(v), n_pairs=n, seed=s)
+            units[(v, n, s)] = cached_unit('tgdpo', cfg, key, lambda: run_unit(cfg, setup, v, n, s))
+        ref = cached_unit('tgdpo', cfg, dict(unit='reference'), lambda: dict(gold=setup.ref_rewards.mean().item(), win_self=0.5))
+        tables = _tables(cfg, setup, units)
+    res = Results('tgdpo', cfg, _rows(cfg, units), seeds=cfg.seeds, tables=tables, wall_time_s=wall.s,
+                  notes=f"tiny Llama policies ({cfg.n_layers} layers, d={cfg.d_model}, 12-token vocabulary) on a synthetic digit-rule task with a gold per-token reward; "
+                        f"reference gold reward {ref['gold']:.3f} of {sum(DigitRuleTask().weights)}; win rate vs {cfg.ref_samples} reference samples per prompt on {cfg.n_eval} held-out prompts; "
+                        f"{cfg.epochs:g} epochs at constant lr {cfg.lr:g}, evaluated at epochs {list(cfg.eval_epochs)}; claims compare TGDPO and DPO at matched KL on the win-rate frontier; "
+                        "paper: up to +7.5 MT-Bench, +6.2 AlpacaEval 2, +4.3 Arena-Hard over DPO (Llama-3-8B-Instruct)")
+    return res.conclude(verdict, claims(res), headline(res))
 
-def summarize(res: dict, cfg: TGDPOConfig) -> dict:
-    "Flat metrics '<method>/n=<n>/<metric>' -> [mean, ci95]; gains vs DPO are paired over seeds, in win-rate points."
-    out = {}
-    for n in cfg.sizes:
-        cells = [res['cells'][(n, s)] for s in cfg.seeds]
-        for lab, *_ in cfg.methods:
-            evs = [c[lab]['eval'] for c in cells]
-            out[f'{lab}/n={n}/win'] = list(mean_ci([e['win'] for e in evs], evs[0]['win_se']))
-            for k in ('gold', 'kl', 'p_special'): out[f'{lab}/n={n}/{k}'] = list(mean_ci([e[k] for e in evs]))
-            for k in ('f_w', 'f_l'): out[f'{lab}/n={n}/mean_{k}'] = list(mean_ci([c[lab][k] for c in cells]))
-            out[f'{lab}/n={n}/min_weight'] = float(min(c[lab]['f_min'] for c in cells))
-            if lab != 'DPO':
-                d = [100 * (c[lab]['eval']['win'] - c['DPO']['eval']['win']) for c in cells]
-                out[f'{lab}/n={n}/gain_vs_dpo_points'] = list(mean_ci(d, 100 * math.sqrt(2) * evs[0]['win_se']))
-    out['reference/gold'] = float(np.mean([c['DPO']['eval']['gold_ref'] for c in res['cells'].values()]))
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e016
+def claims(results: Results) -> list[Claim]:
+    "Per data size: the paper's recipe minus DPO in gold win-rate points at matched KL, paired t over seeds."
+    df, name = results.df, variant_label(RECIPE)
+    out = []
+    for n in sorted(df.n_pairs.unique()):
+        m = matched_kl(df, name, variant_label(BASELINE), int(n))
+        out.append(claim(f"{name} − DPO, win rate at matched KL (points), {int(n)} pairs", paired_t(100 * m.win, 100 * m.win_base), better='higher'))
     return out
+
+def verdict(results: Results) -> str:
+    "Reproduced when the paper's TGDPO recipe beats DPO's win rate at matched KL beyond the paired 95% CI over seeds at every data size, partly at some, not reproduced at none."
+    return judge(claims(results))
+
+def headline(results: Results) -> str:
+    "Our measured figure in words, from the claims."
+    cs = claims(results)
+    parts = [f"{c.name.rsplit(', ', 1)[-1]}: {c.estimate:+.1f} [{c.lo:+.1f}, {c.hi:+.1f}]" for c in cs]
+    return f"TGDPO (DPO guide, α=0.5) − DPO, gold win rate at matched KL, points (paired 95% CI over {cs[0].n} seeds): " + '; '.join(parts)
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e017
+def gains_table(results: Results, base: str='DPO') -> pd.DataFrame:
+    "Per variant and size: final win rate and KL, mean weights, and the gain over `base` at equal updates and at matched KL (points, paired t over seeds)."
+    df, wt, out = results.df, results.table('weights'), []
+    for (v, n), d in df.groupby(['variant', 'n_pairs'], sort=False):
+        fin = d[d.final]; fb = df[(df.variant == base) & (df.n_pairs == n) & df.final].set_index('seed').reindex(fin.seed)
+        w = wt[(wt.variant == v) & (wt.n_pairs == n)]
+        r = dict(variant=v, guide=d.guide.iloc[0], alpha=d.alpha.iloc[0], clamp_min=d.clamp_min.iloc[0], n_pairs=n, win=mean_ci(fin.win), kl=float(fin.kl.mean()),
+                 f_w=float(w.f_w.mean()), f_l=float(w.f_l.mean()), f_min=float(w.f_min.min()), neg_frac=float(w.neg_frac.mean()))
+        if v != base:
+            m = matched_kl(df, v, base, n)
+            r.update(equal_steps=paired_t(100 * fin.win.values, 100 * fb.win.values), matched=paired_t(100 * m.win, 100 * m.win_base), kl_matched=float(m.kl.mean()))
+        out.append(r)
+    return pd.DataFrame(out)
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e019
+def _line_style(i): return dict(color=PALETTE[i % len(PALETTE)], dash=('solid', 'dot', 'dash')[(i // len(PALETTE)) % 3])
+
+def fig_frontier(df: pd.DataFrame, variants=None, n_pairs=None, log_x: bool=False, title: str='Gold win rate vs KL from the reference') -> go.Figure:
+    "Win rate against KL(π‖π_ref) along training, mean over seeds per checkpoint (bars: 95% CI over seeds), one panel per data size."
+    ns = list(n_pairs or sorted(df.n_pairs.unique())); allv = list(dict.fromkeys(df.variant)); vs = list(variants or allv)
+    fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f'{n} pairs' for n in ns], shared_yaxes=True)
+    for j, n in enumerate(ns):
+        for v in vs:
+            d = df[(df.variant == v) & (df.n_pairs == n)]
+            if d.empty: continue
+            g = [(e, x.kl.mean(), mean_ci(x.win)) for e, x in d.groupby('epoch')]
+            x, y = [k for _, k, _ in g], [c.estimate for *_, c in g]
+            err, ep = [0 if math.isnan(c.lo) else c.half_width for *_, c in g], [e for e, *_ in g]
+            if not log_x: x, y, err, ep = [0.0] + x, [0.5] + y, [0] + err, [0] + ep
+            fig.add_scatter(x=x, y=y, error_y=dict(array=err, thickness=1), mode='lines+markers', name=v, legendgroup=v, showlegend=j == 0,
+                            line=_line_style(allv.index(v)), customdata=ep, row=1, col=j + 1,
+                            hovertemplate=f'{v}<br>epoch %{{customdata}}<br>KL %{{x:.3f}}<br>win %{{y:.3f}}<extra></extra>')
+    fig.update_xaxes(title_text='KL(π‖π_ref), nats per response', type='log' if log_x else 'linear')
+    fig.update_yaxes(title_text='gold win rate vs reference', col=1)
+    return fig.update_layout(title=title, height=460, legend=dict(font=dict(size=10)), margin=dict(t=60, l=60, r=20, b=50))
+
+class FrontierExplorer(Explorer):
+    "Pick a data size, the variants and a log KL axis: `fig_frontier` of the chosen lines."
+    def __init__(self, df: pd.DataFrame, variants=None):
+        self.df = df; opts = list(dict.fromkeys(df.variant))
+        self.n = W.Dropdown(options=sorted(df.n_pairs.unique().tolist()), description='pairs')
+        self.v = W.SelectMultiple(options=opts, value=tuple(variants or opts[:3]), rows=min(8, len(opts)), description='variants')
+        self.log = W.Checkbox(value=False, description='log KL')
+        self.fig = go.FigureWidget(self.figure())
+        for w in (self.n, self.v, self.log): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.n, self.log]), self.v, self.fig])
+    def figure(self) -> go.Figure: return fig_frontier(self.df, self.v.value, [self.n.value], self.log.value)
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e025
+def fig_alpha_sweep(gt: pd.DataFrame, title: str='TGDPO − DPO at matched KL, against α') -> go.Figure:
+    "Matched-KL gain (points) against α, one line per guide (and clamp), one panel per data size; `gt` from `gains_table`."
+    t = gt[gt.guide != 'none'].copy()
+    t['family'] = [f"{_GUIDE_NAMES[g]}" + ('' if c is None or (isinstance(c, float) and math.isnan(c)) else f', clamp {c:g}') for g, c in zip(t.guide, t.clamp_min)]
+    ns, fams = sorted(t.n_pairs.unique()), list(dict.fromkeys(t.family))
+    fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f'{n} pairs' for n in ns], shared_yaxes=True)
+    for j, n in enumerate(ns):
+        for i, f in enumerate(fams):
+            d = t[(t.family == f) & (t.n_pairs == n)].sort_values('alpha')
+            y = [m.estimate for m in d.matched]; e = [0 if math.isnan(m.lo) else m.half_width for m in d.matched]
+            fig.add_scatter(x=d.alpha.tolist(), y=y, error_y=dict(array=e, thickness=1), mode='lines+markers', name=f, legendgroup=f, showlegend=j == 0,
+                            line=_line_style(i), row=1, col=j + 1, hovertemplate=f'{f}<br>α %{{x}}<br>gain %{{y:+.2f}} points<extra></extra>')
+        fig.add_hline(y=0, line=dict(color='gray', width=1), row=1, col=j + 1)
+    fig.update_xaxes(title_text='α', type='log'); fig.update_yaxes(title_text='win-rate points over DPO', col=1)
+    return fig.update_layout(title=title, height=400, margin=dict(t=60, l=60, r=20, b=50))
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #88506a3b
 def fig_token_strip(tokens,                # (R, L) token ids or strings, one row per response
@@ -416,7 +639,3 @@ class TokenRewardExplorer(Explorer):
         pick = lambda d: np.stack([np.asarray(d[s][i]) for s in S])
         return fig_token_strip(pick(self.tokens), pick(self.q[q]), list(S), pick(self.marks) if self.marks else None,
                                {k: pick(v) for k, v in self.q.items()}, f'{self.title}: pair {i}, colour = {q}')
-    def _update(self, _=None):
-        new = self.figure()
-        with self.fig.batch_update():
-            self.fig.data[0].update(new.data[0]); self.fig.layout.title.text = new.layout.title.text
