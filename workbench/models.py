@@ -14,7 +14,7 @@ from .core import cached, get_settings, get_device, Timer
 
 # %% auto #0
 __all__ = ['WHEELS', 'MODELS', 'hub_offline', 'wheel_path', 'spm_bpe_tokenizer', 'ModelSpec', 'list_models', 'model_source',
-           'load_model', 'load_tokenizer', 'tiny_llama', 'Embedder', 'load_embedder']
+           'load_model', 'load_pretrained', 'load_tokenizer', 'tiny_llama', 'Embedder', 'load_embedder']
 
 # %% ../nbs/01_models.ipynb #8af28c96
 def hub_offline() -> bool:
@@ -190,6 +190,18 @@ def load_model(name: str|None=None,        # registry name, local Hugging Face f
     from transformers import AutoModelForCausalLM
     m = _from_pretrained(AutoModelForCausalLM, src.path() if kind == 'registry' else src, dtype=getattr(torch, dtype), attn_implementation=attn)
     return m.to(device or get_device()).eval().requires_grad_(False)
+
+def load_pretrained(path,                     # a local folder written by `save_pretrained`
+                    auto_class: str='AutoModel', # the transformers Auto class: 'AutoModel' (a backbone), 'AutoModelForCausalLM', ...
+                    device=None):                # default: the `device` setting
+    "Load any transformers model a method saved with `save_pretrained` (a backbone, a classifier), in eval mode."
+    kind, src = model_source(path)
+    if kind != 'local': raise ValueError(f"load_pretrained reads a saved folder; {path!r} is not one (use load_model for registry names and hub ids)")
+    _quiet_transformers()
+    import transformers
+    cls = getattr(transformers, auto_class, None)
+    if cls is None or not auto_class.startswith('Auto'): raise ValueError(f"auto_class must be a transformers Auto class name, got {auto_class!r}")
+    return cls.from_pretrained(src).to(device or get_device()).eval()
 
 def load_tokenizer(name: str|None=None):
     "The tokenizer of a pretrained registry model, a local folder or a hub id."

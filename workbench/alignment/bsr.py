@@ -6,7 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/alignment/bsr.html.md"""
 
 # %% ../../nbs/alignment/10_bsr.ipynb #bcabcd33
 from __future__ import annotations
-import math, time
+import math, time, os, json, shutil, tempfile
+from pathlib import Path
 from dataclasses import dataclass
 from typing import ClassVar
 import numpy as np
@@ -16,9 +17,9 @@ from torch import nn
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, atomic_write_json
 from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kendall_tau_b, mean_ci, paired_t, claim
-from ..models import tiny_llama
+from ..models import tiny_llama, load_pretrained
 from ..hooks import run_with_cache
 from ..train import TrainConfig, train, collate
 from ..viz import PALETTE, Explorer
@@ -27,9 +28,10 @@ from ..viz import PALETTE, Explorer
 __all__ = ['LOSSES', 'PAD', 'BOS', 'SEP', 'N_TEMPLATE_WORDS', 'ID_GENERATORS', 'OOD_GENERATORS', 'SPLITS', 'HEAD_INPUTS',
            'bt_loss', 'bsr_penalty', 'bsr_loss', 'center_penalty', 'reward_loss', 'SyntheticPreferenceTask',
            'gold_reward', 'sample_prompt', 'sample_response', 'sample_pairs', 'sample_listwise', 'sample_pool',
-           'bon_weights', 'bon_curve', 'RewardModel', 'make_reward_model', 'score', 'evaluate', 'PairLoss', 'Probe',
-           'BSRConfig', 'make_data', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline', 'fig_trajectory',
-           'fig_bon', 'BoNExplorer', 'fig_sweep', 'SweepExplorer', 'fig_decomposition']
+           'bon_weights', 'bon_curve', 'RewardModel', 'make_reward_model', 'save_reward_model', 'load_reward_model',
+           'score', 'evaluate', 'PairLoss', 'Probe', 'BSRConfig', 'make_data', 'run_unit', 'run_experiment', 'claims',
+           'verdict', 'headline', 'fig_trajectory', 'fig_bon', 'BoNExplorer', 'fig_sweep', 'SweepExplorer',
+           'fig_decomposition']
 
 # %% ../../nbs/alignment/10_bsr.ipynb #21069890
 def _check_rewards(r_w, r_l):
@@ -229,6 +231,33 @@ def make_reward_model(vocab_size: int, n_layers: int=2, d_model: int=32, n_heads
     "A tiny Llama decoder (no LM head) with a scalar reward head, seeded."
     lm = tiny_llama(vocab_size=vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=64, tie=False, seed=seed)
     return RewardModel(lm.model, d_model, head_input, seed=seed)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #sv0a1c02
+def save_reward_model(model: RewardModel, path) -> Path:
+    "Write `model` to the folder `path` atomically: backbone via `save_pretrained`, score head as safetensors, settings as JSON."
+    if not isinstance(model, RewardModel): raise TypeError(f"model must be a RewardModel, got {type(model).__name__}")
+    from safetensors.torch import save_file
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{path.name}.', dir=path.parent))
+    try:
+        model.model.save_pretrained(tmp/'backbone')
+        save_file({'weight': model.score.weight.detach().contiguous()}, tmp/'score.safetensors')
+        atomic_write_json(tmp/'reward_model.json', dict(head_input=model.head_input, d_model=model.score.in_features))
+        if path.exists(): shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+def load_reward_model(path) -> RewardModel:
+    "The `RewardModel` saved by `save_reward_model` in the folder `path`, in eval mode."
+    from safetensors.torch import load_file
+    path = Path(path)
+    if not (path/'reward_model.json').is_file(): raise FileNotFoundError(f"{path} holds no saved reward model (reward_model.json is missing)")
+    meta = json.loads((path/'reward_model.json').read_text())
+    rm = RewardModel(load_pretrained(path/'backbone', 'AutoModel', device='cpu'), meta['d_model'], meta['head_input'])
+    rm.score.weight.data.copy_(load_file(path/'score.safetensors')['weight'])
+    return rm.eval()
 
 # %% ../../nbs/alignment/10_bsr.ipynb #01da610a
 @torch.no_grad()
