@@ -6,8 +6,11 @@ Docs: https://workbench-dev.github.io/workbench/compression/lowrank_prune.html.m
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #71795c5f
 from __future__ import annotations
-import copy, math, time
+import contextlib, copy, math, threading, time
+from types import SimpleNamespace
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -15,19 +18,24 @@ from torch import nn, Tensor
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..hooks import decoder_layers, run_with_cache
+from ..core import ExperimentConfig, Results, size, cached_unit, progress, judge, Timer
+from ..measure import (check_int, check_num, check_choice, check_tensor, check_same_shape, PeakRSS, PeakTensorMemory,
+                               bootstrap, paired_bootstrap, claim)
+from ..hooks import decoder_layers, hooks, run_with_cache
+from ..models import load_model, load_tokenizer
+from ..data import lm_dataset
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['TARGETS', 'score_mask', 'magnitude_mask', 'wanda_mask', 'truncated_svd', 'rank_schedule', 'TLRResult',
-           'zero_shot_svd', 'tlr_refine', 'SparseLowRankLinear', 'input_norms', 'make_masks', 'prune_and_refine',
-           'count_parameters', 'PeakRSS', 'PeakTensorMemory', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra',
-           'SpectrumExplorer', 'fig_tlr_errors', 'TLRExplorer', 'fig_ppl_params', 'TradeoffExplorer']
+__all__ = ['TARGETS', 'BASELINES', 'keep_top', 'score_mask', 'magnitude_mask', 'wanda_score', 'wanda_mask', 'matched_mask',
+           'truncated_svd', 'rank_schedule', 'TLRResult', 'zero_shot_svd', 'tlr_refine', 'SparseLowRankLinear',
+           'one_core', 'input_norms', 'sequential_wanda', 'make_masks', 'matched_masks', 'prune_and_refine', 'pruned',
+           'count_parameters', 'sequence_nll', 'measure_procedure', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra',
+           'SpectrumExplorer', 'TLRConfig', 'grid_points', 'claims', 'verdict', 'headline', 'run_experiment',
+           'fig_tlr_errors', 'TLRExplorer', 'error_runs', 'fig_ppl_params', 'TradeoffExplorer', 'fig_claims']
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #19a76d90
-def _check_weight(w, name='weight'):
-    if not isinstance(w, Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-    if w.ndim != 2 or not w.is_floating_point(): raise ValueError(f"{name} must be a 2-D float tensor (out, in), got {w.dim()}-D {w.dtype}")
+def _check_weight(w, name='weight') -> Tensor: return check_tensor(name, w, ndim=2, floating=True)
 
 def _check_sparsity(s, n_m):
     "Validate (sparsity, n_m); return n_m as a tuple or None."
@@ -37,55 +45,75 @@ def _check_sparsity(s, n_m):
         if s is not None and abs(s - (1 - n_m[0] / n_m[1])) > 1e-9:
             raise ValueError(f"sparsity={s} contradicts n_m={tuple(n_m)} (which means sparsity {1 - n_m[0]/n_m[1]}); pass sparsity=None")
         return tuple(n_m)
-    if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < 1:
-        raise ValueError(f"sparsity must be a number in [0, 1), got {s!r}")
+    check_num('sparsity', s, lo=0, hi=1, hi_open=True)
     return None
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #20d7860e
+def keep_top(score: Tensor,    # (m, n) importance; larger = keep
+             n_keep: Tensor,   # (m,) how many entries to keep in each row
+            ) -> Tensor:
+    "Boolean mask (m, n) keeping the `n_keep[i]` largest scores of row i (ties: the earlier column wins)."
+    _check_weight(score, 'score'); m, n = score.shape
+    check_tensor('n_keep', n_keep, shape=(m,))
+    if ((n_keep < 0) | (n_keep > n)).any(): raise ValueError(f"n_keep must be in [0, {n}] for every row")
+    order = score.argsort(dim=1, descending=True, stable=True)               # (m, n) columns by decreasing score
+    return torch.zeros(m, n, dtype=torch.bool).scatter_(1, order, torch.arange(n)[None] < n_keep[:, None])
+
 def score_mask(score: Tensor,             # (m, n) importance; larger = keep
                sparsity: float|None=0.5,  # share of entries set to zero, in [0, 1)
                n_m: tuple|None=None,      # (N, M): keep N of every M consecutive inputs per row instead
-               per_row: bool=False,       # compare within each output row (Wanda) instead of the whole matrix
+               per_row: bool=True,        # compare within each output row (False: across the whole matrix)
               ) -> Tensor:
-    "Boolean keep-mask (m, n) dropping exactly `floor(sparsity * count)` lowest scores per group."
+    "Boolean keep-mask (m, n) dropping exactly `floor(sparsity * count)` lowest scores per row (or per matrix)."
     _check_weight(score, 'score'); n_m = _check_sparsity(sparsity, n_m); m, n = score.shape
     if n_m is not None:
         N, M = n_m
         if n % M: raise ValueError(f"N:M needs the input size {n} to be a multiple of M={M}")
         g = score.reshape(m, n // M, M)                                          # (m, n/M, M)
         return torch.zeros_like(g, dtype=torch.bool).scatter_(-1, g.topk(N, -1).indices, True).reshape(m, n)
-    s = score.reshape(m, n) if per_row else score.reshape(1, m * n)              # (groups, size)
-    drop = int(sparsity * s.shape[1])
-    if drop == 0: return torch.ones(m, n, dtype=torch.bool)
-    mask = s > s.kthvalue(drop, 1, keepdim=True).values                    # fast path: threshold at the drop-th score
-    if (mask.sum(1) != s.shape[1] - drop).any():                           # ties at the threshold: exact top-k instead
-        mask = torch.ones_like(s, dtype=torch.bool).scatter_(1, s.topk(drop, 1, largest=False).indices, False)
-    return mask.reshape(m, n)
+    if per_row: return keep_top(score, torch.full((m,), n - int(sparsity * n)))
+    return keep_top(score.reshape(1, m * n), torch.tensor([m * n - int(sparsity * m * n)])).reshape(m, n)
 
-def magnitude_mask(weight: Tensor, sparsity: float|None=0.5, n_m: tuple|None=None) -> Tensor:
-    "Keep the largest |W| of the whole matrix (or N of every M inputs per row)."
-    _check_weight(weight); return score_mask(weight.detach().abs().float(), sparsity, n_m)
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #5b1d3e21
+def magnitude_mask(weight: Tensor, sparsity: float|None=0.5, n_m: tuple|None=None, per_row: bool=True) -> Tensor:
+    "Keep the largest |W| of each output row (`per_row=False`: of the whole matrix; or N of every M inputs per row)."
+    _check_weight(weight); return score_mask(weight.detach().abs().float(), sparsity, n_m, per_row)
+
+def wanda_score(weight: Tensor, input_norm: Tensor) -> Tensor:
+    "Wanda's importance $s_{ij} = |W_{ij}|\\,\\|X_{:,j}\\|_2$ (m, n)."
+    _check_weight(weight); check_tensor('input_norm', input_norm, shape=(weight.shape[1],))
+    return weight.detach().abs().float() * input_norm.float()[None]
 
 def wanda_mask(weight: Tensor, input_norm: Tensor, sparsity: float|None=0.5, n_m: tuple|None=None) -> Tensor:
     "Wanda: keep the largest |W_ij|·‖X_j‖₂ within each output row (or N of every M)."
-    _check_weight(weight)
-    if not isinstance(input_norm, Tensor) or input_norm.shape != (weight.shape[1],):
-        raise ValueError(f"input_norm must be a tensor of shape ({weight.shape[1]},) (one norm per input), got {getattr(input_norm, 'shape', type(input_norm))}")
-    # $s_{ij} = |W_{ij}|\,\|X_{:,j}\|_2$
-    return score_mask(weight.detach().abs().float() * input_norm.float()[None], sparsity, n_m, per_row=True)
+    return score_mask(wanda_score(weight, input_norm), sparsity, n_m, per_row=True)
+
+def matched_mask(score: Tensor, mask: Tensor, extra: int) -> Tensor:
+    "The parameter-matched mask: per row, the top `nnz(mask_i) + e_i` scores, the extras `e_i` spreading `extra` evenly."
+    check_same_shape(score=score, mask=mask); m, n = score.shape; extra = check_int('extra', extra, lo=0)
+    add = torch.full((m,), extra // m) + (torch.arange(m) < extra % m)     # Σ add = extra
+    return keep_top(score, (mask.sum(1) + add).clamp(max=n))
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #d26fe5b7
+def _gram_svd(mat: Tensor, rank: int) -> tuple:
+    "Exact top-r singular triplets from the eigendecomposition of the smaller Gram matrix."
+    M = mat; wide = M.shape[0] <= M.shape[1]
+    G = M @ M.T if wide else M.T @ M                                       # (min, min): U Σ² Uᵀ (or V Σ² Vᵀ)
+    ev, vec = torch.linalg.eigh(G)                                         # ascending
+    Q, s = vec[:, -rank:].flip(1), ev[-rank:].flip(0).clamp_min(0).sqrt()  # top r: (min, r), (r,)
+    R = (M.T @ Q if wide else M @ Q) / s.clamp_min(torch.finfo(M.dtype).tiny)   # the other side's singular vectors
+    return (Q, s, R) if wide else (R, s, Q)
+
 def truncated_svd(mat: Tensor,          # (m, n)
                   rank: int,            # r >= 0
-                  method: str='full',   # 'full' (exact, torch.linalg.svd) or 'lowrank' (randomised, torch.svd_lowrank)
+                  method: str='gram',   # 'gram' (exact, Gram eigendecomposition), 'full' (exact, torch.linalg.svd) or 'lowrank' (randomised)
                   seed: int=0,          # seeds the randomised SVD
                  ) -> tuple:
     "Best rank-r factors U (m, r), s (r,), V (n, r) with $[M]_r = U\\,\\mathrm{diag}(s)\\,V^\\top$."
     _check_weight(mat, 'mat'); m, n = mat.shape
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= min(m, n):
-        raise ValueError(f"rank must be an int in [0, {min(m, n)}], got {rank!r}")
-    if method not in ('full', 'lowrank'): raise ValueError(f"method must be 'full' or 'lowrank', got {method!r}")
+    rank = check_int('rank', rank, 0, min(m, n)); check_choice('method', method, ('gram', 'full', 'lowrank'))
     if rank == 0: return mat.new_zeros(m, 0), mat.new_zeros(0), mat.new_zeros(n, 0)
+    if method == 'gram': return _gram_svd(mat, rank)
     if method == 'lowrank' and rank + 8 < min(m, n):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -114,8 +142,7 @@ class TLRResult:
     def n_params(self) -> int: return int((self.sparse != 0).sum()) + self.rank * sum(self.sparse.shape)
 
 def _check_pair(weight, mask):
-    _check_weight(weight)
-    if not isinstance(mask, Tensor) or mask.shape != weight.shape: raise ValueError(f"mask must be a tensor of the weight's shape {tuple(weight.shape)}")
+    check_same_shape(weight=_check_weight(weight), mask=mask)
     if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all(): raise ValueError("mask must be binary (bool or 0/1)")
     return weight.detach().float(), mask.bool()
 
@@ -126,7 +153,7 @@ def _low_rank(W, S, rank, svd, seed, hist):
     hist.append(((W - S - B @ A).norm() / W.norm().clamp_min(1e-12)).item())
     return TLRResult(S, B, A, hist)
 
-def zero_shot_svd(weight: Tensor, mask: Tensor, rank: int=16, svd: str='full', seed: int=0) -> TLRResult:
+def zero_shot_svd(weight: Tensor, mask: Tensor, rank: int=16, svd: str='gram', seed: int=0) -> TLRResult:
     "Baseline: keep $S = W\\odot P$ and patch the gap with $[(1-P)\\odot W]_k$."
     W, P = _check_pair(weight, mask)
     return _low_rank(W, W * P, rank, svd, seed, [])
@@ -135,15 +162,13 @@ def zero_shot_svd(weight: Tensor, mask: Tensor, rank: int=16, svd: str='full', s
 def tlr_refine(weight: Tensor,          # (m, n) dense weight W
                mask: Tensor,            # (m, n) keep-mask P (bool or 0/1)
                rank: int=16,            # k, the rank of the patch
-               n_iter: int=20,          # T, alternating iterations (0 = zero-shot SVD)
+               n_iter: int=50,          # T, alternating iterations (0 = zero-shot SVD; paper: 50)
                schedule: str='linear',  # 'linear' (paper: r_t from 1 to k) or 'fixed' (r_t = k)
-               svd: str='full',         # 'full' or 'lowrank' (randomised)
+               svd: str='gram',         # 'gram' or 'full' (exact), 'lowrank' (randomised)
                seed: int=0) -> TLRResult:
     "Targeted low-rank refinement: alternate $L^{(t)}=[W-S^{(t)}]_{r_t}$ and $S^{(t+1)}=P\\odot(W-L^{(t)})$."
     W, P = _check_pair(weight, mask)
-    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 0: raise ValueError(f"n_iter must be an int >= 0, got {n_iter!r}")
-    if schedule not in ('linear', 'fixed'): raise ValueError(f"schedule must be 'linear' or 'fixed', got {schedule!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= min(W.shape): raise ValueError(f"rank must be an int in [0, {min(W.shape)}], got {rank!r}")
+    check_int('rank', rank, 0, min(W.shape)); check_int('n_iter', n_iter, lo=0); check_choice('schedule', schedule, ('linear', 'fixed'))
     ranks = rank_schedule(rank, n_iter) if schedule == 'linear' else [rank] * n_iter
     S, hist, nW = W * P, [], W.norm().clamp_min(1e-12)                     # S^(0) = W ⊙ P
     for t, r in enumerate(ranks):
@@ -173,6 +198,24 @@ class SparseLowRankLinear(nn.Module):
     def n_params(self) -> dict:
         return dict(sparse=int((self.weight != 0).sum()), lowrank=self.B.numel() + self.A.numel(), dense=self.weight.numel())
 
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #e3a9f611
+@contextlib.contextmanager
+def one_core():
+    "Context: torch computes on one thread inside (its thread count is restored after)."
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    try: yield
+    finally: torch.set_num_threads(n)
+
+def _threaded(fn, jobs: list, workers: int=1) -> list:
+    "`[fn(j) for j in jobs]` on `workers` threads of one core each (one worker: the calling thread, on one core)."
+    if check_int('workers', workers, lo=1) == 1:
+        with one_core(): return [fn(j) for j in jobs]
+    def one(j): torch.set_num_threads(1); return fn(j)
+    n = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(workers) as ex: return list(ex.map(one, jobs))
+    finally: torch.set_num_threads(n)
+
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #bb62cc3e
 TARGETS = ('self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj', 'self_attn.o_proj', 'mlp.gate_proj', 'mlp.up_proj', 'mlp.down_proj')
 def _short(t): return t.split('.')[-1].replace('_proj', '')
@@ -185,51 +228,94 @@ def _o_proj_input(pattern: Tensor, v: Tensor, head_dim: int) -> Tensor:
     v = v.repeat_interleave(H // v.shape[1], dim=1)                        # (B, H, T, d): grouped-query heads share v
     return (pattern @ v).transpose(1, 2).reshape(B, T, H * head_dim)       # (B, T, H·d)
 
+class _Stop(Exception): "Raised by a hook to end a forward pass early."
+_SRC = dict(q_proj='attn_in', k_proj='attn_in', v_proj='attn_in', o_proj='o_in', gate_proj='mlp_in', up_proj='mlp_in', down_proj='down_in')
+
 @torch.no_grad()
-def input_norms(model: nn.Module, calib_ids: Tensor, blocks=None, batch_size: int=8) -> dict:
+def input_norms(model: nn.Module, calib_ids: Tensor, blocks=None, batch_size: int=8, workers: int=1) -> dict:
     "(block, target) -> ‖X_{:,j}‖₂ over all calibration tokens, for every target linear map (model needs attn='eager')."
-    if not isinstance(calib_ids, Tensor) or calib_ids.ndim != 2: raise ValueError("calib_ids must be a (N, T) tensor of token ids")
-    layers = decoder_layers(model); blocks = range(len(layers)) if blocks is None else list(blocks)
+    check_tensor('calib_ids', calib_ids, ndim=2, floating=False); check_int('batch_size', batch_size, lo=1)
+    layers = decoder_layers(model); blocks = sorted(range(len(layers)) if blocks is None else blocks)
+    hd = getattr(model.config, 'head_dim', None) or model.config.hidden_size // model.config.num_attention_heads
+    last, local = f'blocks.{blocks[-1]}.hook_mlp_post', threading.local()   # local: this thread's batch sums and v
+    def acc(i, k, x): local.sq[i, k] = local.sq.get((i, k), 0) + x.float().pow(2).flatten(0, -2).sum(0)
+    def fn(x, name):
+        i, pt = int(name.split('.')[1]), name.split('.')[2]
+        if pt == 'hook_resid_pre': acc(i, 'attn_in', layers[i].input_layernorm(x))
+        elif pt == 'hook_v': local.v = x
+        elif pt == 'hook_pattern': acc(i, 'o_in', _o_proj_input(x, local.v, hd))   # needs attn='eager'
+        else: acc(i, 'mlp_in' if pt == 'hook_mlp_in' else 'down_in', x)
+        if name == last: raise _Stop                                       # later blocks are not needed
+    def batch(b):
+        local.sq = {}
+        try: model(input_ids=calib_ids[b:b + batch_size].to(model.device))
+        except _Stop: pass
+        return local.sq
     pts = [f'blocks.{i}.{p}' for i in blocks for p in ('hook_resid_pre', 'hook_v', 'hook_pattern', 'hook_mlp_in', 'hook_mlp_post')]
-    sq, hd = {}, model.config.head_dim if getattr(model.config, 'head_dim', None) else model.config.hidden_size // model.config.num_attention_heads
-    for b in range(0, len(calib_ids), batch_size):
-        _, c = run_with_cache(model, calib_ids[b:b + batch_size], names=pts)
-        for i in blocks:
-            pat = c.get(f'blocks.{i}.hook_pattern')
-            if pat is None: raise ValueError("no attention weights at hook_pattern: load the model with attn='eager'")
-            xs = {'attn_in': layers[i].input_layernorm(c[f'blocks.{i}.hook_resid_pre']), 'o_in': _o_proj_input(pat, c[f'blocks.{i}.hook_v'], hd),
-                  'mlp_in': c[f'blocks.{i}.hook_mlp_in'], 'down_in': c[f'blocks.{i}.hook_mlp_post']}
-            for k, x in xs.items(): sq[i, k] = sq.get((i, k), 0) + x.float().pow(2).flatten(0, -2).sum(0)
-    src = dict(q_proj='attn_in', k_proj='attn_in', v_proj='attn_in', o_proj='o_in', gate_proj='mlp_in', up_proj='mlp_in', down_proj='down_in')
-    return {(i, t): sq[i, src[t.split('.')[-1]]].sqrt() for i in blocks for t in TARGETS}
+    with hooks(model, [(pts, fn)]): parts = _threaded(batch, list(range(0, len(calib_ids), batch_size)), workers)
+    sq = {key: sum(p[key] for p in parts) for key in parts[0]}                # summed in batch order: deterministic
+    return {(i, t): sq[i, _SRC[t.split('.')[-1]]].sqrt().cpu() for i in blocks for t in TARGETS}
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #a3fe16c0
-def make_masks(model: nn.Module, method: str='magnitude', sparsity: float|None=0.5, n_m=None, norms: dict|None=None, blocks=None) -> dict:
-    "(block, target) -> keep-mask for every target linear map; method 'magnitude' or 'wanda' (needs `norms` from `input_norms`)."
-    if method not in ('magnitude', 'wanda'): raise ValueError(f"method must be 'magnitude' or 'wanda', got {method!r}")
-    if method == 'wanda' and norms is None: raise ValueError("wanda needs norms=input_norms(model, calib_ids)")
-    layers = decoder_layers(model); blocks = range(len(layers)) if blocks is None else list(blocks)
-    out = {}
+def _weight(model, i, t) -> Tensor: return decoder_layers(model)[i].get_submodule(t).weight
+
+def sequential_wanda(model: nn.Module, calib_ids: Tensor, sparsity: float|None=0.5, n_m=None, blocks=None, batch_size: int=8, workers: int=1) -> tuple:
+    "Wanda masks block by block, each block's norms read with the earlier blocks pruned; returns (masks, norms)."
+    work = copy.deepcopy(model); layers = decoder_layers(work)
+    blocks = sorted(range(len(layers)) if blocks is None else blocks); masks, norms = {}, {}
     for i in blocks:
+        nb = input_norms(work, calib_ids, [i], batch_size, workers)        # blocks < i of `work` are pruned
         for t in TARGETS:
-            w = layers[i].get_submodule(t).weight
-            out[i, t] = magnitude_mask(w, sparsity, n_m) if method == 'magnitude' else wanda_mask(w, norms[i, t], sparsity, n_m)
-    return out
+            w = _weight(work, i, t); norms[i, t] = nb[i, t]
+            masks[i, t] = wanda_mask(w, nb[i, t], sparsity, n_m)
+            w.data.mul_(masks[i, t])                                      # prune block i before reading block i+1
+    del work
+    return masks, norms
+
+def make_masks(model: nn.Module, method: str='magnitude', sparsity: float|None=0.5, n_m=None, norms: dict|None=None, blocks=None) -> dict:
+    "(block, target) -> keep-mask for every target linear map; method 'magnitude' (per row) or 'wanda' (needs `norms`)."
+    check_choice('method', method, ('magnitude', 'wanda'))
+    if method == 'wanda' and norms is None: raise ValueError("wanda needs norms (from input_norms or sequential_wanda)")
+    blocks = range(len(decoder_layers(model))) if blocks is None else list(blocks)
+    return {(i, t): magnitude_mask(_weight(model, i, t), sparsity, n_m) if method == 'magnitude'
+            else wanda_mask(_weight(model, i, t), norms[i, t], sparsity, n_m) for i in blocks for t in TARGETS}
+
+def matched_masks(model: nn.Module, masks: dict, rank: int, norms: dict|None=None) -> dict:
+    "Parameter-matched masks: each matrix keeps rank·(m+n) more weights by the same score (|W|, or Wanda's with `norms`)."
+    score = lambda i, t: _weight(model, i, t).detach().abs().float() if norms is None else wanda_score(_weight(model, i, t), norms[i, t])
+    return {(i, t): matched_mask(score(i, t), P, rank * sum(P.shape)) for (i, t), P in masks.items()}
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #8b7e9d31
+def _refine_one(job) -> TLRResult:
+    lin, P, refine, rank, n_iter, svd, seed = job
+    k, T = (0, 0) if refine == 'none' else (rank, 0 if refine == 'svd' else n_iter)
+    return tlr_refine(lin.weight, P, k, T, svd=svd, seed=seed)
 
 def prune_and_refine(model: nn.Module,       # changed in place: target nn.Linear -> SparseLowRankLinear
-                     masks: dict,            # from `make_masks`
+                     masks: dict,            # from `make_masks` (or `matched_masks`)
                      refine: str='tlr',      # 'none' (plain pruning), 'svd' (zero-shot) or 'tlr'
-                     rank: int=16, n_iter: int=20, svd: str='lowrank', seed: int=0) -> dict:
+                     rank: int=16, n_iter: int=50, svd: str='gram', seed: int=0,
+                     workers: int=1,         # threads working on different matrices, one core each
+                    ) -> dict:
     "Replace each masked linear map by S + BA; return (block, target) -> relative-error history."
-    if refine not in ('none', 'svd', 'tlr'): raise ValueError(f"refine must be 'none', 'svd' or 'tlr', got {refine!r}")
-    layers, hist = decoder_layers(model), {}
-    for (i, t), P in masks.items():
+    check_choice('refine', refine, ('none', 'svd', 'tlr'))
+    layers, keys = decoder_layers(model), list(masks)
+    jobs = [(layers[i].get_submodule(t), masks[i, t], refine, rank, n_iter, svd, seed) for i, t in keys]
+    results = _threaded(_refine_one, jobs, workers)
+    for (i, t), res in zip(keys, results):
         parent, name = layers[i].get_submodule(t.rsplit('.', 1)[0]), t.rsplit('.', 1)[1]
-        lin = getattr(parent, name)
-        k, T = (0, 0) if refine == 'none' else (rank, 0 if refine == 'svd' else n_iter)
-        res = tlr_refine(lin.weight, P, k, T, svd=svd, seed=seed)
-        setattr(parent, name, SparseLowRankLinear.from_linear(lin, res)); hist[i, t] = res.history
-    return hist
+        setattr(parent, name, SparseLowRankLinear.from_linear(getattr(parent, name), res))
+    return {key: res.history for key, res in zip(keys, results)}
+
+@contextlib.contextmanager
+def pruned(model: nn.Module, masks: dict, refine: str='tlr', rank: int=16, n_iter: int=50, svd: str='gram', seed: int=0, workers: int=1):
+    "Context: `model` with its masked maps replaced by S + BA (yields `.history`, `.build_s`); the original maps are put back after."
+    layers = decoder_layers(model); saved = {(i, t): layers[i].get_submodule(t) for i, t in masks}
+    try:
+        with Timer() as tt: hist = prune_and_refine(model, masks, refine, rank, n_iter, svd, seed, workers)
+        yield SimpleNamespace(history=hist, build_s=tt.s)
+    finally:
+        for (i, t), lin in saved.items(): setattr(layers[i].get_submodule(t.rsplit('.', 1)[0]), t.rsplit('.', 1)[1], lin)
 
 def count_parameters(model: nn.Module) -> dict:
     "Non-zero parameters: sparse weights, low-rank factors, the rest (embeddings, norms), and the total."
@@ -239,51 +325,29 @@ def count_parameters(model: nn.Module) -> dict:
     other = sum(p.numel() for p in model.parameters() if id(p) not in covered)
     return dict(sparse=sparse, lowrank=lowrank, other=other, total=sparse + lowrank + other)
 
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #3d5f7b19
+@torch.no_grad()
+def sequence_nll(model: nn.Module, ids: Tensor, batch_size: int=4, workers: int=1) -> Tensor:
+    "Mean next-token negative log-likelihood (nats) of each sequence of `ids` (N, T) -> (N,)."
+    check_tensor('ids', ids, ndim=2, floating=False); check_int('batch_size', batch_size, lo=1)
+    if ids.shape[1] < 2: raise ValueError(f"each sequence needs at least 2 tokens, got {ids.shape[1]}")
+    def batch(b):
+        x = ids[b:b + batch_size].to(model.device)
+        logits = model(input_ids=x).logits[:, :-1].float()                 # (B, T-1, V) predicts x[:, 1:]
+        # $\ell_j = -\frac{1}{T-1}\sum_t \log p(x_{t+1}\mid x_{\le t})$
+        return F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction='none').mean(1).cpu()
+    return torch.cat(_threaded(batch, list(range(0, len(ids), batch_size)), workers))
+
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #7f877f71
-import os, threading
-
-def _rss_bytes() -> int:
-    with open('/proc/self/statm') as f: return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-
-class PeakRSS:
-    "Context manager: `.peak_mb`, the peak resident memory above the level at entry (MiB), sampled every `interval` s."
-    def __init__(self, interval: float=0.005): self.interval, self.peak_mb = interval, None
-    def __enter__(self):
-        if not os.path.exists('/proc/self/statm'): return self                 # not Linux: no measurement
-        self.base = self.peak = _rss_bytes(); self._stop = threading.Event()
-        def watch():
-            while not self._stop.wait(self.interval): self.peak = max(self.peak, _rss_bytes())
-        self._t = threading.Thread(target=watch, daemon=True); self._t.start(); return self
-    def __exit__(self, *a):
-        if getattr(self, '_t', None) is None: return
-        self._stop.set(); self._t.join(); self.peak = max(self.peak, _rss_bytes())
-        self.peak_mb = (self.peak - self.base) / 2**20
-
-# %% ../../nbs/compression/40_lowrank_prune.ipynb #d3d8117c
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.multiprocessing.reductions import StorageWeakRef
-
-class PeakTensorMemory(TorchDispatchMode):
-    "Context manager: `.peak_mb`, the peak MiB of tensor storage allocated inside it and alive at once; `.kept_mb`, alive at exit."
-    def __enter__(self):
-        self.live, self.current, self.peak, self.peak_mb, self.kept_mb = {}, 0, 0, None, None
-        return super().__enter__()
-    def __exit__(self, *a):
-        for ptr in [p for p, (ref, _) in self.live.items() if ref.expired()]: self.current -= self.live.pop(ptr)[1]
-        self.peak_mb, self.kept_mb = self.peak / 2**20, self.current / 2**20
-        return super().__exit__(*a)
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for ptr in [p for p, (ref, _) in self.live.items() if ref.expired()]: self.current -= self.live.pop(ptr)[1]
-        seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
-        for t in tree_leaves(out):
-            if not isinstance(t, Tensor): continue
-            st = t.untyped_storage(); ptr = st.data_ptr()
-            if ptr and ptr not in seen and ptr not in self.live:
-                self.live[ptr] = (StorageWeakRef(st), st.nbytes()); self.current += st.nbytes()
-        self.peak = max(self.peak, self.current)
-        return out
+def measure_procedure(weight: Tensor, mask: Tensor, refine: str, rank: int=16, n_iter: int=50, svd: str='gram',
+                      extra_mask: Tensor|None=None) -> dict:
+    "Time, tensor-memory peak, kept and RSS growth (MiB) of one procedure on one matrix ('matched' uses `extra_mask`)."
+    check_choice('refine', refine, ('none', 'svd', 'tlr', 'matched'))
+    if refine == 'matched' and extra_mask is None: raise ValueError("refine='matched' needs extra_mask (from matched_mask)")
+    P = extra_mask if refine == 'matched' else mask
+    k, T = (0, 0) if refine in ('none', 'matched') else (rank, 0 if refine == 'svd' else n_iter)
+    with Timer() as tt, PeakRSS() as pr, PeakTensorMemory() as pt: res = tlr_refine(weight, P, k, T, svd=svd)
+    return dict(refine=refine, time_s=tt.s, peak_mb=pt.peak_mb, kept_mb=pt.kept_mb, rss_mb=pr.peak_mb, n_params=res.n_params)
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #2e86dc67
 def parse_pattern(pattern: str) -> tuple:
@@ -330,8 +394,184 @@ class SpectrumExplorer(Explorer):
     def spectra(self) -> dict:
         sp, nm = parse_pattern(self.pattern.value); i = self.block.value
         ms = make_masks(self.model, self.mask.value, sp, nm, self.norms, [i])
-        return {_short(t): gap_spectrum(decoder_layers(self.model)[i].get_submodule(t).weight, P) for (_, t), P in ms.items()}
+        with one_core(): return {_short(t): gap_spectrum(_weight(self.model, i, t), P) for (_, t), P in ms.items()}
     def figure(self): return fig_gap_spectra(self.spectra(), self.rank, f'Gap spectra, block {self.block.value}, {self.mask.value} {self.pattern.value}')
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #3f7a53de
+@dataclass
+class TLRConfig(ExperimentConfig):
+    "SmolLM2-135M with the linear maps of its first `n_blocks` blocks pruned; one TLR model per grid point, judged against zero-shot SVD and matched pruning."
+    model: str = 'smollm2-135m'                    # registry name in workbench.models
+    points: tuple = size(quick=(('magnitude', '50%', 16, 3), ('wanda', '50%', 16, 3)),
+                         full=tuple(('magnitude', '50%', k, T) for k in (8, 16, 32, 64) for T in (10, 25, 50)) + (('wanda', '50%', 16, 50),))
+                                                   # grid: (mask, unstructured pattern, rank k, iterations T)
+    n_blocks: int = size(quick=2, full=30)         # blocks pruned, from the first
+    n_calib: int = size(quick=4, full=16)          # calibration sequences (Wanda), sampled from the prose train split
+    calib_len: int = 128                           # tokens per calibration sequence
+    n_eval: int = size(quick=4, full=32)           # held-out sequences, sampled from the prose validation split
+    eval_len: int = size(quick=64, full=256)       # tokens per held-out sequence
+    svd: str = 'gram'                              # 'gram' or 'full' (exact SVD), 'lowrank' (randomised, as the previous version)
+    workers: int = 2                               # threads refining different matrices, one core each
+    n_boot: int = 10_000                           # bootstrap resamples of the held-out sequences
+    history_rank: int = 16                         # the TLR models of this rank keep their per-iteration errors in the results (figures)
+    unit_fields: ClassVar[tuple] = ('points', 'workers', 'n_boot', 'history_rank')   # choose which units run, or what is reported: not a unit's value
+    cache_version: ClassVar[int] = 1
+    @property
+    def seeds(self) -> list: return self.seed_list(1)
+    def validate(self):
+        if not isinstance(self.points, (tuple, list)) or not self.points: raise ValueError("points must list at least one (mask, pattern, rank, n_iter)")
+        for p in self.points:
+            if not isinstance(p, (tuple, list)) or len(p) != 4: raise ValueError(f"each point must be (mask, pattern, rank, n_iter), got {p!r}")
+            check_choice('a point\'s mask', p[0], ('magnitude', 'wanda')); check_int('a point\'s rank', p[2], lo=1); check_int('a point\'s n_iter', p[3], lo=1)
+            if parse_pattern(p[1])[1] is not None: raise ValueError(f"pattern {p[1]!r}: an N:M pattern has no parameter-matched baseline (keeping more weights breaks the structure); use e.g. '50%'")
+        self.points = tuple(tuple(p) for p in self.points)
+        for f in ('n_blocks', 'n_calib', 'workers', 'history_rank'): check_int(f, getattr(self, f), lo=1)
+        for f in ('calib_len', 'n_eval', 'eval_len'): check_int(f, getattr(self, f), lo=2)
+        check_choice('svd', self.svd, ('gram', 'full', 'lowrank')); check_int('n_boot', self.n_boot, lo=100)
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #98c2f3cd
+def _data(cfg: TLRConfig) -> tuple:
+    "The dense model, calibration ids (n_calib, calib_len), held-out ids (n_eval, eval_len) and their row indices."
+    dense, tok = load_model(cfg.model, 'float32', attn='eager'), load_tokenizer(cfg.model)
+    tr = lm_dataset('prose', tok, seq_len=cfg.calib_len, split='train')
+    va = lm_dataset('prose', tok, seq_len=cfg.eval_len, split='validation')
+    if cfg.n_eval > len(va): raise ValueError(f"n_eval={cfg.n_eval} but the validation split has {len(va)} sequences of {cfg.eval_len} tokens")
+    rng = np.random.default_rng(cfg.seed)
+    ci, ei = (np.sort(rng.choice(n, k, replace=False)).tolist() for n, k in ((len(tr), cfg.n_calib), (len(va), cfg.n_eval)))
+    return dense, torch.tensor(tr.select(ci)['input_ids']), torch.tensor(va.select(ei)['input_ids']), ei
+
+def _units(cfg: TLRConfig) -> list:
+    "Every model the grid needs, once: dense; plain pruning per (mask, pattern); zero-shot SVD and matched pruning per rank; TLR per point."
+    out = [dict(mask='dense', pattern='-', rank=0, n_iter=0, refine='none')]
+    for mk, pat, k, T in cfg.points:
+        for ref, r, t in (('none', 0, 0), ('svd', k, 0), ('matched', k, 0), ('tlr', k, T)):
+            u = dict(mask=mk, pattern=pat, rank=r, n_iter=t, refine=ref)
+            if u not in out: out.append(u)
+    return out
+
+def _label(u: dict) -> str:
+    if u['mask'] == 'dense': return 'dense'
+    return f"{u['mask']} {u['pattern']} {u['refine']}" + (f" k={u['rank']}" if u['rank'] else '') + (f" T={u['n_iter']}" if u['n_iter'] else '')
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #6eca2753
+def _mask_source(dense: nn.Module, calib: Tensor, cfg: TLRConfig):
+    "A function (mask, pattern) -> (masks, norms or None), computing each on first use."
+    memo = {}
+    def get(mk, pat):
+        if (mk, pat) not in memo:
+            sp, _ = parse_pattern(pat); blocks = range(cfg.n_blocks)
+            memo[mk, pat] = ((make_masks(dense, 'magnitude', sp, blocks=blocks), None) if mk == 'magnitude'
+                             else sequential_wanda(dense, calib, sp, blocks=blocks, workers=cfg.workers))
+        return memo[mk, pat]
+    return get
+
+def _score(model, ev_ids, cfg) -> dict:
+    return dict(nll=[round(v, 6) for v in sequence_nll(model, ev_ids, workers=cfg.workers).tolist()], **count_parameters(model))
+
+def _unit(dense: nn.Module, u: dict, masks_of, ev_ids: Tensor, cfg: TLRConfig) -> dict:
+    "Build unit `u`'s model in place on `dense` (timed; undone after), score each held-out sequence, count parameters."
+    if u['mask'] == 'dense': return dict(**_score(dense, ev_ids, cfg), build_s=0.0, rel_err=[])
+    masks, norms = masks_of(u['mask'], u['pattern'])
+    if u['refine'] == 'matched': masks = matched_masks(dense, masks, u['rank'], norms)
+    with pruned(dense, masks, 'none' if u['refine'] == 'matched' else u['refine'], u['rank'], u['n_iter'], cfg.svd, cfg.seed, cfg.workers) as p:
+        out = dict(**_score(dense, ev_ids, cfg), build_s=round(p.build_s, 2), rel_err=[round(h[-1], 6) for h in p.history.values()])
+    if u['refine'] == 'tlr': out['history'] = [[float(f'{v:.4g}') for v in h] for h in p.history.values()]
+    return out
+
+def _probe_point(cfg: TLRConfig) -> tuple:
+    "The grid point of the memory probe: the first mask's point at `history_rank` with the most iterations (else the first point)."
+    pts = [p for p in cfg.points if p[0] == cfg.points[0][0] and p[2] == cfg.history_rank]
+    return max(pts, key=lambda p: p[3]) if pts else cfg.points[0]
+
+def _memory(dense: nn.Module, masks_of, cfg: TLRConfig) -> list:
+    "Time and memory of each procedure on one matrix (block 0's down_proj, at `_probe_point`), single-threaded."
+    mk, pat, k, T = _probe_point(cfg); masks, norms = masks_of(mk, pat); t = 'mlp.down_proj'
+    w, P = _weight(dense, 0, t), masks[0, t]
+    Pm = matched_masks(dense, {(0, t): P}, k, None if norms is None else {(0, t): norms[0, t]})[0, t]
+    with one_core():
+        return [dict(mask=mk, pattern=pat, rank=k, n_iter=T, target=t, **measure_procedure(w, P, r, k, T, cfg.svd, Pm))
+                for r in ('none', 'svd', 'tlr', 'matched')]
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #f2d3580d
+_UNIT = ('mask', 'pattern', 'rank', 'n_iter', 'refine')
+
+def _tables(units: list, done: list, ev_idx: list, memory: list, cfg: TLRConfig) -> tuple:
+    "(rows, tables) from the computed units."
+    rows, models, errors, hists = [], [], [], []
+    for u, d in zip(units, done):
+        rows += [dict(**u, seq=j, nll=v) for j, v in zip(ev_idx, d['nll'])]
+        b = bootstrap(d['nll'], n_boot=cfg.n_boot, seed=cfg.seed, unit='sequences')
+        models.append(dict(**u, ppl=math.exp(b.estimate), ppl_lo=math.exp(b.lo), ppl_hi=math.exp(b.hi),
+                           **{k: d[k] for k in ('sparse', 'lowrank', 'other', 'total', 'build_s')},
+                           rel_err=float(np.mean(d['rel_err'])) if d['rel_err'] else 0.0))
+        if d['rel_err']: errors.append(dict(**u, rel_err=d['rel_err']))
+        if 'history' in d and u['rank'] == cfg.history_rank: hists.append(dict(**u, history=d['history']))
+    keys = [(i, t) for i in range(cfg.n_blocks) for t in TARGETS]
+    tables = dict(models=models, errors=errors, histories=hists, memory=memory,
+                  matrices=[dict(block=[i for i, _ in keys], target=[t for _, t in keys])])
+    return rows, tables
+
+def _nll(df, mask, pattern, rank, n_iter, refine) -> np.ndarray:
+    "The per-sequence NLLs of one model, in sequence order."
+    sel = df[(df['mask'] == mask) & (df['pattern'] == pattern) & (df['rank'] == rank) & (df['n_iter'] == n_iter) & (df['refine'] == refine)]
+    if sel.empty: raise KeyError(f"no rows for {mask} {pattern} {refine} k={rank} T={n_iter}")
+    return sel.sort_values('seq')['nll'].to_numpy()
+
+def grid_points(results: Results) -> list:
+    "The (mask, pattern, rank, n_iter) of every TLR model in `results`, in run order."
+    df = results.df; df = df[df['refine'] == 'tlr']
+    return list(dict.fromkeys(zip(df['mask'], df['pattern'], df['rank'].astype(int), df['n_iter'].astype(int))))
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #4c8e1f02
+BASELINES = {'svd': 'zero-shot SVD', 'matched': 'pruning to equal parameters'}
+
+def claims(results: Results) -> list:
+    "Two claims per grid point: log-perplexity of zero-shot SVD, and of equal-parameter pruning, minus TLR's (paired bootstrap over sequences)."
+    df, cfg = results.df, results.config; out = []
+    for mk, pat, k, T in grid_points(results):
+        tlr = _nll(df, mk, pat, k, T, 'tlr')
+        for ref, name in BASELINES.items():
+            iv = paired_bootstrap(_nll(df, mk, pat, k, 0, ref), tlr, n_boot=cfg.get('n_boot', 10_000), seed=cfg['seed'], unit='sequences')
+            out.append(claim(f'log ppl({name}) − log ppl(TLR), {mk} {pat}, k={k}, T={T}', iv, better='higher'))
+    return out
+
+def verdict(results: Results) -> str:
+    "Reproduced when TLR's perplexity is below both zero-shot SVD's and equal-parameter pruning's beyond the 95% paired-bootstrap interval at every grid point; partly when at least one of these comparisons shows and one does not; not reproduced when none does."
+    return judge(claims(results))
+
+def headline(results: Results) -> str:
+    "Our measured figure in words: the paper's setting (magnitude 50%) at its largest T, and the count of comparisons won."
+    M = results.table('models'); cs = claims(results); pts = grid_points(results)
+    mk, pat, k, T = max(pts, key=lambda p: (p[0] == 'magnitude', p[1] == '50%', p[2] == 16, p[3]))
+    ppl = lambda ref, r=0, t=0: M[(M['mask'] == mk) & (M['pattern'] == pat) & (M['refine'] == ref) & (M['rank'] == r) & (M['n_iter'] == t)]['ppl'].item()
+    tl, sv, mt, pr = ppl('tlr', k, T), ppl('svd', k), ppl('matched', k), ppl('none')
+    won = {ref: sum(c.shows for c in cs if c.name.startswith(f'log ppl({n})')) for ref, n in BASELINES.items()}
+    return (f"SmolLM2-135M, {mk} {pat}, k={k}, T={T}: TLR ppl {tl:.1f} vs zero-shot SVD {sv:.1f} and pruning at equal parameters {mt:.1f} "
+            f"(plain pruning {pr:.1f}: TLR {100 * (1 - tl / pr):.0f}% lower, paper 53.9%); beyond the 95% CI, TLR beats SVD at "
+            f"{won['svd']}/{len(pts)} grid points and equal-parameter pruning at {won['matched']}/{len(pts)}")
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #6039c342
+def run_experiment(cfg: TLRConfig|None=None) -> Results:
+    "Build every model of the grid (one cached unit each), score each on the held-out sequences, judge TLR at every point."
+    cfg = TLRConfig() if cfg is None else cfg
+    if not isinstance(cfg, TLRConfig): raise TypeError(f"cfg must be a TLRConfig, got {type(cfg).__name__}")
+    with Timer() as wall:
+        dense, calib, ev_ids, ev_idx = _data(cfg)
+        masks_of, units, done = _mask_source(dense, calib, cfg), _units(cfg), []
+        for u in progress(units, desc='TLR models'):
+            done.append(cached_unit('lowrank_prune', cfg, u, lambda u=u: _unit(dense, u, masks_of, ev_ids, cfg)))
+            print(f"{_label(u):38s} ppl {math.exp(np.mean(done[-1]['nll'])):9.2f}  {done[-1]['total'] / 1e6:6.2f}M params  built in {done[-1]['build_s']:6.1f} s", flush=True)
+        mk, pat, k, T = _probe_point(cfg)
+        memory = cached_unit('lowrank_prune', cfg, dict(memory=True, mask=mk, pattern=pat, rank=k, n_iter=T),
+                             lambda: dict(rows=_memory(dense, masks_of, cfg)))['rows']
+    rows, tables = _tables(units, done, ev_idx, memory, cfg)
+    notes = (f"SmolLM2-135M fp32, linear maps of blocks 0-{cfg.n_blocks - 1} pruned; masks per output row (magnitude; Wanda with sequential "
+             f"norms from {cfg.n_calib}x{cfg.calib_len} prose train tokens); SVD '{cfg.svd}'; 'matched' keeps k(m+n) more weights per matrix "
+             f"by the same score (the parameter count of sparse + rank-k); nll = mean next-token NLL (nats) of each of {cfg.n_eval} held-out "
+             f"sequences of {cfg.eval_len} prose validation tokens; build_s = wall time of pruning/refining with {cfg.workers} worker threads "
+             f"(masks made beforehand); memory table: one matrix, single-threaded (peak/kept tensor MiB, RSS growth, a lower bound).")
+    res = Results('lowrank_prune', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=wall.s)
+    return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #1a6d80e9
 def fig_tlr_errors(tlr: dict,            # (block, target) -> TLR relative-error history
@@ -368,33 +608,60 @@ class TLRExplorer(Explorer):
         self.widget = W.VBox([W.HBox([self.block, self.run]), self.fig])
     def figure(self): return fig_tlr_errors(*self.runs[self.run.value], block=self.block.value, title=f'{self.title}: {self.run.value}')
 
+def error_runs(results: Results) -> dict:
+    "For `TLRExplorer`: TLR model name -> ((block, target) -> TLR history, (block, target) -> [zero-shot SVD error at its rank])."
+    lay = results.tables['matrices'][0]; keys = list(zip(lay['block'], lay['target']))
+    svd = {(r['mask'], r['pattern'], r['rank']): r['rel_err'] for r in results.tables['errors'] if r['refine'] == 'svd'}
+    return {_label(r): (dict(zip(keys, r['history'])), {key: [e] for key, e in zip(keys, svd[r['mask'], r['pattern'], r['rank']])})
+            for r in results.tables['histories']}
+
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #915baa52
-def fig_ppl_params(rows: list,             # result rows: mask, pattern, refine, ppl, total
-                   pattern: str,           # which pattern to show, e.g. '50%'
+def _group(r: dict) -> str: return f"{r['mask']} {r['pattern']}"
+
+def fig_ppl_params(models: list,           # records of the `models` table
+                   group: str,             # '<mask> <pattern>', e.g. 'magnitude 50%'
                    title: str='Perplexity vs non-zero parameters') -> go.Figure:
-    "Scatter of perplexity (log) against non-zero parameters for one pattern's rows, plus the dense model."
-    sel = [r for r in rows if r['pattern'] == pattern]
-    if not sel: raise ValueError(f"no rows for pattern {pattern!r}; patterns: {sorted({r['pattern'] for r in rows} - {'-'})}")
+    "Perplexity (log, 95% CI) against non-zero parameters for one mask and pattern: each refinement a trace, plus the dense model."
+    sel = [r for r in models if _group(r) == group]
+    if not sel: raise ValueError(f"no models for {group!r}; groups: {sorted({_group(r) for r in models if r['mask'] != 'dense'})}")
     fig, sym = go.Figure(), dict(none='circle', svd='square', tlr='star', matched='diamond')
-    for j, mk in enumerate(dict.fromkeys(r['mask'] for r in sel)):
-        rs = [r for r in sel if r['mask'] == mk]
-        fig.add_trace(go.Scatter(x=[r['total'] / 1e6 for r in rs], y=[r['ppl'] for r in rs], mode='markers+text', name=mk,
-                                 text=[r['refine'] for r in rs], textposition='top center', marker=dict(size=12, color=PALETTE[j % len(PALETTE)],
-                                 symbol=[sym.get(r['refine'], 'circle') for r in rs])))
-    dense = next((r for r in rows if r['mask'] == 'dense'), None)
-    if dense: fig.add_trace(go.Scatter(x=[dense['total'] / 1e6], y=[dense['ppl']], mode='markers+text', text=['dense'], textposition='top center',
-                                       name='dense', marker=dict(size=12, color='black')))
-    fig.update_yaxes(type='log', title_text='perplexity (prose validation)'); fig.update_xaxes(title_text='non-zero parameters (M)')
-    fig.update_layout(title=f'{title}: {pattern}', height=380, margin=dict(t=60, b=40, l=60, r=20))
+    names = dict(none='plain pruning', svd='zero-shot SVD', tlr='TLR', matched='pruning, equal parameters')
+    for j, ref in enumerate(('none', 'svd', 'matched', 'tlr')):
+        rs = [r for r in sel if r['refine'] == ref]
+        if not rs: continue
+        fig.add_trace(go.Scatter(x=[r['total'] / 1e6 for r in rs], y=[r['ppl'] for r in rs], mode='markers', name=names[ref],
+                                 error_y=dict(type='data', symmetric=False, array=[r['ppl_hi'] - r['ppl'] for r in rs], arrayminus=[r['ppl'] - r['ppl_lo'] for r in rs]),
+                                 text=[f"k={r['rank']}" + (f", T={r['n_iter']}" if r['n_iter'] else '') for r in rs],
+                                 marker=dict(size=11, color=PALETTE[j], symbol=sym[ref]), hovertemplate='%{text}: ppl %{y:.2f}, %{x:.2f}M<extra></extra>'))
+    dense = next((r for r in models if r['mask'] == 'dense'), None)
+    if dense: fig.add_hline(y=dense['ppl'], line=dict(dash='dot', color='black'), annotation_text='dense')
+    fig.update_yaxes(type='log', title_text='perplexity (held-out prose)'); fig.update_xaxes(title_text='non-zero parameters (M)')
+    fig.update_layout(title=f'{title}: {group}', height=400, margin=dict(t=60, b=40, l=60, r=20))
     return fig
 
 class TradeoffExplorer(Explorer):
-    "A sparsity slider over the patterns in `rows`, driving `fig_ppl_params`."
-    def __init__(self, rows: list, title: str='Perplexity vs non-zero parameters'):
-        pats = list(dict.fromkeys(r['pattern'] for r in rows if r['pattern'] != '-'))
-        if not pats: raise ValueError("rows hold no pruned models")
-        self.rows, self.title = rows, title
-        self.pattern = W.SelectionSlider(options=pats, value=pats[0], description='sparsity', continuous_update=False)
-        self.fig = go.FigureWidget(self.figure()); self.pattern.observe(self._update, names='value')
-        self.widget = W.VBox([self.pattern, self.fig])
-    def figure(self): return fig_ppl_params(self.rows, self.pattern.value, self.title)
+    "A selector over the (mask, pattern) groups in `models`, driving `fig_ppl_params`."
+    def __init__(self, models: list, title: str='Perplexity vs non-zero parameters'):
+        groups = list(dict.fromkeys(_group(r) for r in models if r['mask'] != 'dense'))
+        if not groups: raise ValueError("models holds no pruned models")
+        self.models, self.title = models, title
+        self.group = W.Dropdown(options=groups, value=groups[0], description='mask')
+        self.fig = go.FigureWidget(self.figure()); self.group.observe(self._update, names='value')
+        self.widget = W.VBox([self.group, self.fig])
+    def figure(self): return fig_ppl_params(self.models, self.group.value, self.title)
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #2a7f4c18
+def fig_claims(claims: list, title: str='TLR against its equal-parameter baselines') -> go.Figure:
+    "Forest plot: each claim's estimate and 95% interval; colour by baseline, zero line = no effect."
+    if not claims: raise ValueError("claims must be a non-empty list of Claim")
+    fig = go.Figure()
+    for j, (ref, name) in enumerate(BASELINES.items()):
+        cs = [c for c in claims if c.name.startswith(f'log ppl({name})')]
+        if not cs: continue
+        fig.add_trace(go.Scatter(x=[c.estimate for c in cs], y=[c.name.split('TLR), ')[-1] for c in cs], mode='markers', name=f'vs {name}',
+                                 error_x=dict(type='data', symmetric=False, array=[c.hi - c.estimate for c in cs], arrayminus=[c.estimate - c.lo for c in cs]),
+                                 marker=dict(size=10, color=PALETTE[j])))
+    fig.add_vline(x=0, line=dict(color='black', dash='dot'))
+    fig.update_xaxes(title_text='log ppl(baseline) − log ppl(TLR)  (nats; > 0: TLR better)')
+    fig.update_layout(title=title, height=120 + 28 * len(claims) // 2, margin=dict(t=60, b=40, l=220, r=20))
+    return fig
