@@ -21,7 +21,7 @@ def venv(tmp_path_factory):
     # only from the wheel (a .pth line does not run the editable-install hook that lives in that folder)
     site = Path(subprocess.check_output([str(py), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'], text=True).strip())
     (site/'deps.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
-    r = subprocess.run([str(py), '-m', 'pip', 'install', '-q', '--no-deps', '--no-index', str(whl)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([str(py), '-m', 'pip', 'install', '-q', '--no-deps', '--no-index', '--force-reinstall', str(whl)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     work = d/'elsewhere'; work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith('WORKBENCH_') and k != 'PYTHONPATH'}

@@ -157,6 +157,8 @@ def atomic_path(path, suffix=''):
     os.close(fd); tmp = Path(tmp)
     try:
         yield tmp
+        um = os.umask(0); os.umask(um)
+        os.chmod(tmp, 0o666 & ~um)                        # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     finally:
         if tmp.exists(): tmp.unlink()

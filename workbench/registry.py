@@ -133,9 +133,9 @@ def nbs_path() -> Path:
     return root/cfg.get('nbs_path', 'nbs')
 
 def is_built(m) -> bool:
-    "A method is built when its notebook exists (in a checkout) or its module is installed (anywhere)."
-    m = get_method(m)
-    if (nbs_path()/m.notebook).is_file(): return True
+    "In a checkout a method is built when its notebook exists; outside one, when its module is installed."
+    m = get_method(m); nbs = nbs_path()
+    if nbs.is_dir(): return (nbs/m.notebook).is_file()   # a checkout: the notebook is the source of truth
     try: return importlib.util.find_spec(m.module) is not None
     except ModuleNotFoundError: return False
 
