@@ -16,10 +16,10 @@ from importlib import metadata
 # %% auto #0
 __all__ = ['SETTINGS_SCHEMA', 'SETTINGS_DEFAULTS', 'VERDICTS', 'SCHEMA_VERSION', 'repo_root', 'Settings', 'load_settings',
            'get_settings', 'get_device', 'in_test', 'run_mode', 'is_full', 'Size', 'size', 'seed_everything',
-           'atomic_path', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'atomic_save_torch',
-           'ExperimentConfig', 'from_overrides', 'Claim', 'judge', 'versions', 'Results', 'results_schema',
-           'check_results', 'save_results', 'load_results', 'Timer', 'config_hash', 'cache_path', 'file_lock', 'cached',
-           'cached_unit', 'progress', 'results_to_show']
+           'atomic_path', 'atomic_write_bytes', 'atomic_write_text', 'atomic_dir', 'atomic_write_json',
+           'atomic_save_torch', 'ExperimentConfig', 'from_overrides', 'Claim', 'judge', 'versions', 'Results',
+           'results_schema', 'check_results', 'save_results', 'load_results', 'Timer', 'config_hash', 'cache_path',
+           'file_lock', 'cached', 'cached_unit', 'progress', 'results_to_show']
 
 # %% ../nbs/00_core.ipynb #bfa19425
 SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
@@ -157,8 +157,7 @@ def atomic_path(path, suffix=''):
     os.close(fd); tmp = Path(tmp)
     try:
         yield tmp
-        um = os.umask(0); os.umask(um)
-        os.chmod(tmp, 0o666 & ~um)                        # mkstemp makes 0600; give the file the usual permissions
+        os.chmod(tmp, 0o666 & ~_umask())                  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     finally:
         if tmp.exists(): tmp.unlink()
@@ -170,6 +169,29 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     return Path(path)
 
 def atomic_write_text(path, text: str) -> Path: return atomic_write_bytes(path, text.encode())
+
+def _umask() -> int: um = os.umask(0); os.umask(um); return um
+
+@contextlib.contextmanager
+def atomic_dir(path,              # the folder to write
+               marker: str|None=None, # a file that only this kind of save writes: an existing `path` holding it is replaced
+              ):
+    "Yield an empty temporary folder beside `path`; on success it replaces `path`, on error it is removed. An existing `path` is replaced only when it is empty or holds `marker` (an earlier save of the same kind), never a folder of something else."
+    path = Path(path)
+    if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or (marker and (path/marker).is_file()))):
+        raise FileExistsError(f"{path} exists and is not {'a folder this save wrote (no ' + marker + ')' if marker else 'an empty folder'}: "
+                              "choose another path or remove it yourself")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent))
+    old = path.with_name(f'.{path.name}.{os.getpid()}.old')
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())                  # mkdtemp makes 0700; give the folder the usual permissions
+        if path.exists(): os.replace(path, old)           # two renames: a crash between them leaves both folders on disk
+        os.replace(tmp, path)
+    finally:
+        for p in (tmp, old):
+            if p.exists(): shutil.rmtree(p, ignore_errors=True)
 
 # %% ../nbs/00_core.ipynb #e9a93dbe
 def _jsonable(o):
@@ -462,14 +484,9 @@ def cached(name: str,          # artifact family, e.g. 'smollm2-135m'
     if final.is_dir() and not refresh: return final
     with file_lock(final.parent/f'.{final.name}.lock'):
         if final.is_dir() and not refresh: return final            # another process built it while we waited
-        tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.tmp', dir=final.parent))
-        try:
+        with atomic_dir(final, marker='_config.json') as tmp:
             build(tmp)
             atomic_write_json(tmp/'_config.json', config)
-            if final.exists(): shutil.rmtree(final)
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 # %% ../nbs/00_core.ipynb #5a1e0c18

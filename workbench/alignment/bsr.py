@@ -17,7 +17,7 @@ from torch import nn
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, atomic_write_json
+from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, atomic_write_json, atomic_dir
 from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kendall_tau_b, mean_ci, paired_t, claim
 from ..models import tiny_llama, load_pretrained
 from ..hooks import run_with_cache
@@ -237,17 +237,11 @@ def save_reward_model(model: RewardModel, path) -> Path:
     "Write `model` to the folder `path` atomically: backbone via `save_pretrained`, score head as safetensors, settings as JSON."
     if not isinstance(model, RewardModel): raise TypeError(f"model must be a RewardModel, got {type(model).__name__}")
     from safetensors.torch import save_file
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{path.name}.', dir=path.parent))
-    try:
+    with atomic_dir(path, marker='reward_model.json') as tmp:      # a crash leaves the earlier save whole
         model.model.save_pretrained(tmp/'backbone')
         save_file({'weight': model.score.weight.detach().contiguous()}, tmp/'score.safetensors')
         atomic_write_json(tmp/'reward_model.json', dict(head_input=model.head_input, d_model=model.score.in_features))
-        if path.exists(): shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return Path(path)
 
 def load_reward_model(path) -> RewardModel:
     "The `RewardModel` saved by `save_reward_model` in the folder `path`, in eval mode."

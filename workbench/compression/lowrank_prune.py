@@ -6,7 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/compression/lowrank_prune.html.m
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #71795c5f
 from __future__ import annotations
-import contextlib, copy, math, threading, time
+import contextlib, copy, json, math, tempfile, threading, time
+from pathlib import Path
 from types import SimpleNamespace
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from torch import nn, Tensor
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, size, cached_unit, progress, judge, Timer
+from ..core import ExperimentConfig, Results, size, cached_unit, progress, judge, Timer, atomic_dir, atomic_write_json, get_device
 from ..measure import (check_int, check_num, check_choice, check_tensor, check_same_shape, PeakRSS, PeakTensorMemory,
                                bootstrap, paired_bootstrap, claim)
 from ..hooks import decoder_layers, hooks, run_with_cache
@@ -27,12 +28,13 @@ from ..data import lm_dataset
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['TARGETS', 'BASELINES', 'keep_top', 'score_mask', 'magnitude_mask', 'wanda_score', 'wanda_mask', 'matched_mask',
-           'truncated_svd', 'rank_schedule', 'TLRResult', 'zero_shot_svd', 'tlr_refine', 'SparseLowRankLinear',
-           'one_core', 'input_norms', 'sequential_wanda', 'make_masks', 'matched_masks', 'prune_and_refine', 'pruned',
-           'count_parameters', 'sequence_nll', 'measure_procedure', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra',
-           'SpectrumExplorer', 'TLRConfig', 'grid_points', 'claims', 'verdict', 'headline', 'run_experiment',
-           'fig_tlr_errors', 'TLRExplorer', 'error_runs', 'fig_ppl_params', 'TradeoffExplorer', 'fig_claims']
+__all__ = ['TARGETS', 'CHILD_FILE', 'BASELINES', 'keep_top', 'score_mask', 'magnitude_mask', 'wanda_score', 'wanda_mask',
+           'matched_mask', 'truncated_svd', 'rank_schedule', 'TLRResult', 'zero_shot_svd', 'tlr_refine',
+           'SparseLowRankLinear', 'one_core', 'input_norms', 'sequential_wanda', 'make_masks', 'matched_masks',
+           'prune_and_refine', 'pruned', 'count_parameters', 'save_child', 'load_child', 'sequence_nll',
+           'measure_procedure', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra', 'SpectrumExplorer', 'TLRConfig',
+           'grid_points', 'claims', 'verdict', 'headline', 'run_experiment', 'fig_tlr_errors', 'TLRExplorer',
+           'error_runs', 'fig_ppl_params', 'TradeoffExplorer', 'fig_claims']
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #19a76d90
 def _check_weight(w, name='weight') -> Tensor: return check_tensor(name, w, ndim=2, floating=True)
@@ -324,6 +326,41 @@ def count_parameters(model: nn.Module) -> dict:
     covered = {id(p) for m in sl for p in m.parameters()}
     other = sum(p.numel() for p in model.parameters() if id(p) not in covered)
     return dict(sparse=sparse, lowrank=lowrank, other=other, total=sparse + lowrank + other)
+
+# %% ../../nbs/compression/40_lowrank_prune.ipynb #tlrsave02
+CHILD_FILE = 'sparse_lowrank.json'
+
+def save_child(model: nn.Module, path) -> Path:
+    "Save a pruned (+ low-rank) model to the folder `path` atomically: `save_pretrained`, plus `sparse_lowrank.json` naming its S + BA maps."
+    maps = {f'{i}.{n}': dict(rank=m.A.shape[0], bias=m.bias is not None)
+            for i, layer in enumerate(decoder_layers(model)) for n, m in layer.named_modules() if isinstance(m, SparseLowRankLinear)}
+    if not maps: raise ValueError("the model has no SparseLowRankLinear maps: prune it first (prune_and_refine)")
+    with atomic_dir(path, marker=CHILD_FILE) as tmp:
+        model.save_pretrained(tmp)
+        atomic_write_json(tmp/CHILD_FILE, dict(format=1, maps=maps))
+    return Path(path)
+
+def load_child(path, device=None) -> nn.Module:
+    "The model saved by `save_child` in the folder `path`, with its S + BA maps, in eval mode."
+    import transformers
+    from safetensors.torch import load_file
+    path = Path(path)
+    if not (path/CHILD_FILE).is_file(): raise FileNotFoundError(f"{path} holds no saved child ({CHILD_FILE} is missing): save one with save_child")
+    spec = json.loads((path/CHILD_FILE).read_text())
+    state = {k: v for f in sorted(path.glob('*.safetensors')) for k, v in load_file(f).items()}
+    dt = next(v.dtype for v in state.values() if v.is_floating_point())   # the saved precision
+    config = transformers.AutoConfig.from_pretrained(path)
+    model = getattr(transformers, config.architectures[0])(config)         # the saved class, freshly initialised
+    names, layers, patched = {id(m): n for n, m in model.named_modules()}, decoder_layers(model), set()
+    for key in spec['maps']:                                        # '<block>.<target>', e.g. '3.mlp.down_proj'
+        i, t = key.split('.', 1); pre = f'{names[id(layers[int(i)])]}.{t}'; patched |= {f'{pre}.{p}' for p in ('weight', 'B', 'A', 'bias')}
+        parent, name = layers[int(i)].get_submodule(t.rsplit('.', 1)[0]), t.rsplit('.', 1)[1]
+        setattr(parent, name, SparseLowRankLinear(*(state.pop(f'{pre}.{p}') for p in ('weight', 'B', 'A')), state.pop(f'{pre}.bias', None)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    model.tie_weights(); sd = model.state_dict(); ptrs = {sd[k].data_ptr() for k in state if k in sd}
+    untied = [k for k in missing if k not in patched and sd[k].data_ptr() not in ptrs]   # tied copies (lm_head) are not saved
+    if unexpected or untied: raise ValueError(f"{path} does not fit its config: unexpected {unexpected[:5]}, missing {untied[:5]}")
+    return model.to(device or get_device(), dt).eval()
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #3d5f7b19
 @torch.no_grad()
