@@ -1,0 +1,193 @@
+"Cross-checks of `workbench.objectives.pr_loss`: the exact target, PR curves and divergences, tempering, sampled vs exact estimates, the losses' reductions, and the experiment API's claims and verdict (fast, CPU)."
+import json, math
+import numpy as np
+import pytest
+import torch
+from workbench.objectives.pr_loss import (MarkovTarget, TargetLM, sequence_log_prob, pr_curve, pr_divergence, precision_recall,
+    sampled_precision_recall, token_log_probs, nll_loss, loss_fn, parse_setting, setting_label, empirical_log_prob, train_toy_lm,
+    recall_at, claims, verdict, headline, PRLossConfig)
+from workbench.core import Results, load_results, get_settings, check_results
+from workbench.models import tiny_llama
+from workbench.train import generate_ids
+
+
+@pytest.fixture(scope='module')
+def tiny():
+    "A short chain, every string over its alphabet, and a random tiny Llama."
+    t = MarkovTarget(vocab=4, branch=2, length=3, probs=(0.7, 0.3), seed=1)
+    allx = torch.cartesian_prod(*[torch.arange(t.vocab + 1)] * t.length)
+    allx = torch.cat([torch.full((len(allx), 1), t.bos), allx], 1)
+    m = tiny_llama(vocab_size=t.vocab + 1, n_layers=1, d_model=16, n_heads=2, max_len=8, seed=0).eval()
+    return t, allx, m
+
+
+@pytest.mark.parametrize('order,seed', [(1, 0), (2, 3), (3, 5)])
+def test_target_support_log_prob_and_samples(order, seed):
+    t = MarkovTarget(vocab=6, branch=2, length=4, probs=(0.6, 0.4), order=order, seed=seed)
+    S, lp = t.support()
+    assert S.shape == (16, 5) and len(torch.unique(S, dim=0)) == 16
+    assert abs(lp.exp().sum().item() - 1) < 1e-12
+    torch.testing.assert_close(t.log_prob(S), lp)
+    x = t.sample(5000, torch.Generator().manual_seed(seed))
+    assert torch.isfinite(t.log_prob(x)).all()
+    # empirical frequencies of the support approach p
+    freq = torch.stack([(x == s).all(1).double().mean() for s in S])
+    assert (freq - lp.exp()).abs().max() < 0.03
+    bad = S.clone(); bad[:, 2] = t.bos
+    assert torch.isinf(t.log_prob(bad)).all()
+
+
+def test_model_equal_to_target_gives_ideal_curve_and_zero_divergence():
+    t = MarkovTarget(length=5)
+    S, lp = t.support()
+    lq = sequence_log_prob(TargetLM(t), S)[0]
+    lams = torch.logspace(-3, 3, 25, dtype=torch.float64)
+    a, b = pr_curve(lq, lp, lams)
+    torch.testing.assert_close(a, lams.clamp(max=1), atol=1e-9, rtol=0)
+    assert max(abs(pr_divergence(lq, lp, l)) for l in lams.tolist()) < 1e-9
+    assert abs(precision_recall(lq, lp, 100)['precision'] - 1) < 1e-9
+    for T in (0.5, 2.0):   # tempering the target keeps every sample valid
+        assert sampled_precision_recall(TargetLM(t), t, 300, T, seed=0)['precision'] == 1.0
+
+
+def test_curve_monotone_bounded_and_equal_to_brute_force(tiny):
+    t, allx, m = tiny
+    lq, lp = sequence_log_prob(m, allx)[0], t.log_prob(allx)
+    on = torch.isfinite(lp)
+    lams = torch.logspace(-3, 3, 31, dtype=torch.float64)
+    a, b = pr_curve(lq[on], lp[on], lams)
+    brute = torch.stack([torch.minimum(l * lp.exp(), lq.exp()).sum() for l in lams])
+    torch.testing.assert_close(a, brute, atol=1e-12, rtol=0)
+    assert (a.diff() >= -1e-12).all() and (b.diff() <= 1e-12).all() and (a <= lams.clamp(max=1) + 1e-12).all()
+    assert min(pr_divergence(lq[on], lp[on], l) for l in lams.tolist()) >= 0
+    # the curve's ends are precision Q(S) and recall P(supp Q) = 1 for a softmax model
+    assert abs(a[-1].item() - lq[on].exp().sum().item()) < 1e-9 and abs(b[0].item() - 1) < 1e-9
+
+
+@pytest.mark.parametrize('T', [0.2, 0.7, 1.0, 1.9, 5.0])
+def test_tempered_sequence_probabilities_sum_to_one(tiny, T):
+    _, allx, m = tiny
+    assert abs(sequence_log_prob(m, allx, (T,))[0].exp().sum().item() - 1) < 1e-9
+
+
+def test_temperature_one_is_identity_and_near_zero_is_greedy(tiny):
+    t, allx, m = tiny
+    with torch.no_grad(): z = m(input_ids=allx[:, :-1]).logits.double()
+    direct = torch.log_softmax(z, -1).gather(-1, allx[:, 1:, None])[..., 0].sum(-1)
+    torch.testing.assert_close(sequence_log_prob(m, allx, (1.0,))[0], direct)
+    bos = torch.full((4, 1), t.bos)
+    torch.testing.assert_close(generate_ids(m, bos, t.length, greedy=False, temperature=1e-4, seed=3), generate_ids(m, bos, t.length))
+
+
+def test_sampled_estimates_agree_with_exact():
+    t = MarkovTarget(length=4)
+    S, lp = t.support()
+    m = tiny_llama(vocab_size=13, n_layers=1, d_model=16, n_heads=2, max_len=8, seed=1).eval()
+    # a model nudged toward the support, so that precision and recall are neither 0 nor 1
+    with torch.no_grad(): m.lm_head.weight[t.bos] -= 2.0
+    for T, seed in ((0.7, 0), (1.0, 1), (1.5, 2)):
+        ex = precision_recall(sequence_log_prob(m, S, (T,))[0], lp, 3000)
+        sa = sampled_precision_recall(m, t, 3000, T, seed=seed)
+        se_p = math.sqrt(ex['precision'] * (1 - ex['precision']) / 3000)
+        assert abs(sa['precision'] - ex['precision']) < 4 * se_p, (T, sa, ex)
+        assert abs(sa['recall'] - ex['recall']) < 4 * ex['recall_se'] + 1e-9, (T, sa, ex)
+
+
+def test_loss_reductions():
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(10, 6, 9, generator=g), torch.randint(0, 9, (10, 6), generator=g)
+    nll = nll_loss(z, y)
+    for name in ('trunc', 'truncr'): torch.testing.assert_close(loss_fn(name, z, y, drop_frac=0.0), nll)
+    s = (-token_log_probs(z, y).sum(-1)).sort().values
+    torch.testing.assert_close(loss_fn('trunc', z, y, drop_frac=0.35), s[:7].mean() / 6)    # 10 - floor(3.5) = 7 kept
+    torch.testing.assert_close(loss_fn('truncr', z, y, drop_frac=0.35), s[3:].mean() / 6)
+    torch.testing.assert_close(loss_fn('cdiv', z, y, alpha=1.0), nll)
+    torch.testing.assert_close(loss_fn('ls', z, y, eps=0.0), nll)
+    lph = torch.full((10,), math.log(0.01))
+    for lam in (0.05, 0.5, 1.0, 4.0):
+        v = loss_fn('pr', z, y, log_p_hat=lph, lam=lam)
+        ref = min(lam, 1) - torch.clamp((token_log_probs(z, y).sum(-1) - lph).exp(), max=lam).mean()
+        torch.testing.assert_close(v, ref); assert v.item() >= 0
+
+
+@pytest.mark.parametrize('alpha', [0.5, 1.5, 2.0, 3.0])
+def test_cdiv_is_the_weighted_integral_of_pr_divergences(alpha):
+    for q in (0.02, 0.3, 0.9):
+        lam = np.logspace(-8, 8, 400001)
+        integral = np.trapezoid(lam ** (-1 - alpha) * (np.minimum(lam, 1) - np.minimum(lam, q)), lam)
+        z = torch.tensor([[[math.log(q), math.log(1 - q)]]]); y = torch.tensor([[0]])
+        assert abs(loss_fn('cdiv', z, y, alpha=alpha).item() - integral) < 1e-4 * max(1, abs(integral))
+
+
+def test_cdiv_minimiser_is_the_target_tempered_at_alpha():
+    p = torch.tensor([0.8, 0.15, 0.05, 0.0, 0.0])                 # three valid tokens, two invalid
+    for alpha in (0.5, 2.0):
+        z = torch.zeros(5, requires_grad=True); opt = torch.optim.Adam([z], lr=0.05)
+        for _ in range(3000):
+            lq = torch.log_softmax(z, -1)
+            loss = (p * torch.expm1((1 - alpha) * lq) / (alpha * (alpha - 1))).sum()
+            opt.zero_grad(); loss.backward(); opt.step()
+        q = torch.softmax(z.detach(), -1)
+        want = p ** (1 / alpha); want = want / want.sum()
+        assert (q - want).abs().max() < 0.01, (alpha, q, want)
+
+
+def test_bad_arguments():
+    t = MarkovTarget(length=3); S, lp = t.support()
+    with pytest.raises(ValueError, match='lambdas must be positive'): pr_curve(lp, lp, [0.0])
+    with pytest.raises(ValueError, match='lam must be a finite number'): pr_divergence(lp, lp, -1.0)
+    with pytest.raises(ValueError, match='temperature must be a finite number'): sequence_log_prob(TargetLM(t), S, (0.0,))
+    with pytest.raises(ValueError, match='temperature'): sampled_precision_recall(TargetLM(t), t, 10, temperature=-1.0)
+    with pytest.raises(ValueError, match='lam'): loss_fn('pr', torch.zeros(2, 3, 13), torch.zeros(2, 3, dtype=torch.long), log_p_hat=torch.zeros(2), lam=0.0)
+    with pytest.raises(ValueError, match='loss name must be one of'): parse_setting('focal:gamma=2')
+    with pytest.raises(ValueError, match='parameters of trunc are'): parse_setting('trunc:c')
+    with pytest.raises(ValueError, match='probs must be 3 positive numbers'): MarkovTarget(probs=(0.9, 0.2, -0.1))
+    with pytest.raises(ValueError, match='n_train'): PRLossConfig(n_train=10)
+    assert setting_label('pr:lam=0.1') == 'λ-PR λ=0.1'
+
+
+def test_empirical_log_prob():
+    d = torch.tensor([[1, 2], [1, 2], [3, 4], [1, 2]])
+    torch.testing.assert_close(empirical_log_prob(d).exp(), torch.tensor([0.75, 0.75, 0.25, 0.75], dtype=torch.float64))
+
+
+def test_training_is_deterministic_and_learns():
+    t = MarkovTarget(length=3); S, lp = t.support()
+    d = t.sample(256, torch.Generator().manual_seed(0))
+    m1, h1 = train_toy_lm(d, 'cdiv:alpha=2', t.vocab, seed=4, steps=20, batch_size=32)
+    m2, _ = train_toy_lm(d, 'cdiv:alpha=2', t.vocab, seed=4, steps=20, batch_size=32)
+    torch.testing.assert_close(sequence_log_prob(m1, S), sequence_log_prob(m2, S))
+    m3, h3 = train_toy_lm(d, 'nll', t.vocab, seed=4, steps=40, batch_size=32)
+    assert h3.train_loss[-1] < h3.train_loss[0]
+    assert precision_recall(sequence_log_prob(m3, S)[0], lp, 100)['precision'] > (3 / 13) ** 3   # above the uniform model's chance level
+
+
+def test_recall_at():
+    assert recall_at([1.0, 0.98, 0.9], [0.5, 0.7, 0.8], 0.95) == pytest.approx(0.7 + 0.1 * 0.03 / 0.08)
+    assert recall_at([0.9, 0.8], [0.5, 0.7], 0.95) == 0.0
+    assert recall_at([1.0, 0.999], [0.2, 0.3], 0.95) == pytest.approx(0.3)
+
+
+def _fake(shift, seeds=(0, 1, 2, 3)):
+    rows = []
+    for s in seeds:
+        for L, base in (('nll', 0.6), ('ls:eps=0.1', 0.55), ('cdiv:alpha=2', 0.6 + shift)):
+            for T, p, r in ((0.5, 1.0, base - 0.2), (1.0, 0.97, base), (1.5, 0.8, base + 0.01)):
+                rows.append(dict(loss=L, family=L.split(':')[0], seed=s, T=T, precision=p - 0.002 * s, recall=r + 0.003 * s * (1 + (L == 'nll'))))
+    cfg = dict(vars(PRLossConfig())); cfg.update(baselines=('nll', 'ls:eps=0.1'), claim_losses=('cdiv:alpha=2',), losses=('nll', 'ls:eps=0.1', 'cdiv:alpha=2'))
+    return Results('pr_loss', cfg, rows, seeds=list(seeds))
+
+
+def test_claims_and_verdict_on_made_up_rows():
+    good, bad = _fake(0.1), _fake(-0.1)
+    assert [c.shows for c in claims(good)] == [True, True, True, True] and verdict(good) == 'reproduced'
+    assert [c.shows for c in claims(bad)] == [True, True, False, False] and verdict(bad) == 'partly'
+    assert 'c-Div α=2' in headline(good)
+
+
+def test_recorded_verdict_matches_the_results_file():
+    if not (get_settings().results_path / 'pr_loss.json').is_file(): pytest.skip('no committed pr_loss results yet')
+    check_results(json.loads((get_settings().results_path / 'pr_loss.json').read_text()))
+    r = load_results('pr_loss')
+    assert verdict(r) == r.verdict and r.mode == 'full'
+    assert [c.name for c in claims(r)] == [c.name for c in r.claims]
