@@ -6,8 +6,10 @@ Docs: https://workbench-dev.github.io/workbench/compression/puzzle.html.md"""
 
 # %% ../../nbs/compression/42_puzzle.ipynb #78ca627a
 from __future__ import annotations
-import contextlib, copy, itertools, math, statistics, time
+import contextlib, copy, itertools, math, shutil, statistics, tempfile, time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -17,23 +19,32 @@ from plotly.subplots import make_subplots
 import ipywidgets as W
 from scipy.optimize import milp, LinearConstraint, Bounds
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
+from ..core import (ExperimentConfig, size, Results, Claim, judge, cached_unit, cached, cache_path, config_hash,
+                            progress, Timer, atomic_save_torch, get_settings)
+from ..measure import (check_int, check_num, check_choice, check_tensor, kl_from_logits, Interval, bootstrap,
+                               paired_bootstrap, claim)
 from ..hooks import decoder_layers, run_with_cache
-from ..train import TrainConfig, train
-from ..viz import PALETTE, Explorer
+from ..models import load_model, load_tokenizer, tiny_llama
+from ..data import lm_dataset, load_corpus, split
+from ..train import TrainConfig, train, generate_ids
+from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
-__all__ = ['ATTN_KINDS', 'FFN_KINDS', 'AttnVariant', 'FFNVariant', 'NoOpAttention', 'LinearAttention', 'NoOpMLP', 'LinearMLP',
-           'gqa_from', 'ffn_importance', 'pruned_from', 'fit_linear', 'init_variant', 'set_blocks', 'swapped',
-           'cache_block_io', 'rope', 'run_from', 'bld_loss', 'sub_forward', 'bld_train', 'refit_output', 'kl_div',
-           'BlockLibrary', 'build_library', 'applied', 'assemble_child', 'arch_of', 'measure_generation',
-           'measure_costs', 'solve_mip', 'arch_cost', 'arch_kl', 'puzzle_choice', 'uniform_choice', 'block_influence',
-           'drop_layers_choice', 'greedy_choice', 'gkd_loss', 'gkd_train', 'evaluate', 'fig_architecture',
-           'frontier_points', 'fig_frontier', 'PuzzleExplorer']
+__all__ = ['ATTN_KINDS', 'FFN_KINDS', 'IO_KEYS', 'CHOICES', 'BASELINES', 'AttnVariant', 'FFNVariant', 'vkey', 'variant_from_name',
+           'NoOpAttention', 'LinearAttention', 'NoOpMLP', 'LinearMLP', 'gqa_from', 'ffn_importance', 'pruned_from',
+           'ridge_solve', 'fit_linear', 'init_variant', 'set_blocks', 'swapped', 'cache_block_io', 'rope', 'run_from',
+           'stream_block_io', 'load_block_io', 'bld_loss', 'sub_forward', 'refit_output', 'bld_layer', 'n_params',
+           'BlockLibrary', 'replace_one_block_kl', 'library_layer', 'make_library', 'applied', 'assemble_child',
+           'arch_of', 'as_model', 'Scenario', 'time_decode', 'uniform_archs', 'measure_costs', 'block_ms', 'predict_ms',
+           'solve_mip', 'budgets_ms', 'within', 'arch_kl', 'puzzle_choice', 'max_params_choice', 'uniform_choice',
+           'block_influence', 'drop_layers_choice', 'greedy_choice', 'choose', 'gkd_loss', 'gkd_train', 'evaluate',
+           'quality_retained', 'child_arch', 'save_child', 'load_child', 'PuzzleConfig', 'byte_blocks', 'tiny_parent',
+           'load_parent_and_data', 'search_space', 'library_stage', 'children_stage', 'gkd_stage', 'run_experiment',
+           'claims', 'verdict', 'headline', 'library_from_results', 'fig_scores', 'fig_architecture', 'frontier_points',
+           'fig_frontier', 'PuzzleExplorer', 'fig_measured', 'fig_latency_model', 'fig_gkd']
 
 # %% ../../nbs/compression/42_puzzle.ipynb #0f730016
 ATTN_KINDS, FFN_KINDS = ('full', 'gqa', 'linear', 'noop'), ('full', 'pruned', 'linear', 'noop')
-
-def _pos(v): return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 @dataclass(frozen=True)
 class AttnVariant:
@@ -41,9 +52,9 @@ class AttnVariant:
     kind: str = 'full'            # one of ATTN_KINDS
     n_kv_heads: int|None = None   # KV heads, for kind='gqa' only
     def __post_init__(self):
-        if self.kind not in ATTN_KINDS: raise ValueError(f"attention kind must be one of {ATTN_KINDS}, got {self.kind!r}")
-        if (self.kind == 'gqa') != (self.n_kv_heads is not None) or (self.kind == 'gqa' and not _pos(self.n_kv_heads)):
-            raise ValueError(f"n_kv_heads must be a positive int for kind='gqa' and None otherwise, got {self.n_kv_heads!r}")
+        check_choice('attention kind', self.kind, ATTN_KINDS)
+        if self.kind == 'gqa': check_int('n_kv_heads', self.n_kv_heads, lo=1)
+        elif self.n_kv_heads is not None: raise ValueError(f"n_kv_heads must be None unless kind='gqa', got {self.n_kv_heads!r}")
     @property
     def name(self) -> str: return f'gqa{self.n_kv_heads}' if self.kind == 'gqa' else self.kind
 
@@ -53,11 +64,20 @@ class FFNVariant:
     kind: str = 'full'                  # one of FFN_KINDS
     intermediate_size: int|None = None  # kept channels, for kind='pruned' only
     def __post_init__(self):
-        if self.kind not in FFN_KINDS: raise ValueError(f"FFN kind must be one of {FFN_KINDS}, got {self.kind!r}")
-        if (self.kind == 'pruned') != (self.intermediate_size is not None) or (self.kind == 'pruned' and not _pos(self.intermediate_size)):
-            raise ValueError(f"intermediate_size must be a positive int for kind='pruned' and None otherwise, got {self.intermediate_size!r}")
+        check_choice('FFN kind', self.kind, FFN_KINDS)
+        if self.kind == 'pruned': check_int('intermediate_size', self.intermediate_size, lo=1)
+        elif self.intermediate_size is not None: raise ValueError(f"intermediate_size must be None unless kind='pruned', got {self.intermediate_size!r}")
     @property
     def name(self) -> str: return f'ffn{self.intermediate_size}' if self.kind == 'pruned' else self.kind
+
+def vkey(v) -> str:
+    "A key unique across both sub-blocks: 'attn:noop', 'ffn:noop', 'ffn:ffn768' (names alone repeat: 'full', 'linear', 'noop')."
+    return f"{'attn' if isinstance(v, AttnVariant) else 'ffn'}:{v.name}"
+
+def variant_from_name(name: str, attn: bool):
+    "The AttnVariant (attn=True) or FFNVariant named `name` ('gqa1', 'ffn768', 'full', 'linear', 'noop')."
+    if attn: return AttnVariant('gqa', int(name[3:])) if name.startswith('gqa') else AttnVariant(name)
+    return FFNVariant('pruned', int(name[3:])) if name.startswith('ffn') else FFNVariant(name)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #85894e3e
 def _placeholder_kv(cache, layer_idx, h):
@@ -94,7 +114,7 @@ class LinearMLP(nn.Module):
 def gqa_from(attn: LlamaAttention, config, n_kv_heads: int) -> LlamaAttention:
     "A copy of `attn` with `n_kv_heads` KV heads, each the mean of the parent heads it merges."
     H_kv = config.num_key_value_heads
-    if not _pos(n_kv_heads) or H_kv % n_kv_heads: raise ValueError(f"n_kv_heads must divide the parent's {H_kv} KV heads, got {n_kv_heads!r}")
+    if check_int('n_kv_heads', n_kv_heads, lo=1) and H_kv % n_kv_heads: raise ValueError(f"n_kv_heads must divide the parent's {H_kv} KV heads, got {n_kv_heads!r}")
     cfg = copy.deepcopy(config); cfg.num_key_value_heads = n_kv_heads
     new = LlamaAttention(cfg, attn.layer_idx).to(attn.q_proj.weight.dtype)
     new.load_state_dict({k: v for k, v in attn.state_dict().items() if k.startswith(('q_proj', 'o_proj'))}, strict=False)
@@ -117,7 +137,7 @@ def ffn_importance(mlp: LlamaMLP, x: Tensor|None=None) -> Tensor:
 def pruned_from(mlp: LlamaMLP, config, k: int, importance: Tensor|None=None) -> LlamaMLP:
     "A copy of `mlp` keeping the `k` most important intermediate channels (in their original order)."
     d_ff = mlp.gate_proj.out_features
-    if not _pos(k) or k > d_ff: raise ValueError(f"k must be an int in [1, {d_ff}], got {k!r}")
+    check_int('k', k, lo=1, hi=d_ff)
     imp = ffn_importance(mlp) if importance is None else importance
     idx = imp.topk(k).indices.sort().values
     cfg = copy.deepcopy(config); cfg.intermediate_size = k
@@ -126,13 +146,22 @@ def pruned_from(mlp: LlamaMLP, config, k: int, importance: Tensor|None=None) -> 
     new.down_proj.weight.data.copy_(mlp.down_proj.weight.detach()[:, idx])
     return new
 
-def fit_linear(x: Tensor, y: Tensor, ridge: float=1e-3) -> Tensor:
-    "Ridge solution W (d_out, d_in) of $\\min_W \\|XW^\\top - Y\\|^2 + \\lambda\\|W\\|^2$, x (..., d_in), y (..., d_out)."
-    X, Y = x.reshape(-1, x.shape[-1]).double(), y.reshape(-1, y.shape[-1]).double()
-    G = X.T @ X
+# %% ../../nbs/compression/42_puzzle.ipynb #6f1c2a10
+def ridge_solve(pairs, ridge: float=1e-3) -> Tensor:
+    "W (d_out, d_in) minimising $\\sum\\|XW^\\top - Y\\|^2 + \\lambda\\|W\\|^2$ over chunks (X (..., d_in), Y (..., d_out)) of `pairs`."
+    G = B = None
+    for X, Y in pairs:
+        X, Y = X.reshape(-1, X.shape[-1]).double(), Y.reshape(-1, Y.shape[-1]).double()
+        G, B = (X.T @ X, X.T @ Y) if G is None else (G + X.T @ X, B + X.T @ Y)
+    if G is None: raise ValueError("pairs must hold at least one (X, Y) chunk")
     # $W^\top = (X^\top X + \lambda I)^{-1} X^\top Y$, $\lambda$ relative to the mean eigenvalue
     lam = ridge * G.diagonal().mean()
-    return torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=G.dtype), X.T @ Y).T.to(x.dtype)
+    return torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=G.dtype), B).T.float()
+
+def fit_linear(x: Tensor, y: Tensor, ridge: float=1e-3, chunk: int=64) -> Tensor:
+    "`ridge_solve` of y (N, ..., d_out) from x (N, ..., d_in), `chunk` rows of the first axis at a time."
+    if x.shape[:-1] != y.shape[:-1]: raise ValueError(f"x and y must agree on all but the last axis, got {tuple(x.shape)}, {tuple(y.shape)}")
+    return ridge_solve(((x[s:s + chunk].float(), y[s:s + chunk].float()) for s in range(0, len(x), chunk)), ridge)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #2d8675a9
 def init_variant(layer, variant, config, x: Tensor|None=None, y: Tensor|None=None) -> nn.Module:
@@ -145,12 +174,12 @@ def init_variant(layer, variant, config, x: Tensor|None=None, y: Tensor|None=Non
         m = LinearAttention(d, i)
     elif isinstance(variant, FFNVariant):
         if variant.kind == 'full': return copy.deepcopy(layer.mlp)
-        if variant.kind == 'pruned': return pruned_from(layer.mlp, config, variant.intermediate_size, None if x is None else ffn_importance(layer.mlp, x))
+        if variant.kind == 'pruned': return pruned_from(layer.mlp, config, variant.intermediate_size, None if x is None else ffn_importance(layer.mlp, x[:64].float()))
         if variant.kind == 'noop': return NoOpMLP()
         m = LinearMLP(d)
     else: raise TypeError(f"variant must be an AttnVariant or FFNVariant, got {type(variant).__name__}")
-    if x is None or y is None: raise ValueError("a 'linear' variant is fitted in closed form: pass the cached inputs x and outputs y")
-    m.proj.weight.data.copy_(fit_linear(x, y)); return m.to(layer.input_layernorm.weight.dtype)
+    if x is not None and y is not None: m.proj.weight.data.copy_(fit_linear(x, y))   # else: weights to be loaded
+    return m.to(layer.input_layernorm.weight.dtype)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #f5825329
 def set_blocks(layer, attn: nn.Module|None=None, mlp: nn.Module|None=None) -> dict:
@@ -176,6 +205,7 @@ def swapped(layer, attn=None, mlp=None):
 
 # %% ../../nbs/compression/42_puzzle.ipynb #eb7366f0
 _PTS = ('hook_resid_pre', 'hook_attn_out', 'hook_mlp_in', 'hook_mlp_out')
+IO_KEYS = ('attn_in', 'attn_out', 'mlp_in', 'mlp_out')
 
 def _check_sdpa(model):
     impl = getattr(model.config, '_attn_implementation', None)
@@ -184,8 +214,7 @@ def _check_sdpa(model):
 @torch.no_grad()
 def cache_block_io(model, ids: Tensor, batch_size: int=8) -> dict:
     "Layer i -> {'resid_pre', 'attn_in', 'attn_out', 'mlp_in', 'mlp_out'}, each (N, T, d), from the parent on `ids` (N, T)."
-    _check_sdpa(model)
-    if not isinstance(ids, Tensor) or ids.ndim != 2: raise ValueError("ids must be an (N, T) tensor of token ids")
+    _check_sdpa(model); check_tensor('ids', ids, ndim=2, floating=False)
     layers, parts = decoder_layers(model), []
     for b in range(0, len(ids), batch_size):
         _, c = run_with_cache(model, ids[b:b + batch_size], names=[f'blocks.*.{p}' for p in _PTS]); parts.append(c)
@@ -209,6 +238,26 @@ def run_from(model, i: int, h: Tensor, pe=None) -> Tensor:
     for layer in layers[i:]: h = layer(h, attention_mask=None, position_embeddings=pe)
     return model.lm_head(model.model.norm(h))
 
+# %% ../../nbs/compression/42_puzzle.ipynb #7d1e3f21
+def stream_block_io(model, ids: Tensor, folder, chunk: int=16, batch_size: int=8) -> Path:
+    "Write the parent's sub-block inputs/outputs on `ids` (N, T) to `folder`/layer{i}/{c}.pt (bf16), a chunk of sequences at a time; finished chunks are kept."
+    folder, L = Path(folder), len(decoder_layers(model)); check_int('chunk', chunk, lo=1)
+    starts = list(range(0, len(ids), chunk))
+    for c, s in enumerate(progress(starts, desc='parent activations')):
+        files = [folder/f'layer{i:02d}'/f'{c:04d}.pt' for i in range(L)]
+        if all(f.is_file() for f in files): continue                          # resume: this chunk is on disk
+        io = cache_block_io(model, ids[s:s + chunk], batch_size)
+        for i, f in enumerate(files): atomic_save_torch({k: io[i][k].to(torch.bfloat16) for k in IO_KEYS}, f)
+    (folder/'manifest.txt').write_text(f'{len(starts)} chunks of {chunk} sequences, {tuple(ids.shape)} tokens, {L} layers\n')
+    return folder
+
+def load_block_io(folder, i: int) -> dict:
+    "Layer i's cached {'attn_in', 'attn_out', 'mlp_in', 'mlp_out'}, each (N, T, d) bf16, from `stream_block_io`."
+    d = Path(folder)/f'layer{i:02d}'
+    if not (Path(folder)/'manifest.txt').is_file(): raise FileNotFoundError(f"{folder} holds no finished stream_block_io output")
+    parts = [torch.load(p) for p in sorted(d.glob('*.pt'))]
+    return {k: torch.cat([p[k] for p in parts]) for k in IO_KEYS}
+
 # %% ../../nbs/compression/42_puzzle.ipynb #5690d996
 def bld_loss(pred: Tensor, target: Tensor) -> Tensor:
     "Normalised MSE $\\|o^c - o^p\\|^2 / \\|o^p\\|^2$."
@@ -221,78 +270,91 @@ def sub_forward(module: nn.Module, x: Tensor, pe=None) -> Tensor:
         return module(hidden_states=x, position_embeddings=pe, attention_mask=None)[0]
     return module(x)
 
-def bld_train(module: nn.Module, x: Tensor, y: Tensor, pe=None, steps: int=30, lr: float=3e-4,
-              batch_size: int=4, seed: int=0) -> list:
-    "Train `module` alone to map cached inputs x (N, T, d) to the parent's outputs y; returns the train-loss history."
-    if x.shape != y.shape or x.ndim != 3: raise ValueError(f"x and y must be (N, T, d) of one shape, got {tuple(x.shape)}, {tuple(y.shape)}")
-    rows = [dict(x=a, y=b) for a, b in zip(x, y)]
-    module.requires_grad_(True)
-    cfg = TrainConfig(steps=steps, batch_size=min(batch_size, len(rows)), lr=lr, weight_decay=0., warmup_steps=max(1, steps // 10),
-                      progress=False, seed=seed)
-    try: h = train(module, rows, cfg, loss_fn=lambda m, b: bld_loss(sub_forward(m, b['x'], pe), b['y']))
-    finally: module.eval().requires_grad_(False)
-    return h.train_loss
-
-# %% ../../nbs/compression/42_puzzle.ipynb #b41087d5
 @torch.no_grad()
-def refit_output(module: nn.Module, x: Tensor, y: Tensor, pe=None) -> nn.Module:
-    "Set the output projection (o_proj / down_proj) of an attention / FFN variant to the least-squares fit of y from x."
+def refit_output(module: nn.Module, x: Tensor, y: Tensor, pe=None, chunk: int=16) -> nn.Module:
+    "Set the output projection (o_proj / down_proj) of an attention / FFN variant to the least-squares fit of y (N, T, d) from x."
     if isinstance(module, LlamaAttention):
-        o = module.o_proj; module.o_proj = nn.Identity()
-        try: z = sub_forward(module, x, pe)                                # (N, T, H*hd): attention output before W^O
-        finally: module.o_proj = o
-    elif isinstance(module, LlamaMLP): z, o = module.act_fn(module.gate_proj(x)) * module.up_proj(x), module.down_proj  # (N, T, k)
+        o = module.o_proj
+        def feats(xb):                                                      # (n, T, H*hd): attention output before W^O
+            module.o_proj = nn.Identity()
+            try: return sub_forward(module, xb, pe)
+            finally: module.o_proj = o
+    elif isinstance(module, LlamaMLP): o, feats = module.down_proj, lambda xb: module.act_fn(module.gate_proj(xb)) * module.up_proj(xb)
     else: raise TypeError(f"refit_output takes a LlamaAttention or LlamaMLP, got {type(module).__name__}")
-    o.weight.copy_(fit_linear(z, y - (0 if o.bias is None else o.bias)))
+    o.weight.copy_(ridge_solve((feats(x[s:s + chunk].float()), y[s:s + chunk].float()) for s in range(0, len(x), chunk)))
     return module
 
+# %% ../../nbs/compression/42_puzzle.ipynb #b41087d5
+def _part(v): return ('attn', 'attn_in', 'attn_out') if isinstance(v, AttnVariant) else ('mlp', 'mlp_in', 'mlp_out')
+
+def bld_layer(layer, config, io: dict, variants, pe=None, steps: int=100, lr: float=3e-4, batch_size: int=2, seed: int=0) -> tuple:
+    "Every variant of one layer from the parent's cached io (N, T, d): initialised, output refit, then `steps` of joint BLD. Returns ({variant: module}, History|None)."
+    mods, trainable = {}, nn.ModuleDict()
+    for v in variants:
+        part, xk, yk = _part(v)
+        if v.kind == 'full': mods[v] = getattr(layer, 'self_attn' if part == 'attn' else 'mlp'); continue
+        m = mods[v] = init_variant(layer, v, config, io[xk], io[yk])
+        if v.kind in ('gqa', 'pruned'): refit_output(m, io[xk], io[yk], pe); trainable[vkey(v)] = m
+    if not len(trainable) or not steps: return mods, None
+    keys = {vkey(v): _part(v)[1:] for v in variants if vkey(v) in trainable}
+    rows = [{k: io[k][r] for k in IO_KEYS} for r in range(len(io['attn_in']))]
+    loss = lambda md, b: sum(bld_loss(sub_forward(md[n], b[xk].float(), pe), b[yk].float()) for n, (xk, yk) in keys.items())
+    tc = TrainConfig(steps=steps, batch_size=min(batch_size, len(rows)), lr=lr, weight_decay=0., grad_clip=None,
+                     warmup_steps=max(1, steps // 10), progress=False, seed=seed)
+    trainable.requires_grad_(True)
+    try: h = train(trainable, rows, tc, loss_fn=loss)
+    finally: trainable.eval().requires_grad_(False)
+    return mods, h
+
 # %% ../../nbs/compression/42_puzzle.ipynb #02c3b60b
-def kl_div(p_logits: Tensor, q_logits: Tensor) -> Tensor:
-    "Mean per-token $\\mathrm{KL}(p\\|q)$ from logits (..., V)."
-    lp, lq = p_logits.float().log_softmax(-1), q_logits.float().log_softmax(-1)
-    # $\mathrm{KL}(p\|q) = \sum_v p_v(\log p_v - \log q_v)$
-    return (lp.exp() * (lp - lq)).sum(-1).mean()
+def n_params(module: nn.Module) -> int: return sum(p.numel() for p in module.parameters())
 
 @dataclass
 class BlockLibrary:
-    "Variants, trained modules, replace-one-block KL scores and measured costs of every (layer, variant)."
+    "Variants, their modules, replace-one-block KL scores, local errors, parameter counts and measured costs per scenario."
     attn: list                      # AttnVariant per column (index 0 = the parent's 'full')
     ffn: list                       # FFNVariant per column (index 0 = 'full')
     modules: dict                   # (layer, variant) -> module; the parent's own module for 'full'
     kl_attn: np.ndarray             # (L, nA) replace-one-block KL to the parent
     kl_ffn: np.ndarray              # (L, nF)
-    bld: dict = field(default_factory=dict)   # (layer, variant) -> final local (normalised) error
-    cost_attn: np.ndarray|None = None  # (nA,) measured decode ms per token, per layer using it
-    cost_ffn: np.ndarray|None = None   # (nF,)
-    overhead: float = 0.            # ms per token of everything else (embedding, final norm, lm_head, ...)
+    bld: dict = field(default_factory=dict)           # (layer, variant name) -> held-out normalised local error
+    params_attn: np.ndarray|None = None               # (nA,) parameters of each attention variant
+    params_ffn: np.ndarray|None = None                # (nF,)
+    costs: dict = field(default_factory=dict)         # scenario name -> {'attn': (nA,), 'ffn': (nF,), 'overhead': float}, ms per decode step
     @property
     def n_layers(self) -> int: return self.kl_attn.shape[0]
 
+@torch.no_grad()
+def replace_one_block_kl(model, i: int, module: nn.Module, part: str, resid: Tensor, parent_logits: Tensor, pe=None, batch_size: int=4) -> float:
+    "Mean per-token KL(parent || parent with layer i's `part` ('attn' / 'mlp') replaced by `module`), from the residual `resid` (N, T, d) entering layer i."
+    check_choice('part', part, ('attn', 'mlp')); layer, tot = decoder_layers(model)[i], 0.
+    with swapped(layer, **{part: module}):
+        for s in range(0, len(resid), batch_size):
+            tot += kl_from_logits(parent_logits[s:s + batch_size], run_from(model, i, resid[s:s + batch_size], pe), reduction='sum').item()
+    return tot / (resid.shape[0] * resid.shape[1])
+
 # %% ../../nbs/compression/42_puzzle.ipynb #f68e2311
-def build_library(model, attn_variants, ffn_variants, calib: dict, eval_resid: dict, eval_logits: Tensor,
-                  bld_steps: int=30, lr: float=3e-4, batch_size: int=4, seed: int=0, progress=None) -> BlockLibrary:
-    "Make every variant of every layer (closed-form fits, then `bld_steps` of BLD on `calib`) and score it on the held-out `eval_resid`."
+def library_layer(model, i: int, variants, io: dict, score_io: dict, score_logits: Tensor, steps: int=100, lr: float=3e-4,
+                  batch_size: int=2, seed: int=0) -> tuple:
+    "BLD and scores of every variant of layer i: ({variant: module}, {'kl': {vkey: KL}, 'bld': {vkey: held-out local error}, 'bld_curve': [...]})."
     _check_sdpa(model)
+    mods, hist = bld_layer(decoder_layers(model)[i], model.config, io, variants, rope(model, io['attn_in'].shape[1]), steps, lr, batch_size, seed + i)
+    pe, kl, err = rope(model, score_io['attn_in'].shape[1]), {}, {}
+    for v, m in mods.items():
+        part, xk, yk = _part(v)
+        if v.kind == 'full': kl[vkey(v)] = err[vkey(v)] = 0.; continue
+        with torch.no_grad(): err[vkey(v)] = bld_loss(sub_forward(m, score_io[xk], pe), score_io[yk]).item()
+        kl[vkey(v)] = replace_one_block_kl(model, i, m, part, score_io['resid_pre'], score_logits, pe)
+    return mods, dict(kl=kl, bld=err, bld_curve=[round(x, 5) for x in (hist.train_loss if hist else [])])
+
+def make_library(attn_variants, ffn_variants, layers: list, modules: dict) -> BlockLibrary:
+    "A BlockLibrary from `library_layer`'s per-layer scores (a list, layer order) and modules {(layer, variant): module}."
     A, Fv = list(attn_variants), list(ffn_variants)
     if not A or A[0] != AttnVariant() or not Fv or Fv[0] != FFNVariant(): raise ValueError("the first attention and FFN variants must be the parent's ('full')")
-    layers, cfg = decoder_layers(model), model.config
-    pe_c, pe_e = rope(model, calib[0]['attn_in'].shape[1]), rope(model, eval_resid[0].shape[1])
-    mods, bld = {}, {}
-    kl_a, kl_f = np.zeros((len(layers), len(A))), np.zeros((len(layers), len(Fv)))
-    for i, layer in enumerate(layers):
-        io = calib[i]
-        for part, vs, kl, xk, yk in (('attn', A, kl_a, 'attn_in', 'attn_out'), ('mlp', Fv, kl_f, 'mlp_in', 'mlp_out')):
-            for j, v in enumerate(vs):
-                if v.kind == 'full': mods[i, v] = getattr(layer, 'self_attn' if part == 'attn' else 'mlp'); continue
-                m = init_variant(layer, v, cfg, io[xk], io[yk]); torch.manual_seed(seed + i)
-                if v.kind in ('gqa', 'pruned'):
-                    refit_output(m, io[xk], io[yk], pe_c)
-                    if bld_steps > 0: bld_train(m, io[xk], io[yk], pe_c if part == 'attn' else None, bld_steps, lr, batch_size, seed + i)
-                with torch.no_grad(): bld[i, v] = bld_loss(sub_forward(m, io[xk], pe_c), io[yk]).item()
-                with swapped(layer, **{part: m}): kl[i, j] = kl_div(eval_logits, run_from(model, i, eval_resid[i], pe_e)).item()
-                mods[i, v] = m
-        if progress: progress(f"layer {i}: KL attn {np.round(kl_a[i], 4).tolist()} ffn {np.round(kl_f[i], 4).tolist()}")
-    return BlockLibrary(A, Fv, mods, kl_a, kl_f, bld)
+    kl_a = np.array([[r['kl'][vkey(v)] for v in A] for r in layers]); kl_f = np.array([[r['kl'][vkey(v)] for v in Fv] for r in layers])
+    bld = {(i, n): e for i, r in enumerate(layers) for n, e in r['bld'].items()}
+    pa = np.array([n_params(modules[0, v]) for v in A]); pf = np.array([n_params(modules[0, v]) for v in Fv])
+    return BlockLibrary(A, Fv, modules, kl_a, kl_f, bld, pa, pf)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #5672e9ad
 @contextlib.contextmanager
@@ -318,38 +380,62 @@ def arch_of(lib: BlockLibrary, ia, if_) -> list:
     "Variant indices (L,), (L,) -> [(AttnVariant, FFNVariant)] per layer."
     return [(lib.attn[a], lib.ffn[f]) for a, f in zip(ia, if_)]
 
-# %% ../../nbs/compression/42_puzzle.ipynb #6c0ab3c5
-@torch.no_grad()
-def measure_generation(model, archs: dict, lib: BlockLibrary|None=None, prompt_len: int=64, new_tokens: int=16,
-                       repeats: int=3, seed: int=0) -> dict:
-    "name -> {'prefill_ms', 'decode_ms' (per token), 'tokens_per_s'}; `archs`: name -> arch, or a model, or None (`model` as is)."
-    if not _pos(prompt_len) or not _pos(new_tokens) or not _pos(repeats): raise ValueError("prompt_len, new_tokens and repeats must be positive ints")
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
-    ts = {n: ([], []) for n in archs}
-    for r in range(repeats + 1):                                           # round 0 warms up
-        for n, arch in archs.items():
-            with (contextlib.nullcontext(model if arch is None else arch) if arch is None or isinstance(arch, nn.Module) else applied(model, lib, arch)) as m:
-                t0 = time.perf_counter(); out = m(input_ids=ids, use_cache=True); t1 = time.perf_counter()
-                for _ in range(new_tokens):
-                    out = m(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
-                t2 = time.perf_counter()
-            if r: ts[n][0].append(t1 - t0); ts[n][1].append((t2 - t1) / new_tokens)
-    med = statistics.median
-    return {n: dict(prefill_ms=1e3 * med(a), decode_ms=1e3 * med(b), tokens_per_s=1 / med(b)) for n, (a, b) in ts.items()}
+def as_model(parent, lib: BlockLibrary|None, arch):
+    "Context manager giving a model: `arch` (a list of variant pairs) applied to the parent, a module as is, or the parent for None."
+    if arch is None: return contextlib.nullcontext(parent)
+    if isinstance(arch, nn.Module): return contextlib.nullcontext(arch)
+    return applied(parent, lib, arch)
 
-def measure_costs(model, lib: BlockLibrary, **kw) -> dict:
-    "Fill `lib.cost_attn`, `lib.cost_ffn`, `lib.overhead` (decode ms/token) from uniform models; returns the raw timings."
-    A0, F0 = AttnVariant('noop'), FFNVariant('noop')
+# %% ../../nbs/compression/42_puzzle.ipynb #6c0ab3c5
+@dataclass(frozen=True)
+class Scenario:
+    "A decode-latency scenario: `batch_size` prompts of `prompt_len` tokens (the KV length when decoding starts), `new_tokens` timed decode steps."
+    batch_size: int = 1       # sequences decoded together
+    prompt_len: int = 256     # prompt tokens per sequence
+    new_tokens: int = 8       # decode steps timed per call
+    def __post_init__(self):
+        for k in ('batch_size', 'prompt_len', 'new_tokens'): check_int(k, getattr(self, k), lo=1)
+    @property
+    def name(self) -> str: return f'b{self.batch_size}'
+
+@torch.no_grad()
+def time_decode(parent, archs: dict, scenario: Scenario, lib: BlockLibrary|None=None, repeats: int=10, warmup: int=1, seed: int=0) -> dict:
+    "name -> {'decode_ms', 'prefill_ms'}: one value per round; each round runs every model (`as_model`) once, in a rotated order, through `generate_ids(trace=True)`."
+    check_int('repeats', repeats, lo=1); check_int('warmup', warmup, lo=0)
+    if not archs: raise ValueError("archs must name at least one model")
+    ids = torch.randint(0, parent.config.vocab_size, (scenario.batch_size, scenario.prompt_len), generator=torch.Generator().manual_seed(seed))
+    names, out = list(archs), {n: dict(decode_ms=[], prefill_ms=[]) for n in archs}
+    for r in range(warmup + repeats):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            with as_model(parent, lib, archs[n]) as m: tr = generate_ids(m, ids, scenario.new_tokens + 1, trace=True)
+            if r >= warmup: out[n]['decode_ms'].append(1e3 * statistics.median(tr.step_s)); out[n]['prefill_ms'].append(1e3 * tr.prefill_s)
+    return out
+
+# %% ../../nbs/compression/42_puzzle.ipynb #6c0ab3c6
+def uniform_archs(lib: BlockLibrary) -> dict:
+    "The cost model's models: 'a|noop' (attention variant a, no FFN, in every layer) and 'noop|f'."
+    L, A0, F0 = lib.n_layers, AttnVariant('noop'), FFNVariant('noop')
     if A0 not in lib.attn or F0 not in lib.ffn: raise ValueError("costs are measured against no-op sub-blocks: include AttnVariant('noop') and FFNVariant('noop')")
-    L = lib.n_layers
-    archs = {('noop', 'noop'): [(A0, F0)] * L, **{(a.name, 'noop'): [(a, F0)] * L for a in lib.attn if a != A0},
-             **{('noop', f.name): [(A0, f)] * L for f in lib.ffn if f != F0}}
-    t = measure_generation(model, archs, lib, **kw)
-    lib.overhead = t0 = t['noop', 'noop']['decode_ms']
-    # $t_a = (T(a, \varnothing) - T(\varnothing, \varnothing)) / L$, clipped at 0 (timing noise)
-    lib.cost_attn = np.array([0. if a == A0 else max(0., (t[a.name, 'noop']['decode_ms'] - t0) / L) for a in lib.attn])
-    lib.cost_ffn = np.array([0. if f == F0 else max(0., (t['noop', f.name]['decode_ms'] - t0) / L) for f in lib.ffn])
-    return t
+    return {**{f'{a.name}|noop': [(a, F0)] * L for a in lib.attn}, **{f'noop|{f.name}': [(A0, f)] * L for f in lib.ffn if f != F0}}
+
+def measure_costs(parent, lib: BlockLibrary, scenarios, repeats=10, warmup: int=1, seed: int=0, extra: dict|None=None) -> dict:
+    "Time the uniform models (and `extra` models) in every scenario (`repeats`: rounds, or a dict scenario name -> rounds) and fill `lib.costs`; returns {scenario: time_decode output}."
+    L, archs, raw = lib.n_layers, {**uniform_archs(lib), **(extra or {})}, {}
+    for s in scenarios:
+        t = raw[s.name] = time_decode(parent, archs, s, lib, repeats[s.name] if isinstance(repeats, dict) else repeats, warmup, seed)
+        med = {n: statistics.median(v['decode_ms']) for n, v in t.items()}; t0 = med['noop|noop']
+        # $t^s_a = (T^s(a, \varnothing) - T^s(\varnothing, \varnothing)) / L$, not clipped: timing noise may make it negative
+        lib.costs[s.name] = dict(attn=np.array([(med[f'{a.name}|noop'] - t0) / L for a in lib.attn]),
+                                 ffn=np.array([(med[f'noop|{f.name}'] - t0) / L for f in lib.ffn]), overhead=t0)
+    return raw
+
+def block_ms(lib: BlockLibrary, ia, if_, scenario: str) -> float:
+    "Predicted decode ms of an architecture's decoder blocks, $\\sum_i t^s_{a_i} + t^s_{f_i}$."
+    c = lib.costs[scenario]; return float(c['attn'][np.asarray(ia)].sum() + c['ffn'][np.asarray(if_)].sum())
+
+def predict_ms(lib: BlockLibrary, ia, if_, scenario: str) -> float:
+    "Predicted decode ms per step, $t^s_0 + \\sum_i t^s_{a_i} + t^s_{f_i}$."
+    return lib.costs[scenario]['overhead'] + block_ms(lib, ia, if_, scenario)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #0523e7d0
 def _cost2d(c, shape, name):
@@ -357,183 +443,619 @@ def _cost2d(c, shape, name):
     try: return np.broadcast_to(c, shape)
     except ValueError: raise ValueError(f"{name} must have shape ({shape[1]},) or {shape}, got {c.shape}") from None
 
-def solve_mip(kl_attn, kl_ffn, cost_attn, cost_ffn, budget: float, overhead: float=0.,
-              mem_attn=None, mem_ffn=None, memory_budget: float|None=None) -> tuple:
-    "Variant indices (L,), (L,) minimising summed KL with overhead + summed cost <= budget (and memory <= memory_budget)."
+def solve_mip(kl_attn, kl_ffn, cost_attn, cost_ffn, budget: float, overhead: float=0., constraints=()) -> tuple:
+    "Variant indices (L,), (L,) minimising summed KL with overhead + summed cost <= budget, and summed cost <= limit for every (cost_attn, cost_ffn, limit) in `constraints`."
     qa, qf = np.asarray(kl_attn, dtype=float), np.asarray(kl_ffn, dtype=float)
     if qa.ndim != 2 or qf.ndim != 2 or qa.shape[0] != qf.shape[0]: raise ValueError(f"kl_attn and kl_ffn must be (L, nA) and (L, nF), got {qa.shape}, {qf.shape}")
-    if not np.isfinite(budget): raise ValueError(f"budget must be a finite number, got {budget!r}")
     (L, nA), nF = qa.shape, qf.shape[1]
-    ca, cf = _cost2d(cost_attn, qa.shape, 'cost_attn'), _cost2d(cost_ffn, qf.shape, 'cost_ffn')
-    lo = overhead + ca.min(1).sum() + cf.min(1).sum()
-    if budget < lo - 1e-9: raise ValueError(f"latency budget {budget:.4g} is infeasible: the cheapest architecture in the search space costs {lo:.4g}")
-    n = L * (nA + nF)
-    eq = np.zeros((2 * L, n))
+    rows, lims = [], []
+    for k, (ca, cf, lim) in enumerate([(cost_attn, cost_ffn, check_num('budget', budget) - overhead), *constraints]):
+        ca, cf = _cost2d(ca, qa.shape, f'cost_attn of constraint {k}'), _cost2d(cf, qf.shape, f'cost_ffn of constraint {k}')
+        lo = ca.min(1).sum() + cf.min(1).sum()
+        if check_num('limit', lim) < lo - 1e-9: raise ValueError(f"budget {k} is infeasible: the cheapest architecture in the search space needs {lo:.4g} (+ overhead), the limit is {lim:.4g}")
+        rows.append(np.concatenate([ca.ravel(), cf.ravel()])); lims.append(lim)
+    n = L * (nA + nF); eq = np.zeros((2 * L, n))
     for i in range(L): eq[i, i * nA:(i + 1) * nA] = 1; eq[L + i, L * nA + i * nF:L * nA + (i + 1) * nF] = 1
-    # $\sum_a x_{ia} = 1,\ \sum_f y_{if} = 1,\ t_0 + \sum_{i,a} t_{ia}x_{ia} + \sum_{i,f} t_{if}y_{if} \le T_{max}$
-    cons = [LinearConstraint(eq, 1, 1), LinearConstraint(np.concatenate([ca.ravel(), cf.ravel()])[None], -np.inf, budget - overhead)]
-    if memory_budget is not None:
-        ma, mf = _cost2d(mem_attn, qa.shape, 'mem_attn'), _cost2d(mem_ffn, qf.shape, 'mem_ffn')
-        cons.append(LinearConstraint(np.concatenate([ma.ravel(), mf.ravel()])[None], -np.inf, memory_budget))
+    # $\sum_a x_{ia} = 1,\ \sum_f y_{if} = 1,\ \sum_{i,a} t^s_{a}x_{ia} + \sum_{i,f} t^s_{f}y_{if} \le \beta B^s\ \forall s$
+    cons = [LinearConstraint(eq, 1, 1), LinearConstraint(np.stack(rows), -np.inf, np.array(lims))]
     # $\min \sum_{i,a} q_{ia}x_{ia} + \sum_{i,f} q_{if}y_{if}$
     res = milp(np.concatenate([qa.ravel(), qf.ravel()]), constraints=cons, integrality=np.ones(n), bounds=Bounds(0, 1))
-    if res.x is None: raise ValueError(f"no architecture meets the budget(s): {res.message}")
+    if res.x is None: raise ValueError(f"no architecture meets the budgets: {res.message}")
     x = res.x.round()
     return x[:L * nA].reshape(L, nA).argmax(1), x[L * nA:].reshape(L, nF).argmax(1)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #bc597eb2
-def arch_cost(lib: BlockLibrary, ia, if_) -> float:
-    "Predicted decode ms/token $t_0 + \\sum_i t_{a_i} + t_{f_i}$."
-    return float(lib.overhead + lib.cost_attn[ia].sum() + lib.cost_ffn[if_].sum())
+def budgets_ms(lib: BlockLibrary, frac: float) -> dict:
+    "Scenario -> `frac` times the parent's predicted decoder-block latency (ms per decode step)."
+    check_num('frac', frac, lo=0, lo_open=True); z = np.zeros(lib.n_layers, int)
+    if not lib.costs: raise ValueError("the library has no costs yet: run measure_costs first")
+    return {s: frac * block_ms(lib, z, z, s) for s in lib.costs}
+
+def within(lib: BlockLibrary, ia, if_, budgets: dict) -> bool:
+    "Whether the architecture's predicted block latency meets every budget."
+    return all(block_ms(lib, ia, if_, s) <= b + 1e-9 for s, b in budgets.items())
 
 def arch_kl(lib: BlockLibrary, ia, if_) -> float:
     "Summed replace-one-block KL of an architecture (the MIP objective)."
     r = np.arange(lib.n_layers); return float(lib.kl_attn[r, ia].sum() + lib.kl_ffn[r, if_].sum())
 
-def puzzle_choice(lib: BlockLibrary, budget: float) -> tuple:
-    "The MIP's architecture for a decode-latency budget (ms/token)."
-    if lib.cost_attn is None: raise ValueError("the library has no costs yet: run measure_costs first")
-    return solve_mip(lib.kl_attn, lib.kl_ffn, lib.cost_attn, lib.cost_ffn, budget, lib.overhead)
+def _mip(lib: BlockLibrary, budgets: dict, qa, qf) -> tuple:
+    (s0, b0), *rest = budgets.items()
+    return solve_mip(qa, qf, lib.costs[s0]['attn'], lib.costs[s0]['ffn'], b0, 0., [(lib.costs[s]['attn'], lib.costs[s]['ffn'], b) for s, b in rest])
 
-def uniform_choice(lib: BlockLibrary, budget: float) -> tuple:
-    "The best architecture that uses one (attention, FFN) pair in every layer within the budget."
+def puzzle_choice(lib: BlockLibrary, budgets: dict) -> tuple:
+    "The MIP's architecture: least summed replace-one-block KL within every budget (scenario -> block ms)."
+    return _mip(lib, budgets, lib.kl_attn, lib.kl_ffn)
+
+def max_params_choice(lib: BlockLibrary, budgets: dict) -> tuple:
+    "The paper's 'maximise parameters' baseline: the same MIP with the kept parameter count as its objective."
+    L, scale = lib.n_layers, max(lib.params_attn.max(), lib.params_ffn.max())
+    return _mip(lib, budgets, -np.tile(lib.params_attn / scale, (L, 1)), -np.tile(lib.params_ffn / scale, (L, 1)))
+
+def uniform_choice(lib: BlockLibrary, budgets: dict) -> tuple:
+    "The best architecture that uses one (attention, FFN) pair in every layer within the budgets."
     L, best = lib.n_layers, None
     for a, f in itertools.product(range(len(lib.attn)), range(len(lib.ffn))):
         ia, if_ = np.full(L, a), np.full(L, f)
-        if arch_cost(lib, ia, if_) <= budget and (best is None or arch_kl(lib, ia, if_) < arch_kl(lib, *best)): best = (ia, if_)
-    if best is None: raise ValueError(f"no uniform architecture fits the budget {budget:.4g}")
+        if within(lib, ia, if_, budgets) and (best is None or arch_kl(lib, ia, if_) < arch_kl(lib, *best)): best = (ia, if_)
+    if best is None: raise ValueError(f"no uniform architecture fits the budgets {budgets}")
     return best
 
 # %% ../../nbs/compression/42_puzzle.ipynb #40d64ff5
-def block_influence(calib: dict) -> np.ndarray:
+def block_influence(io: dict) -> np.ndarray:
     "$BI_i = 1 - \\mathbb E_t \\cos(h_i, h_{i+1})$ per layer, from `cache_block_io` output."
     out = []
-    for i in sorted(calib):
-        h = calib[i]['resid_pre']; post = h + calib[i]['attn_out'] + calib[i]['mlp_out']
+    for i in sorted(io):
+        h = io[i]['resid_pre']; post = h + io[i]['attn_out'] + io[i]['mlp_out']
         out.append(1 - F.cosine_similarity(h, post, dim=-1).mean().item())
     return np.array(out)
 
-def drop_layers_choice(lib: BlockLibrary, budget: float, influence) -> tuple:
-    "Remove whole layers (no-op attention and FFN) of lowest block influence until the budget is met."
+def drop_layers_choice(lib: BlockLibrary, budgets: dict, influence) -> tuple:
+    "Remove whole layers (no-op attention and FFN) of lowest block influence until every budget is met."
     a0, f0 = lib.attn.index(AttnVariant('noop')), lib.ffn.index(FFNVariant('noop'))
     ia, if_ = np.zeros(lib.n_layers, int), np.zeros(lib.n_layers, int)
     for i in np.argsort(influence):
-        if arch_cost(lib, ia, if_) <= budget: break
+        if within(lib, ia, if_, budgets): break
         ia[i], if_[i] = a0, f0
-    if arch_cost(lib, ia, if_) > budget: raise ValueError(f"dropping every layer still exceeds the budget {budget:.4g}")
+    if not within(lib, ia, if_, budgets): raise ValueError(f"dropping every layer still exceeds the budgets {budgets}")
     return ia, if_
 
-def greedy_choice(lib: BlockLibrary, budget: float) -> tuple:
-    "From the parent, repeatedly apply the sub-block change with the least KL added per ms saved until within budget."
-    ia, if_ = np.zeros(lib.n_layers, int), np.zeros(lib.n_layers, int)
-    while arch_cost(lib, ia, if_) > budget:
+def greedy_choice(lib: BlockLibrary, budgets: dict) -> tuple:
+    "From the parent, repeatedly apply the sub-block change with the least KL added per unit of relative latency saved, until within every budget."
+    z = np.zeros(lib.n_layers, int); ref = {s: block_ms(lib, z, z, s) for s in budgets}
+    rel = lambda part: sum(np.asarray(lib.costs[s][part]) / ref[s] for s in budgets)     # (n variants,) latency, relative to the parent's blocks
+    ia, if_ = z.copy(), z.copy()
+    while not within(lib, ia, if_, budgets):
         best = None
-        for idx, kl, c in ((ia, lib.kl_attn, lib.cost_attn), (if_, lib.kl_ffn, lib.cost_ffn)):
+        for idx, kl, c in ((ia, lib.kl_attn, rel('attn')), (if_, lib.kl_ffn, rel('ffn'))):
             for i in range(lib.n_layers):
                 for v in np.flatnonzero(c < c[idx[i]]):
-                    r = (kl[i, v] - kl[i, idx[i]]) / (c[idx[i]] - c[v])      # KL added per ms saved
+                    r = (kl[i, v] - kl[i, idx[i]]) / (c[idx[i]] - c[v])      # KL added per latency saved
                     if best is None or r < best[0]: best = (r, idx, i, v)
-        if best is None: raise ValueError(f"greedy cannot reach the budget {budget:.4g}")
+        if best is None: raise ValueError(f"greedy cannot reach the budgets {budgets}")
         best[1][best[2]] = best[3]
     return ia, if_
+
+CHOICES = dict(puzzle=puzzle_choice, uniform=uniform_choice, drop_layers=drop_layers_choice, greedy=greedy_choice, max_params=max_params_choice)
+BASELINES = tuple(m for m in CHOICES if m != 'puzzle')
+
+def choose(lib: BlockLibrary, method: str, budgets: dict, influence=None) -> tuple:
+    "The architecture (ia, if_) `method` (a key of CHOICES) picks within `budgets`."
+    check_choice('method', method, CHOICES)
+    return CHOICES[method](lib, budgets, influence) if method == 'drop_layers' else CHOICES[method](lib, budgets)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #6ee2726f
 def gkd_loss(child, parent, ids: Tensor, w_cos: float=1., w_kl: float=1.) -> Tensor:
     "$w_{kl}\\mathrm{KL}(p_{parent}\\|p_{child}) + w_{cos}\\sum_i (1-\\cos(h^p_i, h^c_i))$ over block outputs."
     with torch.no_grad(): po = parent(input_ids=ids, output_hidden_states=True)
-    co = child(input_ids=ids, output_hidden_states=True)
+    co = child(input_ids=ids, output_hidden_states=w_cos > 0)
     # $\mathcal L_{cos} = \sum_i \mathbb E_t\,(1 - \cos(h^p_i, h^c_i))$
-    cos = sum((1 - F.cosine_similarity(a, b, dim=-1)).mean() for a, b in zip(po.hidden_states[1:], co.hidden_states[1:]))
-    return w_kl * kl_div(po.logits, co.logits) + w_cos * cos
+    cos = sum((1 - F.cosine_similarity(a, b, dim=-1)).mean() for a, b in zip(po.hidden_states[1:], co.hidden_states[1:])) if w_cos > 0 else 0.
+    return w_kl * kl_from_logits(po.logits, co.logits) + w_cos * cos
 
-def gkd_train(child, parent, ids: Tensor, steps: int=20, lr: float=1e-4, batch_size: int=4, seed: int=0):
-    "Global distillation of the child's decoder layers towards the parent; returns the platform `History`."
+def gkd_train(child, parent, ids: Tensor, steps: int=100, lr: float=5e-5, batch_size: int=1, eval_ids: Tensor|None=None,
+              eval_every: int|None=None, seed: int=0, callbacks=()):
+    "Global distillation of the child's decoder layers towards the parent; returns the platform `History` (eval loss = KL to the parent on `eval_ids`)."
+    check_tensor('ids', ids, ndim=2, floating=False)
     child.requires_grad_(False); decoder_layers(child).requires_grad_(True)
-    cfg = TrainConfig(steps=steps, batch_size=min(batch_size, len(ids)), lr=lr, weight_decay=0., progress=False, seed=seed)
-    try: return train(child, ids, cfg, loss_fn=lambda m, b: gkd_loss(m, parent, b['input_ids']))
+    cfg = TrainConfig(steps=steps, batch_size=min(batch_size, len(ids)), lr=lr, weight_decay=0., eval_every=eval_every,
+                      eval_batch_size=2, progress=False, seed=seed)
+    loss = lambda m, b: gkd_loss(m, parent, b['input_ids'], w_cos=1. if m.training else 0.)   # eval: the KL alone
+    try: return train(child, ids, cfg, eval_data=eval_ids, loss_fn=loss, callbacks=callbacks)
     finally: child.eval().requires_grad_(False)
 
+# %% ../../nbs/compression/42_puzzle.ipynb #6ee27270
 @torch.no_grad()
-def evaluate(model, ids: Tensor, parent_logits: Tensor, batch_size: int=8) -> dict:
-    "KL to the parent, top-1 agreement with it, and perplexity on `ids` (N, T)."
-    kl, agree, nll, n = 0., 0., 0., 0
-    for b in range(0, len(ids), batch_size):
-        x, pl = ids[b:b + batch_size], parent_logits[b:b + batch_size]
-        lg = model(input_ids=x).logits.float(); k = x.numel()
-        kl += kl_div(pl, lg).item() * k; agree += (lg.argmax(-1) == pl.argmax(-1)).float().sum().item()
-        nll += F.cross_entropy(lg[:, :-1].flatten(0, 1), x[:, 1:].flatten(), reduction='sum').item(); n += k
-    return dict(kl=kl / n, top1=agree / n, ppl=math.exp(nll / (n - len(ids))))
+def evaluate(parent, models: dict, ids: Tensor, lib: BlockLibrary|None=None, batch_size: int=4) -> dict:
+    "Per sequence of `ids` (N, T): name -> {'nll', 'kl', 'top1'} (means over positions) for 'parent' and every model of `models` (`as_model`)."
+    check_tensor('ids', ids, ndim=2, floating=False)
+    out = {n: dict(nll=[], kl=[], top1=[]) for n in ('parent', *models)}
+    for s in range(0, len(ids), batch_size):
+        x = ids[s:s + batch_size]; pl = parent(input_ids=x).logits.float()       # (B, T, V)
+        for n, arch in (('parent', None), *models.items()):
+            with as_model(parent, lib, arch) as m: lg = pl if arch is None else m(input_ids=x).logits.float()
+            out[n]['kl'] += kl_from_logits(pl, lg, reduction='none').mean(-1).tolist()
+            out[n]['top1'] += (lg.argmax(-1) == pl.argmax(-1)).float().mean(-1).tolist()
+            out[n]['nll'] += F.cross_entropy(lg[:, :-1].transpose(1, 2), x[:, 1:], reduction='none').mean(-1).tolist()
+    return out
+
+def quality_retained(nll_parent, nll_child, seed: int=0) -> Interval:
+    "ppl_parent / ppl_child $= \\exp(\\overline{\\ell^p} - \\overline{\\ell^c})$ over paired sequences, with a paired-bootstrap 95% interval."
+    i = paired_bootstrap(nll_parent, nll_child, seed=seed, unit='sequences')
+    return Interval(math.exp(i.estimate), math.exp(i.lo), math.exp(i.hi), i.n, i.how)
+
+# %% ../../nbs/compression/42_puzzle.ipynb #5ac1d002
+def child_arch(model) -> list:
+    "The (AttnVariant, FFNVariant) of every decoder layer of an assembled child, read from its modules."
+    cfg, out = model.config, []
+    hd = getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads
+    for i, layer in enumerate(decoder_layers(model)):
+        at, ml = layer.self_attn, layer.mlp
+        if isinstance(at, NoOpAttention): a = AttnVariant('noop')
+        elif isinstance(at, LinearAttention): a = AttnVariant('linear')
+        elif isinstance(at, LlamaAttention): g = at.k_proj.out_features // hd; a = AttnVariant() if g == cfg.num_key_value_heads else AttnVariant('gqa', g)
+        else: raise TypeError(f"layer {i}: unknown attention module {type(at).__name__}")
+        if isinstance(ml, NoOpMLP): f = FFNVariant('noop')
+        elif isinstance(ml, LinearMLP): f = FFNVariant('linear')
+        elif isinstance(ml, LlamaMLP): k = ml.gate_proj.out_features; f = FFNVariant() if k == cfg.intermediate_size else FFNVariant('pruned', k)
+        else: raise TypeError(f"layer {i}: unknown FFN module {type(ml).__name__}")
+        out.append((a, f))
+    return out
+
+def save_child(model, path) -> Path:
+    "Save an assembled child with `save_pretrained`; its architecture goes into config.json as `puzzle_arch` (also set on `model.config`)."
+    model.config.puzzle_arch = [[a.name, f.name] for a, f in child_arch(model)]
+    model.save_pretrained(Path(path)); return Path(path)
+
+# %% ../../nbs/compression/42_puzzle.ipynb #5ac1d003
+def load_child(path, attn: str='sdpa', device=None) -> nn.Module:
+    "A child written by `save_child`, in eval mode: the skeleton from its config, each layer's variants put in, the saved weights loaded strictly."
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from safetensors.torch import load_file
+    cfg = AutoConfig.from_pretrained(path); names = getattr(cfg, 'puzzle_arch', None)
+    if names is None: raise ValueError(f"{path} holds no Puzzle child: its config.json has no puzzle_arch (save it with save_child)")
+    sd = {k: v for f in sorted(Path(path).glob('*.safetensors')) for k, v in load_file(f).items()}
+    if not sd: raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    m = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).to(next(iter(sd.values())).dtype)
+    for layer, (a, f) in zip(decoder_layers(m), names):
+        a, f = variant_from_name(a, True), variant_from_name(f, False)
+        set_blocks(layer, None if a.kind == 'full' else init_variant(layer, a, cfg), None if f.kind == 'full' else init_variant(layer, f, cfg))
+    missing, unexpected = m.load_state_dict(sd, strict=False)
+    tied = {'lm_head.weight'} if cfg.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected: raise ValueError(f"{path}: weights do not match the recorded architecture (missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)})")
+    if cfg.tie_word_embeddings: m.tie_weights()
+    return (m if device is None else m.to(device)).eval().requires_grad_(False)
+
+# %% ../../nbs/compression/42_puzzle.ipynb #80a3c45c
+@dataclass
+class PuzzleConfig(ExperimentConfig):
+    "Puzzle on SmolLM2-135M (full) or a tiny byte-level Llama (quick): BLD, scores, measured costs, the MIP and four baselines per budget, GKD, measured children."
+    model: str = size(quick='tiny', full='smollm2-135m')   # parent: SmolLM2 or a 4-layer byte-level Llama trained on prose
+    gqa_heads: tuple = size(quick=(1,), full=())            # KV-head counts of the GQA attention variants
+    linear: bool = size(quick=True, full=False)             # include the one-linear-map attention and FFN variants
+    ffn_fracs: tuple = (0.5, 0.25)                          # pruned FFN widths, as fractions of the parent's d_ff
+    seq_len: int = size(quick=64, full=256)                 # tokens per sequence, everywhere
+    n_bld: int = size(quick=16, full=96)                    # BLD sequences (train split)
+    bld_steps: int = size(quick=20, full=100)               # Adam steps of BLD per trainable variant (after the closed-form refit)
+    bld_batch: int = size(quick=4, full=2)                  # sequences per BLD step
+    bld_lr: float = 3e-3                                    # BLD peak learning rate (warm-up + cosine; best of 1e-4..1e-2 on one SmolLM2 layer)
+    n_score: int = size(quick=4, full=4)                    # held-out sequences of the replace-one-block scores (validation split)
+    n_gkd: int = size(quick=16, full=60)                    # GKD sequences (train split, after the BLD ones)
+    gkd_len: int = size(quick=64, full=128)                 # tokens of each GKD sequence used (its first gkd_len)
+    gkd_steps: int = size(quick=10, full=60)                # GKD updates per MIP child
+    gkd_batch: int = size(quick=2, full=1)                  # sequences per GKD update
+    gkd_lr: float = size(quick=3e-4, full=1e-4)             # GKD peak learning rate (quick: 1e-3 overshot on the tiny parent)
+    gkd_eval: int = size(quick=2, full=2)                   # held-out sequences of the GKD KL curve (validation split)
+    gkd_eval_every: int = size(quick=5, full=10)            # GKD updates between points of the KL curve
+    n_eval: int = size(quick=8, full=32)                    # held-out sequences of the children's quality (validation split)
+    budgets: tuple = (0.75, 0.6)                            # latency budgets, fractions of the parent's decoder-block latency
+    batch_sizes: tuple = size(quick=(1, 2), full=(1, 8))    # timing scenarios: sequences decoded together
+    time_all_at: tuple = size(quick=(1, 2), full=(1,))      # batch sizes at which every child is timed (elsewhere: the parent and the MIP children)
+    prompt_len: int = size(quick=32, full=256)              # prompt tokens of a timing scenario: the KV length when decoding starts
+    new_tokens: int = size(quick=3, full=8)                 # timed decode steps per call
+    repeats: int = size(quick=3, full=10)                   # interleaved timing rounds at the batch sizes of time_all_at (medians; one more warms up)
+    repeats_other: int = size(quick=3, full=5)              # rounds at the other batch sizes (each prefills batch x prompt_len tokens per model)
+    target_quality: float = 0.9                             # quality retained the target asks for (issue 30; the paper: 0.984)
+    target_speedup: float = 1.3                             # measured decode speed-up the target asks for at the tightest budget (the paper: 2.17)
+    threads: int = 1                                        # torch threads during the run (2 OpenMP threads on 2 shared cores ran several times slower than 1)
+    unit_fields: ClassVar[tuple] = ('budgets',)             # which children run; every unit's key names its own architecture
+    cache_version: ClassVar[int] = 2                         # 2: scores keyed by sub-block and variant (vkey)
+    def validate(self):
+        check_choice('model', self.model, ('tiny', 'smollm2-135m'))
+        for k in ('seq_len', 'n_bld', 'bld_steps', 'bld_batch', 'n_score', 'n_gkd', 'gkd_steps', 'gkd_batch', 'gkd_eval',
+                  'gkd_eval_every', 'n_eval', 'prompt_len', 'new_tokens', 'threads', 'gkd_len'): check_int(k, getattr(self, k), lo=1)
+        if self.gkd_len > self.seq_len: raise ValueError(f"gkd_len must be at most seq_len={self.seq_len}, got {self.gkd_len}")
+        if not set(self.time_all_at) <= set(self.batch_sizes): raise ValueError(f"time_all_at {self.time_all_at} must be among batch_sizes {self.batch_sizes}")
+        check_int('repeats', self.repeats, lo=2); check_int('repeats_other', self.repeats_other, lo=2)
+        for k in ('bld_lr', 'gkd_lr'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+        for k in ('target_quality', 'target_speedup'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+        if not self.budgets or not self.batch_sizes: raise ValueError("budgets and batch_sizes must each name at least one value")
+        for b in self.budgets: check_num('budget', b, lo=0, hi=1, lo_open=True)
+        for b in self.batch_sizes: check_int('batch size', b, lo=1)
+        for g in self.gqa_heads: check_int('gqa_heads entry', g, lo=1)
+        for r in self.ffn_fracs: check_num('ffn_fracs entry', r, lo=0, hi=1, lo_open=True, hi_open=True)
+    @property
+    def seeds(self) -> list: return [self.seed]
+    @property
+    def scenarios(self) -> list: return [Scenario(b, self.prompt_len, self.new_tokens) for b in self.batch_sizes]
+
+# %% ../../nbs/compression/42_puzzle.ipynb #c8747ead
+def byte_blocks(texts, n: int, T: int=128, offset: int=0) -> Tensor:
+    "n (T,) blocks of the UTF-8 bytes of the joined texts, from byte `offset` on."
+    b = torch.tensor(list('\n'.join(texts).encode()[offset:offset + n * T]), dtype=torch.long)
+    if len(b) < n * T: raise ValueError(f"only {len(b)} bytes, need {n * T}")
+    return b.view(n, T)
+
+def tiny_parent(steps: int=150, seed: int=0):
+    "A 4-layer byte-level Llama trained on prose (cached)."
+    kw = dict(vocab_size=256, n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, max_len=256, seed=seed, attn='sdpa')
+    def build(tmp):
+        m = tiny_llama(**kw); ids = byte_blocks(split(load_corpus('prose'))['train']['text'][:20], 512)
+        train(m, ids, TrainConfig(steps=steps, batch_size=16, lr=3e-3, progress=False, seed=seed))
+        atomic_save_torch(m.state_dict(), tmp/'model.pt')
+    m = tiny_llama(**kw); m.load_state_dict(torch.load(cached('puzzle-tiny-parent', dict(kw, steps=steps, v=1), build)/'model.pt'))
+    return m.eval().requires_grad_(False)
+
+def _draw(n_have: int, n: int, seed: int, what: str) -> np.ndarray:
+    if n > n_have: raise ValueError(f"{what}: need {n} sequences, the split has {n_have}")
+    return np.random.default_rng(seed).permutation(n_have)[:n]
+
+def load_parent_and_data(cfg: PuzzleConfig):
+    "The parent and the disjoint id sets bld, gkd (train split) and score, gkd_eval, eval (validation split), each (N, seq_len)."
+    n_tr, n_va = cfg.n_bld + cfg.n_gkd, cfg.n_score + cfg.gkd_eval + cfg.n_eval
+    if cfg.model == 'tiny':
+        m, docs = tiny_parent(seed=cfg.seed), split(load_corpus('prose'))
+        tr = byte_blocks(docs['train']['text'][:40], 2 * n_tr, cfg.seq_len, offset=512 * 128)      # after the parent's training bytes
+        va = byte_blocks(docs['validation']['text'], 2 * n_va, cfg.seq_len)
+    else:
+        m, tok = load_model(cfg.model, 'float32', attn='sdpa'), load_tokenizer(cfg.model)
+        tr = torch.tensor(lm_dataset('prose', tok, seq_len=cfg.seq_len, split='train')['input_ids'])
+        va = torch.tensor(lm_dataset('prose', tok, seq_len=cfg.seq_len, split='validation')['input_ids'])
+    tr, va = tr[_draw(len(tr), n_tr, cfg.seed, 'train')], va[_draw(len(va), n_va, cfg.seed, 'validation')]
+    s, g = cfg.n_score, cfg.n_score + cfg.gkd_eval
+    return m, dict(bld=tr[:cfg.n_bld], gkd=tr[cfg.n_bld:, :cfg.gkd_len], score=va[:s], gkd_eval=va[s:g], eval=va[g:])
+
+def search_space(model, cfg: PuzzleConfig) -> tuple:
+    "The attention and FFN variants: the parent's first, then GQA, linear (if `cfg.linear`), pruned widths, no-op."
+    d_ff = model.config.intermediate_size
+    A = [AttnVariant(), *[AttnVariant('gqa', g) for g in cfg.gqa_heads], *([AttnVariant('linear')] if cfg.linear else []), AttnVariant('noop')]
+    Fv = [FFNVariant(), *[FFNVariant('pruned', int(d_ff * r)) for r in cfg.ffn_fracs], *([FFNVariant('linear')] if cfg.linear else []), FFNVariant('noop')]
+    return A, Fv
+
+# %% ../../nbs/compression/42_puzzle.ipynb #abaf81f3
+def _resumes(cfg) -> bool: return cfg.mode == 'full' if cfg.resume is None else bool(cfg.resume)
+
+def _weights_path(cfg, key: dict) -> Path:
+    d = {k: v for k, v in vars(cfg).items() if k not in ('resume', *cfg.unit_fields)}
+    return cache_path('puzzle-weights', dict(config=d, key=key, v=cfg.cache_version))/'state.pt'
+
+def _unit(cfg, key: dict, compute) -> tuple:
+    "(value, state): `cached_unit` of compute() -> (JSON-able value, state dict); the state is stored beside the unit when the run resumes."
+    box = {}
+    def run():
+        v, box['state'] = compute()
+        if _resumes(cfg): atomic_save_torch(box['state'], _weights_path(cfg, key))
+        return dict(v, compute_s=round(time.perf_counter() - t0, 2))
+    t0 = time.perf_counter(); v = cached_unit('puzzle', cfg, key, run)
+    if 'state' in box: return v, box['state']
+    p = _weights_path(cfg, key)
+    if not p.is_file(): raise FileNotFoundError(f"the cached unit {key} has no weights at {p}; delete its run cache to recompute it")
+    return v, torch.load(p)
+
+def _timed_unit(cfg, key: dict, compute) -> dict:
+    "`cached_unit` of compute() -> JSON-able dict, with the seconds it took."
+    def run(): t0 = time.perf_counter(); v = compute(); return dict(v, compute_s=round(time.perf_counter() - t0, 2))
+    return cached_unit('puzzle', cfg, key, run)
+
+def _digest(t: Tensor) -> str: return config_hash(dict(shape=list(t.shape), sum=int(t.sum()), head=t.flatten()[:64].tolist(), tail=t.flatten()[-64:].tolist()))
+
+# %% ../../nbs/compression/42_puzzle.ipynb #abaf81f4
+def _fresh_variant(layer, v, config) -> nn.Module:
+    "An untrained module of variant v's shape, for weights read from a cached unit."
+    if isinstance(v, AttnVariant) and v.kind == 'gqa': return gqa_from(layer.self_attn, config, v.n_kv_heads)
+    if isinstance(v, FFNVariant) and v.kind == 'pruned': return pruned_from(layer.mlp, config, v.intermediate_size)
+    return init_variant(layer, v, config)
+
+def library_stage(cfg: PuzzleConfig, parent, ids: dict, A: list, Fv: list) -> tuple:
+    "The block library (BLD + scores per layer, one cached unit each), the per-layer records and the block influence."
+    with torch.no_grad(): score_io, score_logits = cache_block_io(parent, ids['score'], 4), parent(input_ids=ids['score']).logits
+    folder = cache_path('puzzle-acts', dict(model=cfg.model, ids=_digest(ids['bld']), v=1)) if _resumes(cfg) else Path(tempfile.mkdtemp())
+    layers, mods, recs, cfgm = decoder_layers(parent), {}, [], parent.config
+    try:
+        stream = _timed_unit(cfg, dict(stage='activations', ids=_digest(ids['bld'])),
+                             lambda: dict(folder=str(stream_block_io(parent, ids['bld'], folder, chunk=16, batch_size=4))))
+        if not (folder/'manifest.txt').is_file(): stream_block_io(parent, ids['bld'], folder, chunk=16, batch_size=4)   # cache folder removed since
+        for i in progress(range(len(layers)), desc='BLD + scores per layer'):
+            def compute(i=i):
+                m, r = library_layer(parent, i, A + Fv, load_block_io(folder, i), score_io[i], score_logits, cfg.bld_steps, cfg.bld_lr, cfg.bld_batch, cfg.seed)
+                return r, {vkey(v): mod.state_dict() for v, mod in m.items() if v.kind not in ('full', 'noop')}
+            r, state = _unit(cfg, dict(stage='layer', layer=i, variants=[v.name for v in A + Fv]), compute)
+            for v in A + Fv:
+                part = 'self_attn' if isinstance(v, AttnVariant) else 'mlp'
+                mods[i, v] = getattr(layers[i], part) if v.kind == 'full' else _fresh_variant(layers[i], v, cfgm)
+                if vkey(v) in state: mods[i, v].load_state_dict(state[vkey(v)])
+                mods[i, v].eval().requires_grad_(False)
+            recs.append(r)
+    finally:
+        if not _resumes(cfg): shutil.rmtree(folder, ignore_errors=True)
+    return make_library(A, Fv, recs, mods), recs, block_influence(score_io), stream['compute_s']
+
+# %% ../../nbs/compression/42_puzzle.ipynb #abaf81f5
+def _arch_names(lib: BlockLibrary, ia, if_) -> dict: return dict(attn=[lib.attn[a].name for a in ia], ffn=[lib.ffn[f].name for f in if_])
+
+def _arch_from(lib: BlockLibrary, names: dict) -> list:
+    return [(variant_from_name(a, True), variant_from_name(f, False)) for a, f in zip(names['attn'], names['ffn'])]
+
+def children_stage(lib: BlockLibrary, budgets, influence) -> dict:
+    "'method@budget' -> {'method', 'budget', 'attn', 'ffn'}: the MIP child within each budget, and each baseline within the latency that child uses."
+    out = {}
+    for frac in budgets:
+        b = budgets_ms(lib, frac)
+        try: ia, if_ = puzzle_choice(lib, b)
+        except ValueError: continue                                              # infeasible: reported by its absence
+        out[f'puzzle@{frac}'] = dict(method='puzzle', budget=frac, **_arch_names(lib, ia, if_))
+        used = {s: block_ms(lib, ia, if_, s) for s in b}                         # the baselines get what the MIP child uses, not more
+        for m in BASELINES:
+            for bb in (used, b):                                                 # the nominal budget if nothing fits the used latency
+                try: out[f'{m}@{frac}'] = dict(method=m, budget=frac, **_arch_names(lib, *choose(lib, m, bb, influence))); break
+                except ValueError: continue
+    return out
+
+def gkd_stage(cfg: PuzzleConfig, parent, lib: BlockLibrary, ids: dict, child: dict) -> tuple:
+    "The MIP child after GKD (a cached unit with its weights) and its record: KL before, KL curve, train loss."
+    def compute():
+        m = assemble_child(parent, lib, _arch_from(lib, child))
+        kl0 = float(np.mean(evaluate(parent, {'c': m}, ids['gkd_eval'], batch_size=2)['c']['kl']))
+        h = gkd_train(m, parent, ids['gkd'], cfg.gkd_steps, cfg.gkd_lr, cfg.gkd_batch, ids['gkd_eval'], cfg.gkd_eval_every, cfg.seed)
+        rec = dict(kl_step=[0, *h.eval_step], kl=[round(kl0, 5), *[round(x, 5) for x in h.eval_loss]], step=h.step,
+                   train_loss=[round(x, 5) for x in h.train_loss], train_s=round(h.train_s, 1), tokens=h.tokens)
+        return rec, decoder_layers(m).state_dict()
+    rec, state = _unit(cfg, dict(stage='gkd', budget=child['budget'], attn=child['attn'], ffn=child['ffn']), compute)
+    m = assemble_child(parent, lib, _arch_from(lib, child)); decoder_layers(m).load_state_dict(state)
+    return m.eval().requires_grad_(False), rec
+
+# %% ../../nbs/compression/42_puzzle.ipynb #abaf81f7
+def _timing_records(session: str, raw: dict, lib: BlockLibrary, archs: dict) -> list:
+    out = []
+    for s, t in raw.items():
+        for n, v in t.items():
+            a = archs[n]; ia, if_ = ([0] * lib.n_layers,) * 2 if a is None else ([lib.attn.index(x) for x, _ in a], [lib.ffn.index(y) for _, y in a])
+            out.append(dict(session=session, scenario=s, model=n, pred_ms=round(predict_ms(lib, ia, if_, s), 3),
+                            decode_ms=[round(x, 3) for x in v['decode_ms']], prefill_ms=[round(x, 2) for x in v['prefill_ms']]))
+    return out
+
+def _speedup(parent_ms, child_ms) -> Interval:
+    "Median over interleaved rounds of parent time / child time, with a bootstrap interval over rounds."
+    return bootstrap(np.asarray(parent_ms) / np.asarray(child_ms), stat=np.median, n_boot=2000, unit='timing rounds')
+
+def _row(name, method, budget, gkd, arch, lib, timing, ev_parent, ev, parent_params, scen) -> dict:
+    ia, if_ = [lib.attn.index(a) for a, _ in arch], [lib.ffn.index(f) for _, f in arch]
+    r = dict(model=name, method=method, budget=budget, gkd=gkd, attn_changed=sum(i != 0 for i in ia), ffn_changed=sum(i != 0 for i in if_),
+             params_kept=round(float(lib.params_attn[ia].sum() + lib.params_ffn[if_].sum()) / parent_params, 4), kl_sum=round(arch_kl(lib, ia, if_), 5))
+    for s in scen:
+        t, pred = timing[s.name], predict_ms(lib, ia, if_, s.name); r[f'pred_ms_{s.name}'] = round(pred, 3)
+        meas, sp = (None, None) if t is None else (statistics.median(t['decode_ms']), _speedup(t['parent_ms'], t['decode_ms']))
+        r.update({f'meas_ms_{s.name}': meas and round(meas, 3), f'pred_err_{s.name}': meas and round(pred / meas - 1, 4),
+                  **{f'speedup_{s.name}{e}': sp and round(getattr(sp, a), 4) for e, a in (('', 'estimate'), ('_lo', 'lo'), ('_hi', 'hi'))}})
+    q, kl = quality_retained(ev_parent['nll'], ev['nll']), bootstrap(ev['kl'], unit='sequences')
+    return dict(r, kl=round(kl.estimate, 5), kl_lo=round(kl.lo, 5), kl_hi=round(kl.hi, 5), top1=round(float(np.mean(ev['top1'])), 4),
+                ppl=round(math.exp(np.mean(ev['nll'])), 4), quality=round(q.estimate, 4), quality_lo=round(q.lo, 4), quality_hi=round(q.hi, 4))
+
+# %% ../../nbs/compression/42_puzzle.ipynb #abaf81f8
+def run_experiment(cfg: PuzzleConfig) -> Results:
+    "Library, cost model, the children of every method at every budget, GKD of the MIP children, and their measured latency and quality."
+    threads = torch.get_num_threads(); torch.set_num_threads(cfg.threads)
+    try: return _run(cfg)
+    finally: torch.set_num_threads(threads)
+
+def _run(cfg: PuzzleConfig) -> Results:
+    t_start = time.perf_counter()
+    parent, ids = load_parent_and_data(cfg); A, Fv = search_space(parent, cfg); scen = cfg.scenarios
+    lib, recs, infl, stream_s = library_stage(cfg, parent, ids, A, Fv)
+    rounds = {s.name: cfg.repeats if s.batch_size in cfg.time_all_at else cfg.repeats_other for s in scen}
+    cm = _timed_unit(cfg, dict(stage='costs', variants=[v.name for v in A + Fv]), lambda: dict(
+        raw=measure_costs(parent, lib, scen, rounds, seed=cfg.seed), costs=lib.costs))
+    lib.costs = {s: dict(attn=np.array(c['attn']), ffn=np.array(c['ffn']), overhead=c['overhead']) for s, c in cm['costs'].items()}
+    kids = children_stage(lib, cfg.budgets, infl)
+    gkd = {b: gkd_stage(cfg, parent, lib, ids, kids[f'puzzle@{b}']) for b in progress(cfg.budgets, desc='GKD') if f'puzzle@{b}' in kids}
+    rep = {}                                                                # identical architectures are timed and evaluated once
+    for n, k in kids.items(): rep[n] = next((m for m in rep if rep[m] == m and (kids[m]['attn'], kids[m]['ffn']) == (k['attn'], k['ffn'])), n)
+    uniq = sorted(set(rep.values()), key=list(kids).index); archs = {'parent': None, **{n: _arch_from(lib, kids[n]) for n in uniq}}
+    sel = lambda s: archs if s.batch_size in cfg.time_all_at else {n: a for n, a in archs.items() if n == 'parent' or kids[n]['method'] == 'puzzle'}
+    tm = _timed_unit(cfg, dict(stage='timing', archs={n: kids[n] for n in uniq}), lambda: dict(
+        raw={s.name: time_decode(parent, sel(s), s, lib, rounds[s.name], seed=cfg.seed + 1) for s in scen}))
+    models = {**{n: archs[n] for n in uniq}, **{f'puzzle+gkd@{b}': m for b, (m, _) in gkd.items()}}
+    ev = {n: dict(nll=[], kl=[], top1=[]) for n in ('parent', *models)}; ev_s = 0.
+    for s in progress(range(0, cfg.n_eval, 4), desc='evaluate'):
+        u = _timed_unit(cfg, dict(stage='eval', start=s, models={n: kids.get(n, n) for n in models}),
+                        lambda s=s: evaluate(parent, models, ids['eval'][s:s + 4], lib, 4))
+        ev_s += u.pop('compute_s')
+        for n, d in u.items():
+            for k in d: ev[n][k] += d[k]
+    return _results(cfg, lib, recs, infl, kids, rep, archs, cm, tm, gkd, ev, dict(activations=stream_s, ev=ev_s), time.perf_counter() - t_start)
+
+# %% ../../nbs/compression/42_puzzle.ipynb #abaf81f9
+def _results(cfg, lib, recs, infl, kids, rep, archs, cm, tm, gkd, ev, secs, wall) -> Results:
+    scen, L = cfg.scenarios, lib.n_layers
+    pp = float(lib.params_attn[0] + lib.params_ffn[0]) * L
+    par = [(AttnVariant(), FFNVariant())] * L
+    tim = lambda n: {s.name: dict(decode_ms=tm['raw'][s.name][n]['decode_ms'], parent_ms=tm['raw'][s.name]['parent']['decode_ms']) if n in tm['raw'][s.name] else None for s in scen}
+    evn = {n: ev[rep[n]] for n in kids} | {'parent': ev['parent']} | {f'puzzle+gkd@{b}': ev[f'puzzle+gkd@{b}'] for b in gkd}
+    rows = [dict(_row('parent', 'parent', 1.0, False, par, lib, tim('parent'), ev['parent'], ev['parent'], pp, scen), timed_as='parent')]
+    for n, k in kids.items(): rows.append(dict(_row(n, k['method'], k['budget'], False, _arch_from(lib, k), lib, tim(rep[n]), ev['parent'], evn[n], pp, scen), timed_as=rep[n]))
+    for b in gkd:
+        n, p = f'puzzle+gkd@{b}', f'puzzle@{b}'
+        rows.append(dict(_row(n, 'puzzle+gkd', b, True, _arch_from(lib, kids[p]), lib, tim(rep[p]), ev['parent'], evn[n], pp, scen), timed_as=rep[p]))
+    parts = (('attn', lib.attn), ('ffn', lib.ffn))
+    tables = dict(
+        library=[dict(layer=i, part=p, variant=v.name, kl=round(r['kl'][vkey(v)], 6), bld=round(r['bld'][vkey(v)], 5), params=int(getattr(lib, f'params_{p}')[j]))
+                 for i, r in enumerate(recs) for p, vs in parts for j, v in enumerate(vs)],
+        layers=[dict(layer=i, influence=round(float(x), 5), bld_s=recs[i]['compute_s'], bld_curve=recs[i]['bld_curve']) for i, x in enumerate(infl)],
+        costs=[dict(scenario=s, part=p, variant=v.name, ms=round(float(c[p][j]), 4)) for s, c in lib.costs.items() for p, vs in parts for j, v in enumerate(vs)]
+              + [dict(scenario=s, part='overhead', variant='-', ms=round(float(c['overhead']), 4)) for s, c in lib.costs.items()],
+        timing=_timing_records('cost_model', cm['raw'], lib, uniform_archs(lib)) + _timing_records('children', tm['raw'], lib, archs),
+        archs=[dict(model=n, **{k: kids[n][k] for k in ('attn', 'ffn')}) for n in kids],
+        eval=[dict(model=n, **{k: [round(x, 5) for x in v] for k, v in d.items()}) for n, d in evn.items()],
+        gkd=[dict(budget=b, **rec) for b, (_, rec) in gkd.items()],
+        stages=[dict(stage='parent activations (streamed to disk)', s=secs['activations']), dict(stage='BLD + replace-one-block scores', s=round(sum(r['compute_s'] for r in recs), 1)),
+                dict(stage='cost model (uniform models + parent)', s=cm['compute_s']), *[dict(stage=f'GKD at {b}', s=rec['compute_s']) for b, (_, rec) in gkd.items()],
+                dict(stage='timing children', s=tm['compute_s']), dict(stage='evaluation', s=round(secs['ev'], 1))])
+    notes = (f"{cfg.model}; search space attention {[v.name for v in lib.attn]}, FFN {[v.name for v in lib.ffn]}; BLD {cfg.n_bld}x{cfg.seq_len} tokens, "
+             f"{cfg.bld_steps} Adam steps of {cfg.bld_batch} sequences per variant after a closed-form output refit; scores on {cfg.n_score}x{cfg.seq_len} held-out tokens; "
+             f"GKD {cfg.gkd_steps} steps of {cfg.gkd_batch}x{cfg.gkd_len} tokens; latency = decode ms per step at KV length >= {cfg.prompt_len}, batch {cfg.batch_sizes} "
+             f"(every child at batch {cfg.time_all_at}, the parent and the MIP children at the others), median of {cfg.repeats} interleaved rounds through "
+             f"generate_ids(trace=True) on {get_settings().device} with {cfg.threads} torch thread(s); "
+             f"budgets are fractions of the parent's predicted decoder-block latency in every batch size at once; quality on {cfg.n_eval}x{cfg.seq_len} held-out tokens.")
+    res = Results('puzzle', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=round(wall, 1))
+    return res.conclude(verdict, claims(res), headline(res))
+
+# %% ../../nbs/compression/42_puzzle.ipynb #abaf81fb
+def claims(results) -> list:
+    "The parts of the paper's claim at every budget, each an effect with a 95% interval, from the results' tables."
+    c = results.config; ev = {r['model']: r for r in results.tables['eval']}
+    tm = {(r['scenario'], r['model']): r['decode_ms'] for r in results.tables['timing'] if r['session'] == 'children'}
+    timed = {r['model']: r['timed_as'] for r in results.rows}; out = []
+    for b in c['budgets']:
+        p, g = f'puzzle@{b}', f'puzzle+gkd@{b}'
+        if g not in ev: continue
+        out.append(claim(f'quality retained after GKD at budget {b} (vs target {c["target_quality"]})', quality_retained(ev['parent']['nll'], ev[g]['nll']), 'higher', c['target_quality']))
+        null = c['target_speedup'] if b == min(c['budgets']) else 1.0
+        for bs in c['batch_sizes']:
+            out.append(claim(f'measured decode speed-up at budget {b}, batch {bs} (vs {null})', _speedup(tm[f'b{bs}', 'parent'], tm[f'b{bs}', timed[p]]), 'higher', null))
+        for base in BASELINES:
+            q = f'{base}@{b}'
+            if q not in ev: continue
+            i, name = paired_bootstrap(ev[q]['kl'], ev[p]['kl'], unit='sequences'), f'KL({base}) - KL(MIP) before GKD at budget {b}'
+            faster = [bs for bs in c['batch_sizes'] if (f'b{bs}', timed[q]) in tm and _speedup(tm[f'b{bs}', timed[p]], tm[f'b{bs}', timed[q]]).lo > 1]
+            out.append(claim(name, i) if not faster else Claim(f'{name}: not credited, {base} measured faster at batch {faster}', i.estimate, math.nan, math.nan, n=i.n, ci=i.how))
+        out.append(claim(f'KL before GKD - KL after GKD at budget {b}', paired_bootstrap(ev[p]['kl'], ev[g]['kl'], unit='sequences')))
+    return out
+
+def verdict(results) -> str:
+    "reproduced when every claim shows beyond its 95% interval at every budget (quality retained above target after GKD, measured speed-up above target at the tightest budget and above 1 elsewhere, the MIP below every baseline's KL, GKD lowering KL); partly when some do; not reproduced when none does."
+    return judge(claims(results))
+
+def headline(results) -> str:
+    "The measured figure for the scoreboard: the MIP child after GKD at the tightest budget, and the best baseline there."
+    df = results.df; b = df[df.method == 'puzzle+gkd'].budget.min()
+    if not np.isfinite(b): return "no budget was feasible"
+    g = df[(df.method == 'puzzle+gkd') & (df.budget == b)].iloc[0]; base = df[df.method.isin(BASELINES) & (df.budget == b)].sort_values('kl').iloc[0]
+    sp = ' / '.join(f"{g[f'speedup_b{bs}']:.2f}x (batch {bs})" for bs in results.config['batch_sizes'])
+    met = g.quality_lo > results.config['target_quality'] and all(g[f'speedup_b{bs}_lo'] > results.config['target_speedup'] for bs in results.config['batch_sizes'])
+    return (f"{results.config['model']} child at {b} of the parent's decoder-block latency, after GKD: measured decode speed-up {sp}, quality retained "
+            f"{g.quality:.1%} [{g.quality_lo:.1%}, {g.quality_hi:.1%}] (ppl ratio; paper 98.4% accuracy at 2.17x), KL {g.kl:.3f}; best baseline at that budget "
+            f"{base.method} (KL {base.kl:.3f}, quality {base.quality:.1%}); target >= {results.config['target_quality']:.0%} at >= {results.config['target_speedup']}x {'met' if met else 'not met'}")
+
+# %% ../../nbs/compression/42_puzzle.ipynb #790607c1
+def library_from_results(R) -> BlockLibrary:
+    "A weight-less BlockLibrary (scores, parameter counts, costs) rebuilt from a run's tables."
+    lt = [r for r in R.tables['library']]; L = 1 + max(r['layer'] for r in lt)
+    names = {p: list(dict.fromkeys(r['variant'] for r in lt if r['part'] == p)) for p in ('attn', 'ffn')}
+    kl = {p: np.array([[next(r['kl'] for r in lt if r['layer'] == i and r['part'] == p and r['variant'] == v) for v in names[p]] for i in range(L)]) for p in names}
+    par = {p: np.array([next(r['params'] for r in lt if r['part'] == p and r['variant'] == v) for v in names[p]]) for p in names}
+    costs = {}
+    for r in R.tables['costs']:
+        c = costs.setdefault(r['scenario'], dict(attn=np.zeros(len(names['attn'])), ffn=np.zeros(len(names['ffn'])), overhead=0.))
+        if r['part'] == 'overhead': c['overhead'] = r['ms']
+        else: c[r['part']][names[r['part']].index(r['variant'])] = r['ms']
+    return BlockLibrary([variant_from_name(n, True) for n in names['attn']], [variant_from_name(n, False) for n in names['ffn']], {},
+                        kl['attn'], kl['ffn'], params_attn=par['attn'], params_ffn=par['ffn'], costs=costs)
+
+def fig_scores(lib: BlockLibrary, title: str='replace-one-block KL') -> go.Figure:
+    "Heatmap: layer x variant, log10 of the replace-one-block KL (parent variants omitted)."
+    z = np.concatenate([lib.kl_attn[:, 1:], lib.kl_ffn[:, 1:]], 1)
+    x = [f'attn {v.name}' for v in lib.attn[1:]] + [f'FFN {v.name}' for v in lib.ffn[1:]]
+    fig = go.Figure(go.Heatmap(z=np.log10(np.maximum(z, 1e-6)).T, x=list(range(lib.n_layers)), y=x, colorscale='Viridis', colorbar=dict(title='log10 KL'),
+                               customdata=z.T, hovertemplate='layer %{x}, %{y}: KL %{customdata:.4g}<extra></extra>'))
+    return fig.update_layout(title=title, height=300, margin=dict(t=50, b=40, l=110, r=20), xaxis_title='layer')
 
 # %% ../../nbs/compression/42_puzzle.ipynb #790607c2
-def fig_architecture(lib: BlockLibrary, ia, if_, title: str='architecture') -> go.Figure:
-    "A 2 x L grid: the chosen attention / FFN variant per layer, coloured by its measured cost (ms/token)."
-    if lib.cost_attn is None: raise ValueError("the library has no costs yet: run measure_costs first")
-    z = np.stack([lib.cost_attn[ia], lib.cost_ffn[if_]])                   # (2, L)
+def fig_architecture(lib: BlockLibrary, ia, if_, scenario: str|None=None, title: str='architecture') -> go.Figure:
+    "A 2 x L grid: the chosen attention / FFN variant per layer, coloured by its measured cost (ms per decode step) in `scenario`."
+    if not lib.costs: raise ValueError("the library has no costs yet: run measure_costs first")
+    c = lib.costs[scenario or next(iter(lib.costs))]
+    z = np.stack([c['attn'][np.asarray(ia)], c['ffn'][np.asarray(if_)]])       # (2, L)
     text = [[lib.attn[a].name for a in ia], [lib.ffn[f].name for f in if_]]
     fig = go.Figure(go.Heatmap(z=z, x=list(range(lib.n_layers)), y=['attention', 'FFN'], text=text, texttemplate='%{text}',
-                               colorscale='Viridis', zmin=0, zmax=max(lib.cost_attn.max(), lib.cost_ffn.max()), colorbar=dict(title='ms/token')))
+                               colorscale='Viridis', zmin=0, zmax=max(c['attn'].max(), c['ffn'].max()), colorbar=dict(title='ms/step')))
     fig.update_layout(title=title, height=260, margin=dict(t=50, b=40, l=80, r=20), xaxis_title='layer')
     return fig
 
 def frontier_points(lib: BlockLibrary, influence, n: int=25) -> list:
-    "Candidates of each method over n budgets from the cheapest architecture to the parent: dicts method, budget_ms, pred_ms, kl_sum."
-    L = lib.n_layers; zero = np.zeros(L, int)
-    lo, hi = lib.overhead + lib.cost_attn.min() * L + lib.cost_ffn.min() * L, arch_cost(lib, zero, zero)
-    ch = dict(puzzle=puzzle_choice, uniform=uniform_choice, greedy=greedy_choice, drop_layers=lambda l, b: drop_layers_choice(l, b, influence))
+    "Every method's candidate over n budgets up to the parent: dicts method, frac (budget), pred (block latency / parent's, first scenario), kl_sum."
+    z, s0 = np.zeros(lib.n_layers, int), next(iter(lib.costs))
     out = []
-    for b in np.linspace(lo, hi, n):
-        for name, f in ch.items():
-            try: ia, if_ = f(lib, b)
+    for f in np.linspace(0.05, 1, n):
+        for m in CHOICES:
+            try: ia, if_ = choose(lib, m, budgets_ms(lib, f), influence)
             except ValueError: continue
-            out.append(dict(method=name, budget_ms=b, pred_ms=arch_cost(lib, ia, if_), kl_sum=arch_kl(lib, ia, if_)))
+            out.append(dict(method=m, frac=float(f), pred=block_ms(lib, ia, if_, s0) / block_ms(lib, z, z, s0), kl_sum=arch_kl(lib, ia, if_)))
     return out
 
-# %% ../../nbs/compression/42_puzzle.ipynb #b30cdc00
-_SYMBOL = dict(puzzle='circle', uniform='square', greedy='diamond', drop_layers='x', parent='star')
-def fig_frontier(points: list, measured: list|None=None, current: dict|None=None, title: str='quality vs latency') -> go.Figure:
-    "Left: summed replace-one-block KL vs predicted tokens/s of every candidate; right: measured KL vs measured tokens/s."
-    if not points: raise ValueError("points must be a non-empty list of dicts with method, pred_ms, kl_sum")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=('predicted (search)', 'measured children'))
+_SYMBOL = dict(puzzle='circle', uniform='square', greedy='diamond', drop_layers='x', max_params='triangle-up', parent='star')
+def fig_frontier(points: list, current: dict|None=None, title: str='candidates under the budgets (predicted)') -> go.Figure:
+    "Summed replace-one-block KL against predicted block latency (fraction of the parent's) for every method's candidates."
+    if not points: raise ValueError("points must be a non-empty list of dicts with method, pred, kl_sum")
+    fig = go.Figure()
     for j, m in enumerate(dict.fromkeys(p['method'] for p in points)):
-        ps = sorted((p for p in points if p['method'] == m), key=lambda p: p['pred_ms'])
-        fig.add_trace(go.Scatter(x=[1e3 / p['pred_ms'] for p in ps], y=[max(p['kl_sum'], 1e-4) for p in ps], mode='lines+markers', name=m,
-                                 legendgroup=m, marker=dict(symbol=_SYMBOL.get(m, 'circle'), color=PALETTE[j % len(PALETTE)])), 1, 1)
-        for r in (measured or []):
-            if r['method'] == m: pass
-        ms = [r for r in (measured or []) if r['method'] == m]
-        if ms: fig.add_trace(go.Scatter(x=[r['tokens_per_s'] for r in ms], y=[r['kl'] for r in ms], mode='markers', legendgroup=m, showlegend=False,
-                                        text=[f"budget {r['budget']}" for r in ms], marker=dict(size=10, symbol=_SYMBOL.get(m, 'circle'), color=PALETTE[j % len(PALETTE)])), 1, 2)
-    g = [r for r in (measured or []) if r['method'] == 'puzzle+gkd']
-    if g: fig.add_trace(go.Scatter(x=[r['tokens_per_s'] for r in g], y=[r['kl'] for r in g], mode='markers', name='puzzle+gkd', marker=dict(size=11, symbol='circle-open', color='black')), 1, 2)
-    if current: fig.add_trace(go.Scatter(x=[1e3 / current['pred_ms']], y=[max(current['kl_sum'], 1e-4)], mode='markers', name='slider',
-                                         marker=dict(size=16, symbol='star', color='gold', line=dict(color='black', width=1))), 1, 1)
-    fig.update_yaxes(type='log', title_text='summed replace-1-block KL', row=1, col=1); fig.update_yaxes(type='log', title_text='KL to parent', row=1, col=2)
-    fig.update_xaxes(title_text='predicted decode tokens/s', row=1, col=1); fig.update_xaxes(title_text='measured decode tokens/s', row=1, col=2)
-    fig.update_layout(title=title, height=400, margin=dict(t=70, b=40, l=60, r=20))
-    return fig
+        ps = sorted((p for p in points if p['method'] == m), key=lambda p: p['pred'])
+        fig.add_trace(go.Scatter(x=[p['pred'] for p in ps], y=[max(p['kl_sum'], 1e-4) for p in ps], mode='lines+markers', name=m,
+                                 marker=dict(symbol=_SYMBOL.get(m, 'circle'), color=PALETTE[j % len(PALETTE)])))
+    if current: fig.add_trace(go.Scatter(x=[current['pred']], y=[max(current['kl_sum'], 1e-4)], mode='markers', name='slider',
+                                         marker=dict(size=16, symbol='star', color='gold', line=dict(color='black', width=1))))
+    fig.update_yaxes(type='log', title_text='summed replace-one-block KL (log)'); fig.update_xaxes(title_text="predicted block latency / parent's")
+    return fig.update_layout(title=title, height=380, margin=dict(t=60, b=40, l=60, r=20))
 
 # %% ../../nbs/compression/42_puzzle.ipynb #aaa19b8c
 class PuzzleExplorer(Explorer):
-    "A budget slider that re-solves the MIP live: the chosen architecture grid and its place on the frontier."
-    def __init__(self, lib: BlockLibrary, influence, measured: list|None=None, title: str='Puzzle'):
-        if lib.cost_attn is None: raise ValueError("the library has no costs yet: run measure_costs first")
-        self.lib, self.measured, self.title = lib, measured, title
-        self.points = frontier_points(lib, influence)
-        L, zero = lib.n_layers, np.zeros(lib.n_layers, int)
-        lo, hi = lib.overhead + (lib.cost_attn.min() + lib.cost_ffn.min()) * L, arch_cost(lib, zero, zero)
-        self.budget = W.FloatSlider(value=round(0.6 * hi, 3), min=round(lo, 3) + 1e-3, max=round(hi, 3), step=round((hi - lo) / 100, 4),
-                                    description='ms/token', continuous_update=False, readout_format='.3f')
+    "A budget slider that re-solves the MIP live: the chosen architecture and its place among every method's candidates."
+    def __init__(self, lib: BlockLibrary, influence, title: str='Puzzle'):
+        if not lib.costs: raise ValueError("the library has no costs yet: run measure_costs first")
+        self.lib, self.title, self.points = lib, title, frontier_points(lib, influence)
+        lo = min(p['frac'] for p in self.points if p['method'] == 'puzzle')
+        self.budget = W.FloatSlider(value=max(lo, 0.6), min=lo, max=1.0, step=0.01, description='budget', continuous_update=False, readout_format='.2f')
         self.info = W.HTML(); self.grid, self.front = go.FigureWidget(), go.FigureWidget()
         self.budget.observe(self._update, names='value'); self._update()
         self.widget = W.VBox([W.HBox([self.budget, self.info]), self.grid, self.front])
     def _solve(self):
-        ia, if_ = puzzle_choice(self.lib, self.budget.value)
-        return ia, if_, dict(pred_ms=arch_cost(self.lib, ia, if_), kl_sum=arch_kl(self.lib, ia, if_))
+        ia, if_ = puzzle_choice(self.lib, budgets_ms(self.lib, self.budget.value)); z, s0 = np.zeros(self.lib.n_layers, int), next(iter(self.lib.costs))
+        return ia, if_, dict(pred=block_ms(self.lib, ia, if_, s0) / block_ms(self.lib, z, z, s0), kl_sum=arch_kl(self.lib, ia, if_))
     def figures(self):
         ia, if_, cur = self._solve()
-        t = f"{self.title}: budget {self.budget.value:.3f} ms/token -> predicted {cur['pred_ms']:.3f} ms, summed KL {cur['kl_sum']:.4f}"
-        return fig_architecture(self.lib, ia, if_, t), fig_frontier(self.points, self.measured, cur, title='candidates')
+        t = f"{self.title}: budget {self.budget.value:.2f} of the block latency -> predicted {cur['pred']:.2f}, summed KL {cur['kl_sum']:.4f}"
+        return fig_architecture(self.lib, ia, if_, title=t), fig_frontier(self.points, cur)
     def figure(self): return self.figures()[0]
     def _update(self, _=None):
         for fw, new in zip((self.grid, self.front), self.figures()): self.redraw(fw, new)
         self.info.value = f"&nbsp; {self.grid.layout.title.text.split(': ', 1)[1]}"
+
+# %% ../../nbs/compression/42_puzzle.ipynb #b30cdc00
+def fig_measured(R, batch_size: int=1, title: str|None=None) -> go.Figure:
+    "Measured decode speed-up (batch `batch_size`) against quality retained, with their 95% intervals, for every child and budget."
+    df, c = R.df, R.config; s = f'b{batch_size}'
+    fig = go.Figure()
+    for j, m in enumerate(['puzzle+gkd', 'puzzle', *BASELINES, 'parent']):
+        d = df[df.method == m]
+        if d.empty: continue
+        fig.add_trace(go.Scatter(x=d[f'speedup_{s}'], y=d.quality, mode='markers', name=m, text=[f'budget {b}' for b in d.budget],
+                                 error_x=dict(type='data', symmetric=False, array=d[f'speedup_{s}_hi'] - d[f'speedup_{s}'], arrayminus=d[f'speedup_{s}'] - d[f'speedup_{s}_lo']),
+                                 error_y=dict(type='data', symmetric=False, array=d.quality_hi - d.quality, arrayminus=d.quality - d.quality_lo),
+                                 marker=dict(size=11, symbol='circle-open' if m == 'puzzle+gkd' else _SYMBOL.get(m, 'circle'), color=PALETTE[j % len(PALETTE)])))
+    fig.add_hline(y=c['target_quality'], line_dash='dot', annotation_text='target quality'); fig.add_vline(x=c['target_speedup'], line_dash='dot', annotation_text='target speed-up')
+    fig.update_xaxes(title_text=f'measured decode speed-up over the parent, batch {batch_size}'); fig.update_yaxes(title_text='quality retained (ppl parent / ppl child)', type='log')
+    return fig.update_layout(title=title or f'measured children, batch {batch_size}', height=420, margin=dict(t=60, b=40, l=60, r=20))
+
+def fig_latency_model(R, title: str='latency model: predicted vs measured') -> go.Figure:
+    "Every timed model: the additive cost model's prediction against the median measured decode step, per batch size."
+    t = R.table('timing'); fig = go.Figure()
+    for j, ((sess, s), d) in enumerate(t.groupby(['session', 'scenario'])):
+        meas = d.decode_ms.map(statistics.median)
+        fig.add_trace(go.Scatter(x=meas, y=d.pred_ms, mode='markers', name=f'{s}, {sess}', text=d.model, marker=dict(size=9, color=PALETTE[j % len(PALETTE)])))
+    hi = float(max(t.pred_ms.max(), t.decode_ms.map(statistics.median).max())) * 1.05
+    fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode='lines', name='exact', line=dict(color='grey', dash='dot')))
+    fig.update_xaxes(title_text='measured ms per decode step (median of rounds)'); fig.update_yaxes(title_text='predicted ms per decode step')
+    return fig.update_layout(title=title, height=400, margin=dict(t=60, b=40, l=60, r=20))
+
+def fig_gkd(R, title: str='GKD: KL to the parent on held-out sequences') -> go.Figure:
+    "KL to the parent against the GKD step, one curve per budget (step 0: the MIP child before GKD)."
+    return fig_curves({f"budget {r['budget']}": (r['kl_step'], r['kl']) for r in R.tables['gkd']}, title=title)
