@@ -132,8 +132,10 @@ def test_frontier_and_verdict_rule():
     good, bad = _fake(0.3), _fake(0.0)
     T = at_budget(good.df, 0.05, 0.005).set_index(['share', 'seed'])
     assert T.loc[(0.10, 1), 'iti_attribute_alpha'] == 2.0 and T.loc[(0.005, 1), 'iti_attribute_alpha'] == 1.0
-    assert verdict(good) == 'reproduced' and verdict(bad) == 'partly'
+    assert verdict(good) == 'reproduced' and verdict(bad) == 'not reproduced'     # the headline effect the other way
     assert [c.shows for c in claims(bad)][-2:] == [False, False] and all(c.opposite for c in claims(bad)[-2:])
+    tie = _fake(0.06)                                                             # the clean model's prefix ties ITI on the 10% model
+    assert not any(c.opposite or c.shows for c in claims(tie)[-2:]) and verdict(tie) == 'partly'
     one = _fake(0.3, seeds=(0,))
     assert verdict(one) == 'not reproduced'                                       # one seed: no interval, nothing shows
 

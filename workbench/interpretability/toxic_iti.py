@@ -629,8 +629,10 @@ def claims(results: Results) -> list:
     return out
 
 def verdict(results: Results) -> str:
-    "Reproduced when all eight parts show beyond their 95% paired-t intervals over seeds (toy entanglement falls with frequency in both toys; at the claim share, higher probe accuracy, lower attribute entanglement, a higher base rate and a lower rate than the clean model's best option within the perplexity budget, on both prompt sets); partly when at least one shows; else not reproduced."
-    return judge(claims(results))
+    "Not reproduced when the headline effect, the trade-off (the claim-share model with ITI below the clean model's best option within the perplexity budget), goes the other way on either prompt set; otherwise reproduced when all eight parts show beyond their 95% paired-t intervals over seeds (toy entanglement falls with frequency in both toys; at the claim share, higher probe accuracy, lower attribute entanglement, a higher base rate, and the trade-off on both prompt sets), partly when at least one shows, else not reproduced."
+    cs = claims(results)
+    if any(c.opposite for c in cs[-2:]): return 'not reproduced'      # VERDICTS.md: the effect goes the other way
+    return judge(cs)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000113
 def best_share(results: Results, kind: str = 'attribute'):
