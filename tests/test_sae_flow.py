@@ -1,12 +1,17 @@
-"Cross-checks of `workbench.interpretability.sae_flow`: matcher, TopK SAE, planted flow, hooks on SmolLM2, steering (fast, CPU)."
+"Cross-checks of `workbench.interpretability.sae_flow`: matcher and chance levels, TopK SAE and its training, planted flow and the planted deactivation test, hooks on SmolLM2, steering with the platform decoder, the verdict rule (fast, CPU)."
+import json, math
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from workbench.hooks import run_with_cache
+from workbench.core import Results, load_results
+from workbench.hooks import run_with_cache, decoder_layers
 from workbench.testing import tiny_model, tiny_ids, smol, smol_tokenizer
-from workbench.interpretability.sae_flow import (Site, site, check_sites, TopKSAE, train_sae, sae_stats, match_features,
-    predecessors, planted_flow, link_recovery, PLANTED_SITES, origin_groups, build_flow_graph, collect_activations,
-    Intervention, steer, generate_batch, keyword_rate)
+from workbench.train import generate_ids
+from workbench.interpretability.sae_flow import (Site, site, check_sites, TopKSAE, train_sae, sae_stats, sae_loss, match_features,
+    predecessors, chance_scores, chance_tau, planted_flow, link_recovery, PLANTED_SITES, origin_groups, build_flow_graph, collect_activations,
+    run_block, Intervention, steer, prompt_batch, continuation_nll, keyword_share, steer_settings, deactivation_test, save_sae, load_sae,
+    FlowGraph, SAEFlowConfig, verdict, claims)
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
@@ -21,6 +26,19 @@ def test_matching_recovers_permutation(seed):
     assert (v2[:, 0] < 0.999).sum() >= 140
 
 
+def test_chance_levels_sit_at_the_extreme_value_estimate_and_the_shuffle_breaks_shared_directions():
+    D = F.normalize(torch.randn(1024, 576, generator=torch.Generator().manual_seed(5)), dim=-1)
+    ch = chance_scores(D, D, seed=2)
+    n, d = 1024, 576
+    ev = math.sqrt(2 * math.log(n) / d) - (math.log(math.log(n)) + math.log(4 * math.pi)) / (2 * math.sqrt(2 * math.log(n))) / math.sqrt(d)
+    assert abs(ch['random'].median().item() - ev) < 0.02, (ch['random'].median(), ev)
+    assert ch['shuffled'].max() < 0.4                                              # D against itself scores 1; its shuffle does not
+    tau = chance_tau([ch])
+    assert ch['random'].quantile(0.99) <= tau and ch['shuffled'].quantile(0.99) <= tau < 0.3
+    assert chance_scores(D, D, seed=2)['random'].equal(ch['random'])              # seeded
+    with pytest.raises(ValueError, match='q must be'): chance_tau([ch], q=2.0)
+
+
 def test_topk_exactly_k_and_unit_decoder():
     sae = TopKSAE(48, 200, 7, seed=3)
     with torch.no_grad(): sae.b_enc.fill_(10.0)                                  # every pre-activation positive
@@ -29,16 +47,26 @@ def test_topk_exactly_k_and_unit_decoder():
     assert ((z != 0).sum(-1) == 7).all()
     assert torch.allclose(sae.W_dec.norm(dim=-1), torch.ones(200), atol=1e-6)
     assert torch.allclose(x_hat, z @ sae.W_dec + sae.b_dec)
+    assert torch.allclose(sae.decode_sparse(*sae.topk(x)), x_hat, atol=1e-5)   # the training decoder gives the same x̂
 
 
 def test_trained_sae_reconstructs_and_keeps_k():
     acts, _ = planted_flow(d=32, n_res=16, n_tokens=2000, seed=4)
     x = acts[PLANTED_SITES[0]]
-    sae = train_sae(x, 32, 3, steps=100, batch_size=256, lr=1e-2, seed=0)
+    sae = train_sae(x, 32, 3, steps=200, batch_size=256, lr=1e-2, seed=0)
     st = sae_stats(sae, x)
     assert st['explained_variance'] > 0.9 and st['l0'] <= 3
     assert torch.allclose(sae.W_dec.norm(dim=-1), torch.ones(32), atol=1e-5)
-    assert (sae.act_scale > 0).sum() > 0
+    assert (sae.act_scale > 0).sum() > 0 and torch.allclose(sae.freq.sum(), torch.tensor(st['l0']), atol=1e-4)
+
+
+def test_auxk_switches_on_with_dead_latents():
+    sae = TopKSAE(16, 64, 2, seed=0); x = torch.randn(2, 16, generator=torch.Generator().manual_seed(0)).repeat(128, 1)
+    loss, mse = sae_loss(sae, x, dead_after=10**9)
+    assert torch.equal(loss, mse)                                                 # nobody dead yet: no auxiliary term
+    sae.stale.fill_(10**6)                                                        # everyone silent for a long time; two inputs wake at most 4
+    loss2, mse2 = sae_loss(sae, x, dead_after=1000)
+    assert loss2 > mse2 and torch.allclose(mse2, mse)
 
 
 def test_planted_links_and_groups():
@@ -50,11 +78,44 @@ def test_planted_links_and_groups():
     codes = {s: saes[s].encode(acts[s]) for s in PLANTED_SITES}
     og = origin_groups(codes, predecessors(saes, 1), 1)
     assert abs(sum(og.values()) - 1) < 1e-6 and og['From nowhere'] < 0.2
-    G = build_flow_graph(saes, 'R1', 0, tau=0.5)
-    assert all(G.nodes[b][0] == Site(1, 'resid_post') for a, b, w in G.edges)   # DAG into R1
+    chance = origin_groups(codes, predecessors(saes, 1, shuffle_seed=3), 1)
+    assert chance['From nowhere'] > og['From nowhere'] + 0.3                       # shuffled decoders: the co-activation is chance
+    tau = chance_tau([chance_scores(saes[PLANTED_SITES[3]].dirs, saes[s].dirs, seed=n) for n, s in enumerate(PLANTED_SITES[:3])])
+    assert tau < 0.7
+    R1 = PLANTED_SITES[3]
+    for g, s, j, f in truth[::5]:                                                 # graphs of planted features: never empty
+        i = match_features(f[None], saes[R1].dirs)[1][0, 0].item()
+        G = build_flow_graph(saes, R1, i, tau=tau)
+        src = (s, match_features(f[None], saes[s].dirs)[1][0, 0].item())
+        assert G.edges and src in G.nodes, (g, G.nodes)                            # the planted source is linked
+        assert all(G.nodes[b][0] == R1 and w >= tau for a, b, w in G.edges)       # edges into R1, above chance
 
 
-def test_residual_identity_on_smollm2():
+def test_deactivation_test_on_planted_identity_block():
+    "Block 1 writes nothing, R0 and R1 share an orthonormal dictionary: removing the top-1 predecessor (the same latent) always switches the target off, a control never does."
+    m = tiny_model(fresh=True).eval().requires_grad_(False)
+    with torch.no_grad(): decoder_layers(m)[1].self_attn.o_proj.weight.zero_(); decoder_layers(m)[1].mlp.down_proj.weight.zero_()
+    Q = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(1)))[0]
+    def sae():
+        s = TopKSAE(32, 32, 4).requires_grad_(False); s.W_dec.copy_(Q); s.W_enc.copy_(Q.T); return s
+    saes = {site('R0'): sae(), site('R1'): sae()}
+    acts = collect_activations(m, tiny_ids(16, 12, seed=7), ['R0', 'R1'])
+    codes = {s: saes[s].encode(a) for s, a in acts.items()}
+    for s in saes: sae_stats(saes[s], acts[s][:, 1:].reshape(-1, 32))
+    out = deactivation_test(m, saes, acts, codes, 1, n_targets=12, max_seqs=3, min_fires=3, seed=1)
+    assert len(out['rows']) == 12 and sum(out['skipped'].values()) == 0
+    for r in out['rows']:
+        assert r['top1'] == r['target'] and r['control'] != r['target'] and r['group'] == 'RES'
+        assert r['off_top1'] == 1.0 and r['off_control'] == 0.0 and r['n_top1'] > 0 and r['n_control'] > 0
+    # a broken predecessor (a different dictionary at R0): the test no longer finds a clean switch-off
+    Q2 = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(9)))[0]
+    saes[site('R0')].W_dec.copy_(Q2); saes[site('R0')].W_enc.copy_(Q2.T)
+    codes[site('R0')] = saes[site('R0')].encode(acts[site('R0')]); sae_stats(saes[site('R0')], acts[site('R0')][:, 1:].reshape(-1, 32))
+    out2 = deactivation_test(m, saes, acts, codes, 1, n_targets=12, max_seqs=3, min_fires=3, seed=1)
+    assert np.mean([r['off_top1'] for r in out2['rows']]) < 0.9
+
+
+def test_residual_identity_and_run_block_on_smollm2():
     model, tok = smol(), smol_tokenizer()
     ids = tok('Two plus two equals four, and the cat sat on the mat.', return_tensors='pt')['input_ids']
     _, c = run_with_cache(model, ids, names=['blocks.*.hook_resid_pre', 'blocks.*.hook_attn_out', 'blocks.*.hook_mlp_out', 'blocks.*.hook_resid_post'])
@@ -65,6 +126,12 @@ def test_residual_identity_on_smollm2():
         if l > 0: assert torch.equal(c[f'blocks.{l}.hook_resid_pre'], c[f'blocks.{l - 1}.hook_resid_post'])
     acts = collect_activations(model, ids, ['R3', 'A4', 'M4', 'R4'])
     assert torch.allclose(acts[site('R4')], acts[site('R3')] + acts[site('A4')] + acts[site('M4')], atol=1e-4 * acts[site('R4')].abs().max().item())
+    out = run_block(model, 4, acts[site('R3')])                                  # block 4 alone on the cached R3
+    assert torch.allclose(out, acts[site('R4')], atol=1e-4 * acts[site('R4')].abs().max().item())
+    sae = TopKSAE(576, 64, 8, seed=2)
+    with steer(model, {site('A4'): sae}, [Intervention('A4', 3, 0.0, 'scale')]): full = collect_activations(model, ids, ['R4'])[site('R4')]
+    alone = run_block(model, 4, acts[site('R3')], [(site('A4').hook, lambda x, n: x - sae.encode(x)[..., 3:4] * sae.W_dec[3].detach())])
+    assert torch.allclose(alone, full, atol=1e-4 * full.abs().max().item())      # hooks inside the block act as in the full pass
 
 
 def test_strength_zero_leaves_logits_unchanged_on_smollm2():
@@ -74,7 +141,7 @@ def test_strength_zero_leaves_logits_unchanged_on_smollm2():
     for s in saes.values(): s.act_scale.fill_(3.0)
     with torch.no_grad():
         base = model(input_ids=ids).logits
-        with steer(model, saes, [Intervention('R5', 1, 0.0), Intervention('A6', 2, 0.0), Intervention('M7', 3, 1.0, 'scale')]):
+        with steer(model, saes, [Intervention('R5', 1, 0.0), Intervention('A6', 2, 0.0, 'push'), Intervention('M7', 3, 1.0, 'scale')]):
             same = model(input_ids=ids).logits
         with steer(model, saes, [Intervention('R5', 1, 8.0)]):
             moved = model(input_ids=ids).logits
@@ -95,13 +162,103 @@ def test_bad_sites_give_clear_errors():
     with pytest.raises(ValueError, match='no SAE at site A1'):
         with steer(m, saes, [Intervention('A1', 0, 1.0)]): pass
     with pytest.raises(ValueError, match='out of range'): collect_activations(m, tiny_ids(), ['M9'])
+    with pytest.raises(ValueError, match="needs R0's SAE"): deactivation_test(m, {site('R1'): saes[site('R1')], site('A1'): TopKSAE(32, 16, 2)}, {}, {}, 1)
 
 
-def test_batched_generation_steered_matches_single():
-    m, ids = tiny_model(), tiny_ids(3, 6, seed=5)
+class _Tok:
+    pad_token_id = 0
+    def __call__(self, p, add_special_tokens=False): return dict(input_ids=list(p))
+
+
+def test_batched_left_padded_generation_steered_matches_single():
+    m, ids = tiny_model(), tiny_ids(3, 8, seed=5)
     saes = {site('R0'): TopKSAE(32, 16, 2, seed=1)}; saes[site('R0')].act_scale.fill_(4.0)
+    rows = [ids[0, :8].tolist(), ids[1, :3].tolist(), ids[2, :5].tolist()]
+    pid, pm = prompt_batch(_Tok(), rows)
     with steer(m, saes, [Intervention('R0', 5, 2.0)]):
-        both = generate_batch(m, ids, 5)
-        one = torch.cat([generate_batch(m, ids[b:b + 1], 5) for b in range(3)])
-    assert torch.equal(both, one)
-    assert keyword_rate(['a sword!', 'no'], ['sword']) == 0.5
+        both = generate_ids(m, pid, 5, attention_mask=pm)
+        one = [generate_ids(m, torch.tensor([r]), 5)[0, -5:] for r in rows]
+        plain = generate_ids(m, torch.tensor([rows[0]]), 5)[0, -5:]
+    assert all(torch.equal(both[b, -5:], o) for b, o in enumerate(one))
+    nll = continuation_nll(m, both, pm, 8)
+    for b, r in enumerate(rows):
+        full = torch.tensor([r + both[b, -5:].tolist()]); lp = m(input_ids=full).logits[0, :-1].log_softmax(-1)
+        assert torch.allclose(nll[b], -lp[len(r) - 1:].gather(-1, full[0, len(r):, None]).mean(), atol=1e-4)
+    assert keyword_share('a sword! no swords', ['sword']) == 0.25
+
+
+def test_flow_and_single_layer_steering_push_equally():
+    saes = {site(s): TopKSAE(32, 16, 2, seed=n) for n, s in enumerate(('R0', 'R1', 'A1'))}
+    saes[site('R1')].act_scale.fill_(3.0)
+    G = FlowGraph(); G.add(site('R0'), 4); G.add(site('A1'), 2); G.add(site('R1'), 7)
+    for sign in (1.0, -1.0):
+        st = steer_settings(saes, site('R1'), 7, G, (2.0, 8.0), sign)
+        for (m1, a1, single), (m2, a2, flow) in zip(st[::2], st[1::2]):
+            assert (m1, m2) == ('single', 'flow') and a1 == a2
+            push = lambda ivs: sum(abs(iv.strength) * saes[site(iv.site)].W_dec[iv.latent].norm().item() for iv in ivs)
+            assert math.isclose(push(single), push(flow), rel_tol=1e-5) and math.isclose(push(single), a1 * 3.0, rel_tol=1e-5)
+            assert [str(iv.site) for iv in flow] == ['R0', 'R1'] and all(np.sign(iv.strength) == sign for iv in single + flow)
+
+
+def test_saelens_layout_round_trip(tmp_path):
+    acts, _ = planted_flow(d=24, n_res=16, n_tokens=1500, seed=2)
+    x = acts[PLANTED_SITES[0]]
+    sae = train_sae(x, 40, 3, steps=40, batch_size=256, lr=1e-2, seed=4)     # trained: biases and decoder away from their init
+    assert sae.b_dec.abs().sum() > 0 and sae.b_enc.abs().sum() > 0
+    sae.hook_name = 'blocks.7.hook_mlp_out'
+    save_sae(sae, tmp_path/'M7')
+    assert sorted(p.name for p in (tmp_path/'M7').iterdir()) == ['cfg.json', 'sae_weights.safetensors']
+    cfg = json.loads((tmp_path/'M7'/'cfg.json').read_text())
+    assert (cfg['architecture'], cfg['d_in'], cfg['d_sae'], cfg['k'], cfg['meta']['hook_name'], cfg['meta']['hook_layer']) == ('topk', 24, 40, 3, 'blocks.7.hook_mlp_out', 7)
+    from safetensors.torch import load_file
+    w = load_file(str(tmp_path/'M7'/'sae_weights.safetensors'))
+    assert {n: tuple(t.shape) for n, t in w.items()} == dict(W_enc=(24, 40), b_enc=(40,), W_dec=(40, 24), b_dec=(24,))   # SAELens' names and shapes
+    back = load_sae(tmp_path/'M7')
+    assert back.hook_name == 'blocks.7.hook_mlp_out' and (back.d_in, back.d_sae, back.k) == (24, 40, 3)
+    for n in ('W_enc', 'b_enc', 'W_dec', 'b_dec'): assert torch.equal(getattr(back, n), getattr(sae, n))
+    z = sae.encode(x[:200])
+    assert torch.equal(back.encode(x[:200]), z) and torch.equal(back.decode(z), sae.decode(z)) and torch.equal(back(x[:200]).x_hat, sae(x[:200]).x_hat)
+    save_sae(back, tmp_path/'again'); assert torch.equal(load_sae(tmp_path/'again').encode(x[:50]), z[:50])   # a reloaded SAE saves again
+    with pytest.raises(ValueError, match='hook name'): save_sae(TopKSAE(4, 8, 2), tmp_path/'nohook')
+    with pytest.raises(FileNotFoundError, match='not an SAE folder'): load_sae(tmp_path/'nohook')
+    cfg['architecture'] = 'jumprelu'; (tmp_path/'M7'/'cfg.json').write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="expected 'topk'"): load_sae(tmp_path/'M7')
+
+
+def _fake(off_top1, off_control, flow, single):
+    C = [dict(layer=l, off_top1=a, off_control=b) for l in (7, 8) for a, b in zip(off_top1, off_control)]
+    P = [dict(theme='war', direction='on', method=m, alpha=a, prompt=p, gain=g * (a / 4))
+         for a in (4.0, 8.0) for m, gs in (('flow', flow), ('single', single)) for p, g in enumerate(gs)]
+    return Results('sae_flow', dict(mode='quick'), [dict(kind='x')], tables=dict(causal=C, prompts=P))
+
+
+def test_verdict_rule_goes_every_way():
+    up, flat = [0.9, 0.8, 0.7, 0.95, 0.85, 0.9, 0.8], [0.1, 0.2, 0.1, 0.15, 0.1, 0.2, 0.1]
+    assert verdict(_fake(up, flat, up, flat)) == 'reproduced'
+    assert verdict(_fake(up, flat, flat, up)) == 'partly'
+    assert verdict(_fake(flat, up, flat, flat)) == 'not reproduced'
+    cl = claims(_fake(up, flat, flat, up))
+    assert [c.name.split(':')[0] for c in cl] == ['R7', 'R8', 'war on'] and 'alpha*=8' in cl[-1].name   # alpha* = single's best
+    assert cl[-1].opposite and all(c.shows for c in cl[:2])
+
+
+def test_config_sizes_and_checks():
+    full = SAEFlowConfig(mode='full')
+    assert full.layers == [6, 7, 8, 9, 10, 11] and len(full.sites) == 18 and full.n_targets >= 100 and full.n_prompts >= 30
+    assert SAEFlowConfig(mode='full', seed=1).seed == 1
+    with pytest.raises(ValueError, match='themes must be one of'): SAEFlowConfig(themes=('jazz',))
+    with pytest.raises(ValueError, match='n_layers must be an int'): SAEFlowConfig(n_layers=1)
+
+
+def test_recorded_results_reproduce_their_verdict():
+    r = load_results('sae_flow')
+    if not isinstance(r, Results): pytest.skip('pre-schema record')
+    assert r.mode == 'full' and verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
+    df = r.df
+    assert set(df[df.kind == 'sae'].site) == {str(s) for s in SAEFlowConfig(**{k: r.config[k] for k in ('mode', 'first_layer', 'n_layers')}).sites}
+    ca = df[df.kind == 'causal']
+    assert len(ca) == r.config['n_layers'] - 1                                    # every target layer reported on its own
+    assert (ca.n_targets + ca.skipped_never_co_active + ca.skipped_no_control <= ca.candidates).all()
+    assert len([c for c in r.claims if c.name.startswith('R')]) == len(ca[ca.n_targets > 0])
+    st = r.table('prompts')
+    assert st.groupby(['theme', 'direction', 'method', 'alpha']).prompt.nunique().min() == r.config['n_prompts']

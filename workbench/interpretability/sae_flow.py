@@ -6,26 +6,35 @@ Docs: https://workbench-dev.github.io/workbench/interpretability/sae_flow.html.m
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #eeadab35
 from __future__ import annotations
-import math, random, re, contextlib
+import json, math, os, random, re, shutil, contextlib
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from pathlib import Path
+from typing import ClassVar, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 import plotly.graph_objects as go
-from ..core import is_full, seed_everything, Timer, cached
-from ..hooks import hooks, decoder_layers
+from plotly.subplots import make_subplots
+from ..core import (ExperimentConfig, Results, judge, size, cached, cache_path, cached_unit, progress, in_test, Timer, atomic_dir,
+                            seed_everything, atomic_write_json)
+from ..hooks import hooks, decoder_layers, add_vector
+from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, paired_bootstrap, claim
 from ..viz import Explorer, FeatureGraph, fig_feature_flow, PALETTE
 
 # %% auto #0
-__all__ = ['KINDS', 'PLANTED_SITES', 'GROUPS', 'THEMES', 'PROMPTS', 'PPL_BUDGET', 'Site', 'site', 'check_sites', 'SAEOutput',
-           'TopKSAE', 'fvu', 'train_sae', 'sae_stats', 'match_features', 'predecessors', 'planted_flow',
-           'link_recovery', 'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph', 'to_feature_graph',
-           'collect_activations', 'Intervention', 'steer', 'token_windows', 'generate_batch', 'continuation_ppl',
-           'deactivation_test', 'logit_lens', 'word_ids', 'theme_windows', 'theme_latent', 'keyword_rate', 'FlowConfig',
-           'default_config', 'train_flow_saes', 'top_contexts', 'steering_grid', 'run_experiment', 'summarize',
-           'verdict_of', 'node_labels', 'fig_origin_groups', 'fig_scores', 'fig_steering', 'SteeringPanel']
+__all__ = ['KINDS', 'SAE_CODE_VERSION', 'PLANTED_SITES', 'GROUPS', 'MODES', 'CORPORA', 'THEMES', 'NEUTRAL_PROMPTS', 'MODEL',
+           'HF_NAME', 'DIRECTIONS', 'N_SHOW', 'Site', 'site', 'check_sites', 'SAEOutput', 'TopKSAE', 'fvu', 'sae_loss',
+           'SAEBank', 'train_saes', 'train_sae', 'sae_stats', 'save_sae', 'load_sae', 'match_features', 'predecessors',
+           'chance_scores', 'chance_tau', 'planted_flow', 'link_recovery', 'group_name', 'origin_groups', 'FlowGraph',
+           'build_flow_graph', 'to_feature_graph', 'collect_activations', 'run_block', 'Intervention',
+           'apply_interventions', 'check_interventions', 'steer', 'token_windows', 'prompt_batch', 'continuation_nll',
+           'deactivation_test', 'logit_lens', 'word_ids', 'keyword_share', 'theme_windows', 'theme_prompts',
+           'theme_scores', 'theme_latent', 'SAEFlowConfig', 'sae_key', 'train_flow_saes', 'flow_eval', 'matching_rows',
+           'group_rows', 'split_docs', 'theme_graph', 'steer_unit', 'steer_settings', 'deactivation_row',
+           'prompt_records', 'alpha_star', 'steer_rows', 'top_contexts', 'graph_record', 'run_experiment', 'claims',
+           'verdict', 'headline', 'feature_graph', 'fig_sae_quality', 'fig_scores', 'fig_origin_groups', 'fig_causal',
+           'fig_steering', 'SteeringExplorer']
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #69e44660
 KINDS = {'resid_post': ('R', 'hook_resid_post'), 'attn_out': ('A', 'hook_attn_out'), 'mlp_out': ('M', 'hook_mlp_out')}
@@ -64,24 +73,31 @@ class SAEOutput(NamedTuple):
     z: torch.Tensor       # (N, d_sae) codes, k non-zeros per row
 
 class TopKSAE(nn.Module):
-    "TopK sparse autoencoder: z = ReLU(TopK_k(W_enc(x - b_dec) + b_enc)), x̂ = W_dec z + b_dec, unit-norm decoder rows."
+    "TopK sparse autoencoder: z = ReLU(TopK_k(W_enc^T(x - b_dec) + b_enc)), x̂ = W_dec^T z + b_dec, unit-norm decoder rows."
     def __init__(self, d_in: int, d_sae: int, k: int, seed: int = 0):
         super().__init__()
-        for n, v in (('d_in', d_in), ('d_sae', d_sae), ('k', k)):
-            if not isinstance(v, int) or v <= 0: raise ValueError(f"{n} must be a positive int, got {v!r}")
+        for n, v in (('d_in', d_in), ('d_sae', d_sae), ('k', k)): check_int(n, v, lo=1)
         if k > d_sae: raise ValueError(f"k={k} must be <= d_sae={d_sae}")
         self.d_in, self.d_sae, self.k = d_in, d_sae, k
         W = F.normalize(torch.randn(d_sae, d_in, generator=torch.Generator().manual_seed(seed)), dim=-1)
         self.W_dec = nn.Parameter(W)                    # (d_sae, d): row i is feature i's direction d_i
         self.W_enc = nn.Parameter(W.T.clone())          # (d, d_sae), tied at init
         self.b_enc, self.b_dec = nn.Parameter(torch.zeros(d_sae)), nn.Parameter(torch.zeros(d_in))
-        self.register_buffer('act_scale', torch.zeros(d_sae))   # mean non-zero activation per latent (for steering)
+        self.register_buffer('act_scale', torch.zeros(d_sae))   # mean non-zero activation per latent on held-out tokens (steering unit)
+        self.register_buffer('freq', torch.zeros(d_sae))        # firing rate per latent on held-out tokens
+        self.register_buffer('stale', torch.zeros(d_sae))       # training tokens since each latent last fired (AuxK)
     def pre(self, x): return (x - self.b_dec) @ self.W_enc + self.b_enc          # (N, d_sae)
+    def topk(self, x):
+        "The k active latents: values (N, k) and indices (N, k)."
+        v, i = self.pre(x).topk(self.k, dim=-1); return v.relu(), i
     def encode(self, x):
-        # $z=\mathrm{ReLU}(\mathrm{TopK}_k(W_{enc}(x-b_{dec})+b_{enc}))$
-        v, i = self.pre(x).topk(self.k, dim=-1)                                  # (N, k)
-        return torch.zeros(*x.shape[:-1], self.d_sae, dtype=x.dtype, device=x.device).scatter(-1, i, v.relu())
-    def decode(self, z): return z @ self.W_dec + self.b_dec                    # $\hat x=W_{dec}z+b_{dec}$
+        # $z=\mathrm{ReLU}(\mathrm{TopK}_k(W_{enc}^\top(x-b_{dec})+b_{enc}))$
+        v, i = self.topk(x)
+        return torch.zeros(*x.shape[:-1], self.d_sae, dtype=v.dtype, device=x.device).scatter(-1, i, v)
+    def decode(self, z): return z @ self.W_dec + self.b_dec                    # $\hat x=W_{dec}^\top z+b_{dec}$
+    def decode_sparse(self, v, i):
+        "x̂ from the k active values and indices (N, k), without the dense (N, d_sae) product."
+        return F.embedding_bag(i, self.W_dec, per_sample_weights=v.to(self.W_dec.dtype), mode='sum') + self.b_dec
     def forward(self, x) -> SAEOutput:
         if x.shape[-1] != self.d_in: raise ValueError(f"input width {x.shape[-1]} != d_in={self.d_in}")
         z = self.encode(x); return SAEOutput(self.decode(z), z)
@@ -95,53 +111,117 @@ def fvu(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     "Fraction of variance unexplained: $\\sum\\lVert x-\\hat x\\rVert^2/\\sum\\lVert x-\\bar x\\rVert^2$ (1 − explained variance)."
     return ((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum()).item()
 
-def train_sae(acts: torch.Tensor,          # (N, d) activations of one site
-              d_sae: int, k: int,           # dictionary size, active latents per token
-              steps: int = 300,             # Adam updates
-              batch_size: int = 512,        # tokens per update
-              lr: float = 1e-3,             # Adam learning rate (cosine-decayed to 10%)
-              aux_k: int | None = None,     # latents in the auxiliary dead-latent loss (default d/2)
-              aux_coef: float = 1 / 32,     # weight of the auxiliary loss
-              dead_after: int = 20_000,     # a latent is dead after this many tokens without firing
-              seed: int = 0) -> TopKSAE:
-    "Train a TopK SAE on `acts` with the normalised MSE loss plus the AuxK dead-latent loss; decoder rows renormalised each step."
-    if not isinstance(acts, torch.Tensor) or acts.ndim != 2: raise ValueError(f"acts must be an (N, d) tensor, got {getattr(acts, 'shape', type(acts).__name__)}")
-    g = torch.Generator().manual_seed(seed)
-    sae = TopKSAE(acts.shape[1], d_sae, k, seed)
-    with torch.no_grad(): sae.b_dec.copy_(acts[:min(len(acts), 8192)].float().mean(0))       # b_dec at the data mean
-    params = list(sae.parameters()); mom = [torch.zeros_like(p) for p in params]; sq = [torch.zeros_like(p) for p in params]
-    stale, aux_k = torch.zeros(d_sae), aux_k or acts.shape[1] // 2
-    for t in range(1, steps + 1):
-        x = acts[torch.randint(len(acts), (batch_size,), generator=g)].float()               # (B, d)
-        x_hat, z = sae(x)
-        var = (x - x.mean(0)).pow(2).sum()
-        loss = (x - x_hat).pow(2).sum() / var                                                  # normalised MSE
-        stale = torch.where((z > 0).any(0), torch.zeros_like(stale), stale + batch_size)
-        dead = stale > dead_after
-        if dead.any():                                                                           # AuxK: dead latents model the residual error
-            pre = sae.pre(x).masked_fill(~dead, -torch.inf)
-            v, i = pre.topk(min(aux_k, int(dead.sum())), -1)
-            e_hat = torch.zeros_like(pre).scatter(-1, i, v.relu()) @ sae.W_dec
-            loss = loss + aux_coef * (e_hat - (x - x_hat).detach()).pow(2).sum() / var
-        grads = torch.autograd.grad(loss, params)
-        lr_t = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * (t - 1) / steps)))                  # cosine decay to 10%
-        with torch.no_grad():                                                                  # Adam (β = 0.9, 0.999); torch.optim would import torch._dynamo (~10 s)
-            for p, g_, m_, v_ in zip(params, grads, mom, sq):
-                m_.mul_(0.9).add_(g_, alpha=0.1); v_.mul_(0.999).addcmul_(g_, g_, value=0.001)
-                p.addcdiv_(m_ / (1 - 0.9**t), (v_ / (1 - 0.999**t)).sqrt_().add_(1e-8), value=-lr_t)
-        sae.normalize_decoder_()
-    return sae.eval().requires_grad_(False)
+def sae_loss(sae: TopKSAE, x: torch.Tensor, dead_after: int = 20_000, aux_coef: float = 1 / 32, bf16: bool = False) -> tuple:
+    "(loss, normalised MSE) on `x` (N, d): $\\lVert x-\\hat x\\rVert^2/\\lVert x-\\bar x\\rVert^2$ + aux_coef × AuxK over latents silent for `dead_after` tokens."
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16): pre = sae.pre(x)    # (N, d_sae); bf16: the encoder product on AMX
+    v, i = pre.topk(sae.k, dim=-1); v = v.relu()                                         # (N, k)
+    x_hat = sae.decode_sparse(v, i); var = (x - x.mean(0)).pow(2).sum().clamp_min(1e-12)
+    mse = (x - x_hat).pow(2).sum() / var
+    with torch.no_grad():
+        fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device); fired[i[v > 0]] = True
+        sae.stale.add_(len(x)).masked_fill_(fired, 0)
+    dead = sae.stale > dead_after
+    if not dead.any(): return mse, mse.detach()
+    # AuxK: the top d/2 dead latents reconstruct the residual error $x-\hat x$
+    va, ia = pre.masked_fill(~dead, -torch.inf).topk(min(sae.d_in // 2, int(dead.sum())), dim=-1)
+    e_hat = F.embedding_bag(ia, sae.W_dec, per_sample_weights=va.relu().to(sae.W_dec.dtype), mode='sum')
+    return mse + aux_coef * (e_hat - (x - x_hat).detach()).pow(2).sum() / var, mse.detach()
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2012
+class SAEBank(nn.Module):
+    "Several SAEs as one module (what the training loop optimises), indexed by site."
+    def __init__(self, saes: dict):
+        super().__init__(); self.keys_ = list(saes)
+        self.saes = nn.ModuleDict({str(s): m for s, m in saes.items()})
+    def __getitem__(self, s) -> TopKSAE: return self.saes[str(s)]
+    def normalize_decoders_(self):
+        for m in self.saes.values(): m.normalize_decoder_()
+
+def train_saes(saes: dict,            # site (any key) -> TopKSAE, trained in place
+               data,                  # rows for `workbench.train.train` (e.g. an (N, T) tensor of token ids)
+               acts_fn,               # acts_fn(batch) -> {key: (n, d) activations} for every key of `saes`
+               steps: int, batch_size: int, lr: float,
+               dead_after: int = 20_000, aux_coef: float = 1 / 32, seed: int = 0, bf16: bool = False,
+               ckpt_dir=None, show_progress: bool = False, callbacks=()):
+    "Train the SAEs jointly with the platform loop (`workbench.train.train`); returns its `History`."
+    from workbench.train import train, TrainConfig, as_dataset, collate
+    bank = SAEBank(saes).requires_grad_(True)
+    ds = as_dataset(data, 'data')
+    with torch.no_grad():                                        # b_dec at the mean of the first batch
+        first = acts_fn(collate([ds[i] for i in range(min(batch_size, len(ds)))]))
+        for s, m in saes.items(): m.b_dec.copy_(first[s].float().mean(0))
+    def loss_fn(bank, batch):
+        bank.normalize_decoders_(); acts = acts_fn(batch)
+        return sum(sae_loss(bank[s], acts[s].float(), dead_after, aux_coef, bf16)[0] for s in saes)
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=None, seed=seed,
+                      progress=show_progress, cpu=True, log_every=max(1, steps // 200), ckpt_every=max(1, steps // 8) if ckpt_dir else None, keep_ckpts=1)
+    hist = train(bank, ds, cfg, loss_fn=loss_fn, callbacks=callbacks, ckpt_dir=ckpt_dir)
+    bank.normalize_decoders_(); bank.requires_grad_(False).eval()
+    return hist
+
+def train_sae(acts: torch.Tensor, d_sae: int, k: int, steps: int = 300, batch_size: int = 512, lr: float = 1e-3,
+              dead_after: int = 20_000, seed: int = 0) -> TopKSAE:
+    "One TopK SAE on activations in memory, `acts` (N, d), with `train_saes`."
+    check_tensor('acts', acts, ndim=2, floating=True); check_int('batch_size', batch_size, lo=1)
+    sae, c = TopKSAE(acts.shape[1], d_sae, k, seed), math.gcd(batch_size, 32)      # rows of c tokens: fewer, larger rows for the loader
+    x = acts.float()[torch.randperm(len(acts), generator=torch.Generator().manual_seed(seed))][:len(acts) // c * c].view(-1, c, acts.shape[1])
+    with _threads(1):   # small SAEs: one thread is faster than two that wait on each other
+        train_saes({0: sae}, [dict(x=r) for r in x], lambda b: {0: b['x'].flatten(0, 1)}, steps, batch_size // c, lr, dead_after, seed=seed)
+    return sae
+
+@contextlib.contextmanager
+def _threads(n: int):
+    "Run the block with `n` torch threads."
+    old = torch.get_num_threads(); torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(old)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2013
 @torch.no_grad()
 def sae_stats(sae: TopKSAE, acts: torch.Tensor, batch_size: int = 4096) -> dict:
-    "FVU, explained variance, fraction of dead latents (never fire on `acts`), and sets `sae.act_scale`."
-    X, Xh, fired, tot = [], [], torch.zeros(sae.d_sae), torch.zeros(sae.d_sae)
+    "Held-out quality: FVU, explained variance, dead share (latents that never fire on `acts`), L0; sets `sae.act_scale` and `sae.freq`."
+    SS, fired, tot = 0., torch.zeros(sae.d_sae), torch.zeros(sae.d_sae)
+    mu = acts.float().mean(0)
     for b in acts.split(batch_size):
-        b = b.float(); x_hat, z = sae(b); X.append(b); Xh.append(x_hat)
+        b = b.float(); x_hat, z = sae(b); SS += (b - x_hat).pow(2).sum().item()
         fired += (z > 0).sum(0); tot += z.sum(0)
-    sae.act_scale.copy_(tot / fired.clamp(min=1))
-    u = fvu(torch.cat(X), torch.cat(Xh))
-    return dict(fvu=u, explained_variance=1 - u, dead_frac=(fired == 0).float().mean().item(), l0=(fired.sum() / len(acts)).item())
+    sae.act_scale.copy_(tot / fired.clamp(min=1)); sae.freq.copy_(fired / len(acts))
+    u = SS / (acts.float() - mu).pow(2).sum().item()
+    return dict(fvu=u, explained_variance=1 - u, dead_share=(fired == 0).float().mean().item(), l0=(fired.sum() / len(acts)).item())
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #8cf11202
+SAE_CODE_VERSION = 2   # bump when TopKSAE, sae_loss, train_saes or train_flow_saes change what they produce (it keys the SAE cache)
+_WEIGHTS = ('W_enc', 'b_enc', 'W_dec', 'b_dec')
+
+def save_sae(sae: TopKSAE, path, hook_name: str | None = None, model_name: str | None = None, context_size: int | None = None,
+             extra: dict | None = None) -> Path:
+    "Write `sae` to the folder `path` as SAELens does: cfg.json and sae_weights.safetensors; the hook name defaults to `sae.hook_name`."
+    from safetensors.torch import save_file
+    path, hook_name = Path(path), hook_name or getattr(sae, 'hook_name', None)
+    if not isinstance(hook_name, str): raise ValueError("save_sae needs the SAE's hook name (e.g. 'blocks.7.hook_resid_post'): pass hook_name or set sae.hook_name")
+    layer = int(m[1]) if (m := re.match(r'blocks\.(\d+)\.', hook_name)) else None
+    with atomic_dir(path, marker='sae_weights.safetensors') as tmp:   # a crash leaves the earlier save whole; never over another folder
+        save_file({n: getattr(sae, n).detach().float().contiguous() for n in _WEIGHTS}, str(tmp/'sae_weights.safetensors'))
+        atomic_write_json(tmp/'cfg.json', dict(architecture='topk', d_in=sae.d_in, d_sae=sae.d_sae, k=sae.k, dtype='float32', device='cpu',
+            apply_b_dec_to_input=True, normalize_activations='none', reshape_activations='none',
+            meta=dict(model_name=model_name or getattr(sae, 'model_name', None), hook_name=hook_name, hook_layer=layer, hook_head_index=None,
+                      context_size=context_size, prepend_bos=False, dataset_path=None), workbench=extra or {}))
+    return path
+
+def load_sae(path) -> TopKSAE:
+    "A `TopKSAE` from a SAELens-layout folder (architecture 'topk'), with `hook_name` and `model_name` from its cfg.json."
+    from safetensors.torch import load_file
+    path = Path(path)
+    if not (path/'cfg.json').is_file() or not (path/'sae_weights.safetensors').is_file():
+        raise FileNotFoundError(f"{path} is not an SAE folder: it needs cfg.json and sae_weights.safetensors")
+    cfg = json.loads((path/'cfg.json').read_text())
+    if cfg.get('architecture') != 'topk': raise ValueError(f"{path}: architecture {cfg.get('architecture')!r}, expected 'topk'")
+    sae = TopKSAE(cfg['d_in'], cfg['d_sae'], cfg['k']); w = load_file(str(path/'sae_weights.safetensors'))
+    with torch.no_grad():
+        for n in _WEIGHTS: getattr(sae, n).copy_(w[n])
+    meta = cfg.get('meta') or {}
+    sae.hook_name, sae.model_name = meta.get('hook_name'), meta.get('model_name')
+    return sae.eval().requires_grad_(False)
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #1bb1b86b
 def match_features(target_dirs: torch.Tensor,   # (n_t, d) decoder rows of the later site
@@ -156,15 +236,37 @@ def match_features(target_dirs: torch.Tensor,   # (n_t, d) decoder rows of the l
     S = F.normalize(target_dirs.float(), dim=-1) @ F.normalize(source_dirs.float(), dim=-1).T   # (n_t, n_s)
     return S.topk(top_k, dim=-1)
 
-def predecessors(saes: dict, layer: int) -> dict:
-    "Top-1 predecessor (score, index) of every latent of R_layer in R_{layer-1}, A_layer and M_layer: {'RES'|'ATT'|'MLP': ((d_sae,), (d_sae,))}."
+def _sources(layer: int) -> dict:
+    "The predecessor sites of R_layer by module."
+    return {**({'RES': Site(layer - 1, 'resid_post')} if layer > 0 else {}), 'ATT': Site(layer, 'attn_out'), 'MLP': Site(layer, 'mlp_out')}
+
+def predecessors(saes: dict, layer: int, shuffle_seed: int | None = None) -> dict:
+    "Top-1 predecessor (score, index) of every latent of R_layer in R_{layer-1}, A_layer and M_layer: {'RES'|'ATT'|'MLP': ((d_sae,), (d_sae,))}; `shuffle_seed`: against shuffled source decoders (chance)."
     tgt = saes.get(Site(layer, 'resid_post'))
     if tgt is None: raise ValueError(f"no SAE at R{layer}; have {sorted(str(s) for s in saes)}")
     out = {}
-    for g, s in (('RES', Site(layer - 1, 'resid_post')), ('ATT', Site(layer, 'attn_out')), ('MLP', Site(layer, 'mlp_out'))):
-        if s in saes: v, i = match_features(tgt.dirs, saes[s].dirs); out[g] = (v[:, 0], i[:, 0])
+    for g, s in _sources(layer).items():
+        if s not in saes: continue
+        src = saes[s].dirs
+        if shuffle_seed is not None: src = src[:, torch.randperm(src.shape[1], generator=torch.Generator().manual_seed(shuffle_seed))]
+        v, i = match_features(tgt.dirs, src); out[g] = (v[:, 0], i[:, 0])
     if not out: raise ValueError(f"no predecessor SAEs of R{layer}: need R{layer - 1}, A{layer} or M{layer}")
     return out
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #a396cc41
+@torch.no_grad()
+def chance_scores(target_dirs: torch.Tensor, source_dirs: torch.Tensor, n_random: int = 2048, seed: int = 0) -> dict:
+    "Chance top-1 cosines against `source_dirs`: 'random' (random unit targets, (n_random,)) and 'shuffled' (the targets against the source with permuted coordinates, (n_t,))."
+    check_int('n_random', n_random, lo=1)
+    rng, d = np.random.default_rng(seed), source_dirs.shape[1]                     # numpy's stream: never the one that initialised an SAE
+    u = F.normalize(torch.as_tensor(rng.standard_normal((n_random, d)), dtype=torch.float32), dim=-1)   # random unit directions
+    perm = torch.as_tensor(rng.permutation(d))                                      # one permutation $\Pi$ of the coordinates
+    return dict(random=match_features(u, source_dirs)[0][:, 0], shuffled=match_features(target_dirs, source_dirs[:, perm])[0][:, 0])
+
+def chance_tau(chances, q: float = 0.99) -> float:
+    "Edge threshold from chance: the largest `q`-quantile of every chance distribution in `chances` (dicts from `chance_scores`)."
+    check_num('q', q, lo=0, hi=1)
+    return max(torch.quantile(v.float(), q).item() for c in chances for v in c.values())
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #d5fb982e
 PLANTED_SITES = (Site(0, 'resid_post'), Site(1, 'attn_out'), Site(1, 'mlp_out'), Site(1, 'resid_post'))
@@ -206,7 +308,7 @@ def origin_groups(codes: dict,        # Site -> (N, d_sae) codes on the same N t
                   targets=None,       # R_layer latents to count (default: all)
                  ) -> dict:
     "Fraction of active (token, target) pairs in each origin group: which top-1 predecessors are co-active."
-    src = {'RES': Site(layer - 1, 'resid_post'), 'ATT': Site(layer, 'attn_out'), 'MLP': Site(layer, 'mlp_out')}
+    src = _sources(layer)
     t = torch.arange(codes[Site(layer, 'resid_post')].shape[1]) if targets is None else torch.as_tensor(targets)
     on = codes[Site(layer, 'resid_post')][:, t] > 0                                  # (N, n) target active
     bits = torch.zeros_like(on, dtype=torch.long)
@@ -225,27 +327,35 @@ class FlowGraph:
         key = (s, int(latent))
         if key not in self.nodes: self.nodes.append(key)
         return self.nodes.index(key)
+    @property
+    def residual_nodes(self) -> list:
+        "The (Site, latent) residual nodes, by layer: the chain that flow steering pushes on."
+        return sorted((n for n in self.nodes if n[0].kind == 'resid_post'), key=lambda n: n[0].layer)
 
 def build_flow_graph(saes: dict, start, latent: int, tau: float = 0.3) -> FlowGraph:
     "Trace R-latent `latent` at `start` backwards (top-1 predecessors in R_{l-1}, A_l, M_l with cos >= tau) and forwards (top-1 successor in R_{l+1})."
     s0 = site(start)
     if s0.kind != 'resid_post' or s0 not in saes: raise ValueError(f"start must be a residual site with an SAE, e.g. 'R12'; got {s0}")
     if not 0 <= latent < saes[s0].d_sae: raise ValueError(f"latent must be in [0, {saes[s0].d_sae}), got {latent}")
-    G, src = FlowGraph(), {'RES': lambda l: Site(l - 1, 'resid_post'), 'ATT': lambda l: Site(l, 'attn_out'), 'MLP': lambda l: Site(l, 'mlp_out')}
+    G, memo = FlowGraph(), {}
+    src = lambda g, l: _sources(l)[g]
+    def preds(l):
+        if l not in memo: memo[l] = predecessors(saes, l)
+        return memo[l]
     def back(l, i, node):
-        if l == 0 or not any(s in saes for s in (Site(l - 1, 'resid_post'), Site(l, 'attn_out'), Site(l, 'mlp_out'))): return
-        for g, (v, j) in predecessors(saes, l).items():
+        if not any(s in saes for s in _sources(l).values()): return
+        for g, (v, j) in preds(l).items():
             if v[i] < tau: continue
-            G.edges.append((G.add(src[g](l), j[i]), node, v[i].item()))
-            if g == 'RES': back(l - 1, j[i].item(), G.nodes.index((src[g](l), int(j[i]))))
+            G.edges.append((G.add(src(g, l), j[i]), node, v[i].item()))
+            if g == 'RES': back(l - 1, j[i].item(), G.nodes.index((src(g, l), int(j[i]))))
     def fwd(l, i, node):
         nxt = Site(l + 1, 'resid_post')
         if nxt not in saes: return
         v, j = match_features(saes[Site(l, 'resid_post')].dirs[i:i + 1], saes[nxt].dirs)
         if v[0, 0] < tau: return
         n2 = G.add(nxt, j[0, 0]); G.edges.append((node, n2, v[0, 0].item()))
-        for g, (pv, pj) in predecessors(saes, l + 1).items():                       # the successor's other sources
-            if g != 'RES' and pv[j[0, 0]] >= tau: G.edges.append((G.add(src[g](l + 1), pj[j[0, 0]]), n2, pv[j[0, 0]].item()))
+        for g, (pv, pj) in preds(l + 1).items():                                      # the successor's other sources
+            if g != 'RES' and pv[j[0, 0]] >= tau: G.edges.append((G.add(src(g, l + 1), pj[j[0, 0]]), n2, pv[j[0, 0]].item()))
         fwd(l + 1, j[0, 0].item(), n2)
     n0 = G.add(s0, latent); back(s0.layer, latent, n0); fwd(s0.layer, latent, n0)
     return G
@@ -273,116 +383,158 @@ def collect_activations(model, input_ids: torch.Tensor, sites, batch_size: int =
             except _Stop: pass
     return {s: torch.cat(v) for s, v in out.items()}
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #c946cd02
+@torch.no_grad()
+def run_block(model, layer: int, h: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
+    "R_layer from h = R_{layer-1} (B, T, d) by running block `layer` alone; `fwd_hooks` as in `workbench.hooks.hooks`."
+    check_tensor('h', h, ndim=3, floating=True); n = len(decoder_layers(model)); check_int('layer', layer, lo=0, hi=n - 1)
+    base = getattr(model, 'model', model); B, T, _ = h.shape; h = h.to(next(model.parameters()).dtype)
+    pos = torch.arange(T, device=h.device)[None].expand(B, T)
+    mask = torch.full((T, T), float('-inf'), dtype=h.dtype, device=h.device).triu(1)[None, None]   # (1, 1, T, T) causal
+    with hooks(model, list(fwd_hooks)):
+        out = decoder_layers(model)[layer](h, attention_mask=mask, position_ids=pos, position_embeddings=base.rotary_emb(h, pos))
+    return out[0] if isinstance(out, tuple) else out
+
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #736dbd17
+MODES = ('add', 'push', 'scale')
+
 @dataclass(frozen=True)
 class Intervention:
     site: object          # a Site or 'R12' / 'A12' / 'M12'
     latent: int           # SAE latent whose decoder direction d_i is used
-    strength: float       # 'add': alpha in h + alpha c_i d_i (c_i the latent's mean activation); 'scale': r in h + (r-1) z_i d_i
-    mode: str = 'add'     # 'add' (steer) or 'scale' (error-preserving rescaling; r=0 deactivates)
+    strength: float       # 'add': alpha in h + alpha c_i d_i; 'push': alpha in h + alpha d_i; 'scale': r in h + (r-1) z_i d_i
+    mode: str = 'add'     # one of MODES
 
-def _hook_fn(saes, ivs):
-    def fn(x, name):
-        for iv in ivs:
-            sae = saes[site(iv.site)]; d = sae.W_dec[iv.latent].detach().to(x)            # (d,)
-            if iv.mode == 'add':   # $h \leftarrow h+\alpha\,c_i\,d_i$
-                x = x + iv.strength * sae.act_scale[iv.latent].to(x) * d
-            else:                  # $h \leftarrow h+(r-1)\,z_i\,d_i$
-                with torch.no_grad(): z = sae.encode(x.float())[..., iv.latent:iv.latent + 1].to(x)   # (B, T, 1)
-                x = x + (iv.strength - 1) * z * d
-        return x
-    return fn
-
-@contextlib.contextmanager
-def steer(model, saes: dict, interventions):
-    "Context manager: apply the interventions as forward hooks at their sites (removed on exit, also on errors)."
-    ivs = list(interventions); by = {}
+def apply_interventions(saes: dict, ivs, x: torch.Tensor) -> torch.Tensor:
+    "x (B, T, d) with the interventions (all at x's site) applied."
     for iv in ivs:
+        sae = saes[site(iv.site)]; d = sae.W_dec[iv.latent].detach().to(x)            # (d,)
+        if iv.mode == 'add':    # $h \leftarrow h+\alpha\,\bar z_i\,d_i$
+            x = x + iv.strength * sae.act_scale[iv.latent].to(x) * d
+        elif iv.mode == 'push': # $h \leftarrow h+\alpha\,d_i$
+            x = x + iv.strength * d
+        else:                   # $h \leftarrow h+(r-1)\,z_i\,d_i$
+            with torch.no_grad(): z = sae.encode(x.float())[..., iv.latent:iv.latent + 1].to(x)   # (B, T, 1)
+            x = x + (iv.strength - 1) * z * d
+    return x
+
+def check_interventions(model, saes: dict, interventions) -> dict:
+    "Validate the interventions; group them by hook name."
+    by = {}
+    for iv in interventions:
         if not isinstance(iv, Intervention): raise TypeError(f"interventions must be Intervention objects, got {type(iv).__name__}")
         s = check_sites(model, [iv.site])[0]
         if s not in saes: raise ValueError(f"no SAE at site {s}; have {sorted(str(k) for k in saes)}")
         if not 0 <= iv.latent < saes[s].d_sae: raise ValueError(f"latent {iv.latent} out of range for {s}: [0, {saes[s].d_sae})")
-        if iv.mode not in ('add', 'scale'): raise ValueError(f"mode must be 'add' or 'scale', got {iv.mode!r}")
-        if not math.isfinite(iv.strength): raise ValueError(f"strength must be finite, got {iv.strength}")
+        check_choice('mode', iv.mode, MODES); check_num('strength', iv.strength)
         by.setdefault(s.hook, []).append(iv)
-    with hooks(model, [(h, _hook_fn(saes, v)) for h, v in by.items()]): yield model
+    return by
+
+@contextlib.contextmanager
+def steer(model, saes: dict, interventions):
+    "Context manager: apply the interventions as forward hooks at their sites (removed on exit, also on errors)."
+    by = check_interventions(model, saes, list(interventions))
+    with hooks(model, [(h, lambda x, name, v=v: apply_interventions(saes, v, x)) for h, v in by.items()]): yield model
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #d955d252
-def token_windows(docs: list, tokenizer, n: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    "(n, seq_len) token ids: windows at random offsets of randomly drawn documents (with `text`)."
-    if n <= 0 or seq_len <= 1: raise ValueError(f"need n > 0 and seq_len > 1, got {n}, {seq_len}")
-    r, out, tries = random.Random(seed), [], 0
-    while len(out) < n:
-        tries += 1
-        if tries > 50 * n: raise ValueError(f"documents too short for windows of {seq_len} tokens")
-        t = docs[r.randrange(len(docs))]['text']
-        a = r.randrange(max(1, len(t) - 12 * seq_len))
-        ids = tokenizer(t[a:a + 12 * seq_len], add_special_tokens=False)['input_ids'][1:seq_len + 1]   # drop a split first token
-        if len(ids) == seq_len: out.append(ids)
-    return torch.tensor(out)
+CORPORA = ('shakespeare', 'docstrings', 'code')   # the workbench corpus: SAE training, held-out windows, theme windows
+
+def token_windows(tokenizer, n: int, seq_len: int, split: str = 'train', corpora=CORPORA, seed: int = 0) -> torch.Tensor:
+    "(n, seq_len) token ids: packed blocks of `split` of the corpora (`workbench.data.lm_dataset`), drawn without replacement."
+    from workbench.data import lm_dataset
+    check_int('n', n, lo=1); check_int('seq_len', seq_len, lo=2); check_choice('split', split, ('train', 'validation'))
+    blocks = torch.cat([torch.as_tensor(lm_dataset(c, tokenizer, seq_len, split).with_format('numpy')[:]['input_ids']) for c in corpora])
+    if n > len(blocks): raise ValueError(f"asked for {n} windows of {seq_len} tokens; the {split} split of {list(corpora)} has {len(blocks)}")
+    return blocks[torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed))[:n]]
+
+def prompt_batch(tokenizer, prompts) -> tuple:
+    "Left-padded ids (B, T) and attention mask (B, T) of `prompts` (strings or lists of token ids), for `generate_ids`."
+    rows = [tokenizer(p, add_special_tokens=False)['input_ids'] if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+    if not rows or min(map(len, rows)) == 0: raise ValueError("every prompt needs at least one token")
+    T, pad = max(map(len, rows)), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return (torch.tensor([[pad] * (T - len(r)) + r for r in rows]), torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows]))
 
 @torch.no_grad()
-def generate_batch(model, ids: torch.Tensor, n_new: int) -> torch.Tensor:
-    "Greedy continuations of equal-length prompts (B, T) -> (B, T + n_new), with the KV cache (hooks see every new position)."
-    out = model(input_ids=ids, use_cache=True)
-    for _ in range(n_new):
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)                         # (B, 1)
-        ids = torch.cat([ids, nxt], 1)
-        if _ < n_new - 1: out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-    return ids
-
-@torch.no_grad()
-def continuation_ppl(model, ids: torch.Tensor, n_prompt: int) -> torch.Tensor:
-    "Per-row perplexity of tokens after the first `n_prompt` under `model` (no hooks: the coherence proxy) -> (B,)."
-    logp = model(input_ids=ids).logits[:, :-1].float().log_softmax(-1)
-    nll = -logp.gather(-1, ids[:, 1:, None])[..., 0][:, n_prompt - 1:]          # (B, n_new)
-    return nll.mean(1).exp()
+def continuation_nll(model, ids: torch.Tensor, mask: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    "Mean NLL per row (B,) of the tokens after the first `n_prompt` columns of `ids`; `mask` (B, n_prompt) is the prompts' padding mask."
+    B, L = ids.shape; n_new = L - n_prompt
+    if n_new < 1: raise ValueError(f"nothing after the prompt: ids has {L} columns, n_prompt={n_prompt}")
+    m = torch.cat([mask, torch.ones(B, n_new, dtype=mask.dtype)], 1); pos = (m.cumsum(-1) - 1).clamp_min(0)
+    z = model(input_ids=ids, attention_mask=m, position_ids=pos, logits_to_keep=n_new + 1).logits[:, :-1].float()   # (B, n_new, V)
+    # $-\frac1n\sum_t\log p(y_t\mid y_{<t})$ over the new tokens
+    return F.cross_entropy(z.transpose(1, 2), ids[:, n_prompt:], reduction='none').mean(1)
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #4b647969
+def _control(zP, on, j, freq, scale):
+    "The latent of zP co-active with the target (on) at least once, not j, nearest to j in log firing rate + log mean activation."
+    cand = (zP[on] > 0).any(0); cand[j] = False
+    if not cand.any(): return None
+    lf, ls = freq.clamp_min(1e-9).log(), scale.clamp_min(1e-9).log()
+    # $c=\arg\min_{j\ne j^*}|\log p_j-\log p_{j^*}|+|\log\bar z_j-\log\bar z_{j^*}|$
+    dist = ((lf - lf[j]).abs() + (ls - ls[j]).abs()).masked_fill(~cand, torch.inf)
+    return int(dist.argmin())
+
 @torch.no_grad()
-def deactivation_test(model, saes: dict, ids: torch.Tensor, codes: dict, layer: int, n_targets: int = 32,
-                      max_seqs: int = 4, seed: int = 0) -> dict:
-    "Deactivate each target's top-1 predecessor (best-scoring module) vs a random co-active latent of that module; rate at which the target turns off."
-    preds, R = predecessors(saes, layer), Site(layer, 'resid_post')
-    src = {'RES': Site(layer - 1, 'resid_post'), 'ATT': Site(layer, 'attn_out'), 'MLP': Site(layer, 'mlp_out')}
-    B, T = ids.shape; zR = codes[R].view(B, T, -1)[:, 1:]                     # skip position 0 (attention sink)
-    g = torch.Generator().manual_seed(seed)
-    cand = torch.nonzero((zR > 0).sum((0, 1)) >= 3)[:, 0]
-    rows = []
-    for i in cand[torch.randperm(len(cand), generator=g)].tolist():
+def _off_rate(model, saes, acts, zR, zP, layer, P, grp, jj, i, on, max_seqs):
+    "Deactivate latent jj of site P; off-rate and mean relative drop of target i of R_layer where both were active."
+    R = Site(layer, 'resid_post')
+    mask = on & (zP[..., jj] > 0)                                                   # (B, T-1) both active
+    seqs = mask.sum(1).topk(min(max_seqs, int((mask.sum(1) > 0).sum()))).indices
+    iv, h = [Intervention(P, jj, 0.0, 'scale')], acts[Site(layer - 1, 'resid_post')][seqs]
+    if grp == 'RES': out = run_block(model, layer, apply_interventions(saes, iv, h))
+    else: out = run_block(model, layer, h, [(P.hook, lambda x, name: apply_interventions(saes, iv, x))])
+    z2 = saes[R].encode(out)[:, 1:, i]; m = mask[seqs]; z1 = zR[seqs][..., i]
+    return (z2[m] == 0).float().mean().item(), (1 - z2[m] / z1[m]).mean().item(), int(m.sum())
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #4b647970
+@torch.no_grad()
+def deactivation_test(model, saes: dict, acts: dict, codes: dict, layer: int, n_targets: int = 100, max_seqs: int = 4,
+                      min_fires: int = 5, seed: int = 0) -> dict:
+    "Deactivate each target's top-1 predecessor vs a matched co-active control; {'rows': one per measured target, 'skipped': {reason: count}}."
+    check_int('n_targets', n_targets, lo=1); check_int('max_seqs', max_seqs, lo=1)
+    preds, R, src = predecessors(saes, layer), Site(layer, 'resid_post'), _sources(layer)
+    if 'RES' not in preds: raise ValueError(f"the deactivation test needs R{layer - 1}'s SAE (the block input)")
+    z = {s: codes[s][:, 1:].float() for s in (R, *src.values()) if s in codes}      # (B, T-1, n): position 0 left out
+    zR = z[R]; cand = torch.nonzero((zR > 0).sum((0, 1)) >= min_fires)[:, 0]
+    rows, skipped = [], dict(never_co_active=0, no_control=0)
+    for i in cand[torch.randperm(len(cand), generator=torch.Generator().manual_seed(seed))].tolist():
         if len(rows) >= n_targets: break
-        grp = max(preds, key=lambda k: preds[k][0][i].item()); P = src[grp]
-        zP = codes[P].view(B, T, -1)[:, 1:]; j = preds[grp][1][i].item()
-        on = zR[..., i] > 0                                                       # (B, T-1)
-        co = (zP[on] > 0).sum(0); co[j] = 0                                       # other latents co-active with the target
-        if co.sum() == 0 or not (on & (zP[..., j] > 0)).any(): continue
-        jr = torch.multinomial((co > 0).float(), 1, generator=g).item()
-        res = dict(target=i, group=grp, score=preds[grp][0][i].item())
-        for name, jj in (('top1', j), ('random', jr)):
-            mask = on & (zP[..., jj] > 0)                                          # positions where both are active
-            seqs = torch.nonzero(mask.any(1))[:max_seqs, 0]
-            with steer(model, saes, [Intervention(P, jj, 0.0, 'scale')]):
-                z2 = collect_activations(model, ids[seqs], [R])[R]
-            z2 = saes[R].encode(z2)[:, 1:, i]                                      # (b, T-1)
-            m, z1 = mask[seqs], zR[seqs][..., i]
-            res[f'{name}_off'] = (z2[m] == 0).float().mean().item()               # target switched off
-            res[f'{name}_drop'] = (1 - z2[m] / z1[m]).mean().item()               # relative activation drop
-        rows.append(res)
-    agg = {f'{k}': float(np.mean([r[k] for r in rows])) if rows else float('nan') for k in ('top1_off', 'random_off', 'top1_drop', 'random_drop')}
-    return dict(**agg, n=len(rows), rows=rows)
+        grp = max(preds, key=lambda g: preds[g][0][i].item()); P = src[grp]; j = preds[grp][1][i].item()
+        on, zP = zR[..., i] > 0, z[P]
+        if not (on & (zP[..., j] > 0)).any(): skipped['never_co_active'] += 1; continue
+        c = _control(zP, on, j, saes[P].freq, saes[P].act_scale)
+        if c is None: skipped['no_control'] += 1; continue
+        r = dict(layer=layer, target=i, group=grp, score=preds[grp][0][i].item(), top1=j, control=c)
+        for arm, jj in (('top1', j), ('control', c)):
+            r[f'off_{arm}'], r[f'drop_{arm}'], r[f'n_{arm}'] = _off_rate(model, saes, acts, zR, zP, layer, P, grp, jj, i, on, max_seqs)
+            r[f'freq_{arm}'], r[f'scale_{arm}'] = saes[P].freq[jj].item(), saes[P].act_scale[jj].item()
+        rows.append(r)
+    return dict(rows=rows, skipped=skipped, candidates=len(cand))
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #43b03a37
-THEMES = {  # name: (keywords: logit-lens targets and the keyword-rate test, description for the embedder)
-    'love':  (('love', 'heart', 'sweet', 'kiss', 'beauty', 'lover', 'loving'), 'love, romance and a sweet beloved heart'),
-    'war':   (('war', 'sword', 'battle', 'soldier', 'fight', 'army', 'enemy'), 'war, battle, soldiers and swords'),
-    'files': (('file', 'files', 'path', 'directory', 'read', 'write', 'open'), 'reading and writing files in a directory path'),
+THEMES = {  # name: theme words (logit-lens targets, theme windows, suppression prompts, keyword share)
+    'love':  ('love', 'loves', 'loved', 'loving', 'lover', 'lovers', 'heart', 'hearts', 'sweet', 'kiss', 'kisses', 'beauty', 'beloved'),
+    'war':   ('war', 'wars', 'sword', 'swords', 'battle', 'battles', 'soldier', 'soldiers', 'fight', 'fought', 'army', 'enemy', 'enemies'),
+    'files': ('file', 'files', 'path', 'paths', 'directory', 'directories', 'filename', 'folder', 'read', 'write', 'open'),
 }
+
+NEUTRAL_PROMPTS = (
+    'I went to the market this morning and', 'The weather in the valley was', 'She opened the old wooden box and',
+    'When the meeting ended, everyone', 'The best part of the story is that', 'He looked out of the window and',
+    'After lunch we decided to', 'The train was late again, so', 'My grandmother always told me that',
+    'In the middle of the night, the', 'The new teacher walked into the room and', 'On the first day of spring,',
+    'The report on my desk says that', 'We sat by the river and talked about', 'Before the guests arrived, she',
+    'The small town at the edge of the forest', 'Every morning the baker', 'The letter arrived on a Tuesday, and',
+    'He picked up the phone and said', 'The children ran across the field toward', 'At the end of the long road there was',
+    'The museum was quiet except for', 'They painted the kitchen a bright', 'The old man by the fire began to',
+    'It was the kind of day when', 'The next chapter of the book begins with', 'Nobody expected the captain to',
+    'The garden behind the house', 'She wrote in her notebook that', 'The city lights came on as')
 
 @torch.no_grad()
 def logit_lens(model, dirs: torch.Tensor) -> torch.Tensor:
     "Logits each direction writes through the final RMSNorm gain and the unembedding: (n, vocab)."
-    g = getattr(getattr(model, 'model', model), 'norm').weight                       # (d,)
-    return (dirs * g) @ model.get_output_embeddings().weight.T
+    g = getattr(getattr(model, 'model', model), 'norm').weight.float()               # (d,)
+    return (dirs.float() * g) @ model.get_output_embeddings().weight.float().T
 
 def word_ids(tokenizer, words) -> list[int]:
     "Token ids of ' word' and ' Word' that are single tokens."
@@ -393,13 +545,22 @@ def word_ids(tokenizer, words) -> list[int]:
             if len(t) == 1: out.append(t[0])
     return sorted(set(out))
 
-def theme_windows(docs: list, tokenizer, words, n: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    "(n, seq_len) windows around occurrences of the theme's words in `docs`, and a mask of the theme-word tokens."
-    pat, r, out = re.compile(r'\b(' + '|'.join(map(re.escape, words)) + r')\b', re.I), random.Random(seed), []
+def keyword_share(text: str, words) -> float:
+    "Share of the words of `text` that are theme words (whole words, case-insensitive); 0 for no words."
+    ws, kw = re.findall(r"[A-Za-z]+", text), {w.lower() for w in words}
+    return sum(w.lower() in kw for w in ws) / len(ws) if ws else 0.0
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #43b03a38
+def _hits(docs, words):
+    pat = re.compile(r'\b(' + '|'.join(map(re.escape, words)) + r')\b', re.I)
     hits = [(d['text'], m.start()) for d in docs for m in pat.finditer(d['text'])]
     if not hits: raise ValueError(f"no document contains any of {words}")
-    wid = set(word_ids(tokenizer, words))
-    for text, a in r.sample(hits, min(len(hits), 20 * n)):
+    return hits
+
+def theme_windows(docs: list, tokenizer, words, n: int, seq_len: int, seed: int = 0) -> tuple:
+    "(n, seq_len) windows around occurrences of the theme's words in `docs`, and a mask of the theme-word tokens."
+    r, out, wid = random.Random(seed), [], set(word_ids(tokenizer, words))
+    for text, a in r.sample(hits := _hits(docs, words), min(len(hits), 20 * n)):
         ids = tokenizer(text[max(0, a - 6 * seq_len):a + 4 * seq_len], add_special_tokens=False)['input_ids']
         pos = [t for t in range(len(ids)) if ids[t] in wid]
         if not pos or len(ids) < seq_len + 1: continue
@@ -407,9 +568,19 @@ def theme_windows(docs: list, tokenizer, words, n: int, seq_len: int, seed: int 
         if len(out) == n: break
     ids = torch.tensor(out); return ids, torch.isin(ids, torch.tensor(sorted(wid)))
 
+def theme_prompts(docs: list, tokenizer, words, n: int, n_tokens: int = 24, seed: int = 0) -> list:
+    "`n` prompts (token id lists of up to `n_tokens`) cut from `docs` just before a theme word, each from a different passage."
+    r, out, seen = random.Random(seed), [], set()
+    for text, a in r.sample(hits := _hits(docs, words), len(hits)):
+        ids = tokenizer(text[max(0, a - 8 * n_tokens):a].rstrip(), add_special_tokens=False)['input_ids'][-n_tokens:]
+        if len(ids) < n_tokens // 2 or tuple(ids) in seen: continue
+        seen.add(tuple(ids)); out.append(ids)
+        if len(out) == n: return out
+    raise ValueError(f"only {len(out)} distinct passages before {words[:3]}...; asked for {n}")
+
 @torch.no_grad()
-def theme_latent(model, tokenizer, sae: TopKSAE, words, acts: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> int:
-    "The live latent that best fires on the theme's words (`acts` (N, d) at that site, `mask` (N,) theme tokens) and writes them (logit lens)."
+def theme_scores(model, tokenizer, sae: TopKSAE, words, acts: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    "Per latent (d_sae,): how selectively it fires on the theme's words (`acts` (N, d) at that site, `mask` (N,) theme tokens) and writes them (logit lens); -inf for dead latents."
     L = logit_lens(model, sae.dirs)                                                   # (d_sae, V)
     ids = word_ids(tokenizer, words)
     if not ids: raise ValueError(f"none of {words} is a single token")
@@ -418,231 +589,424 @@ def theme_latent(model, tokenizer, sae: TopKSAE, words, acts: torch.Tensor | Non
     if acts is not None:   # + 10 x (firing rate on theme-word tokens - firing rate elsewhere)
         on = sae.encode(acts) > 0
         score = score / 10 + (on[mask].float().mean(0) - on[~mask].float().mean(0)) * 10
-    return int(score.masked_fill(sae.act_scale <= 0, -torch.inf).argmax())
+    return score.masked_fill(sae.act_scale <= 0, -torch.inf)
 
-def keyword_rate(texts, words) -> float:
-    "Fraction of texts containing any of `words` (whole words, case-insensitive)."
-    pat = re.compile(r'\b(' + '|'.join(map(re.escape, words)) + r')\b', re.I)
-    return float(np.mean([bool(pat.search(t)) for t in texts]))
+def theme_latent(model, tokenizer, sae: TopKSAE, words, acts=None, mask=None) -> int:
+    "The live latent with the highest `theme_scores`."
+    return int(theme_scores(model, tokenizer, sae, words, acts, mask).argmax())
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42
-PROMPTS = ('I went to the market this morning and', 'The weather in the valley was', 'She opened the old wooden box and',
-           'When the meeting ended, everyone', 'The best part of the story is that', 'He looked out of the window and')
+MODEL, HF_NAME = 'smollm2-135m', 'HuggingFaceTB/SmolLM2-135M-Instruct'
+DIRECTIONS = {'on': 1.0, 'off': -1.0}   # switch a theme on (add its directions) or suppress it (subtract them)
 
 @dataclass
-class FlowConfig:
-    layers: tuple = (11, 12, 13)   # consecutive blocks: R SAE at all, A and M SAEs at all but the first
-    n_train_seqs: int = 400        # training windows from the prose corpus
-    seq_len: int = 64              # tokens per window (position 0 is dropped: attention sink)
-    d_sae: int = 1024              # latents per SAE
-    k: int = 32                    # active latents per token (TopK)
-    steps: int = 250               # Adam updates per SAE
-    batch_size: int = 512          # tokens per update
-    lr: float = 1e-3               # Adam learning rate
-    n_eval_seqs: int = 64          # held-out windows for SAE quality, origin groups, causal tests, top contexts
-    n_targets: int = 24            # targets in the deactivation test per layer
-    max_seqs: int = 4              # windows per deactivation run
-    tau: float = 0.2               # cosine threshold of flow-graph edges
-    n_theme_seqs: int = 24         # windows around theme words, to find each theme's feature
-    themes: tuple = ('love', 'war', 'files')  # keys of THEMES
-    alphas: tuple = (2.0, 4.0, 8.0)  # steering strengths (multiples of the latent's mean activation)
-    n_new: int = 24                # greedy tokens per steered generation
-    n_prompts: int = 6             # neutral prompts (from PROMPTS)
-    seed: int = 0                  # data windows, SAE init and the random baselines
+class SAEFlowConfig(ExperimentConfig):
+    "SAE feature flow on SmolLM2: TopK SAEs at R/A/M of consecutive blocks, matching against chance, the deactivation test per layer, matched-push steering."
+    first_layer: int = size(quick=1, full=6)       # first block with SAEs (its residual, attention and MLP outputs)
+    n_layers: int = size(quick=2, full=6)          # consecutive blocks with SAEs; all but the first are targets of the matching
+    train_dtype: str = 'bfloat16'                  # SmolLM2 (and the SAE encoder products) while training the SAEs: ~2.5x faster on this CPU's AMX; analysis runs in float32
+    threads: int = 1                               # torch threads for the run (0: torch's default); on the shared 2-core machine a second thread mostly waits
+    seq_len: int = 64                              # tokens per window; position 0 (the attention sink) is left out everywhere
+    n_train_tokens: int = size(quick=8_064, full=64_512)  # training tokens per SAE, one pass over a stream (position 0 not counted)
+    batch_windows: int = size(quick=8, full=32)    # windows per update (x seq_len - 1 tokens)
+    d_sae: int = size(quick=128, full=1024)        # latents per SAE
+    k: int = size(quick=8, full=64)                # active latents per token (TopK)
+    lr: float = size(quick=3e-3, full=3e-3)        # peak AdamW learning rate (warm-up 10% of updates, cosine to lr/10)
+    dead_after: int = size(quick=2_000, full=10_000)   # AuxK: a latent is dead after this many training tokens without firing
+    n_eval_windows: int = size(quick=24, full=128) # held-out windows: SAE quality, groups, deactivation test, labels
+    n_chance: int = 2048                           # random unit directions per chance distribution
+    chance_q: float = 0.99                         # tau = the largest chance_q-quantile of all chance distributions
+    n_targets: int = size(quick=6, full=100)       # measured targets per layer in the deactivation test
+    max_seqs: int = 4                              # windows per deactivation run
+    themes: tuple = size(quick=('love',), full=('love', 'files'))   # keys of THEMES
+    n_theme_windows: int = size(quick=4, full=32)  # windows around theme words, to pick each theme's feature
+    alphas: tuple = size(quick=(8.0,), full=(4.0, 12.0))   # total push, in units of the theme feature's mean activation
+    n_prompts: int = size(quick=3, full=30)        # prompts per theme and direction
+    n_new: int = size(quick=6, full=16)            # greedy tokens per generation
+    unit_fields: ClassVar[tuple] = ('themes',)
+    cache_version: ClassVar[int] = 1
+    def validate(self):
+        check_int('first_layer', self.first_layer, lo=1, hi=28); check_int('n_layers', self.n_layers, lo=2, hi=30 - self.first_layer)
+        check_choice('train_dtype', self.train_dtype, ('float32', 'bfloat16')); check_int('seq_len', self.seq_len, lo=8, hi=2048); check_int('threads', self.threads, lo=0)
+        for f in ('n_train_tokens', 'batch_windows', 'd_sae', 'k', 'dead_after', 'n_eval_windows', 'n_chance', 'n_targets', 'max_seqs',
+                  'n_theme_windows', 'n_prompts', 'n_new'): check_int(f, getattr(self, f), lo=1)
+        if self.k > self.d_sae: raise ValueError(f"k={self.k} must be <= d_sae={self.d_sae}")
+        if self.n_train_tokens < self.batch_windows * (self.seq_len - 1): raise ValueError("n_train_tokens must cover at least one update")
+        check_num('lr', self.lr, lo=0, lo_open=True); check_num('chance_q', self.chance_q, lo=0.5, hi=1, hi_open=True)
+        for t in self.themes: check_choice('themes', t, THEMES)
+        if not self.alphas: raise ValueError("alphas must hold at least one strength")
+        for a in self.alphas: check_num('alphas', a, lo=0, lo_open=True)
     @property
-    def sites(self) -> list: return [Site(self.layers[0], 'resid_post')] + [Site(l, k) for l in self.layers[1:] for k in ('attn_out', 'mlp_out', 'resid_post')]
-
-def default_config() -> FlowConfig:
-    "Quick sizes (early layers, tiny SAEs) under tests; the spec's layers 11-13 with WORKBENCH_MODE=full."
-    if is_full(): return FlowConfig()
-    return FlowConfig(layers=(1, 2), n_train_seqs=48, seq_len=32, d_sae=256, k=16, steps=60, batch_size=256, lr=3e-3, n_eval_seqs=12, n_theme_seqs=4,
-                      n_targets=6, max_seqs=2, themes=('love',), alphas=(4.0,), n_new=6, n_prompts=2)
+    def layers(self) -> list: return list(range(self.first_layer, self.first_layer + self.n_layers))
+    @property
+    def target_layers(self) -> list: return self.layers[1:]
+    @property
+    def sites(self) -> list: return [Site(l, k) for l in self.layers for k in ('attn_out', 'mlp_out', 'resid_post')]
+    @property
+    def start(self) -> Site: return Site(self.layers[len(self.layers) // 2], 'resid_post')   # the themes' features live here
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #c55debce
-def _sae_key(cfg):
-    return dict(model='smollm2-135m', corpus='prose', sites=[str(s) for s in cfg.sites], **{k: getattr(cfg, k) for k in
-                ('n_train_seqs', 'seq_len', 'd_sae', 'k', 'steps', 'batch_size', 'lr', 'seed')}, version=1)
+def _show() -> bool: return not in_test() and os.environ.get('WORKBENCH_PROGRESS') != '0'
 
-def train_flow_saes(model, tokenizer, docs, cfg: FlowConfig) -> dict:
-    "One TopK SAE per site of `cfg`, trained on SmolLM2 activations of prose windows; cached on disk by config."
+def sae_key(cfg: SAEFlowConfig) -> dict:
+    "Everything that shapes the SAEs: model, dtype, corpora and tokenizer, sites, sizes, optimiser settings, seed and code version."
+    from workbench.data import corpus_info, tokenizer_id
+    from workbench.models import load_tokenizer
+    return dict(model=MODEL, dtype=cfg.train_dtype, corpora={c: corpus_info(c)['sha256'] for c in CORPORA}, tokenizer=tokenizer_id(load_tokenizer(MODEL)),
+                seq_len=cfg.seq_len, sites=[str(s) for s in cfg.sites], n_train_tokens=cfg.n_train_tokens, batch_windows=cfg.batch_windows,
+                d_sae=cfg.d_sae, k=cfg.k, lr=cfg.lr, dead_after=cfg.dead_after, seed=cfg.seed, code=SAE_CODE_VERSION, torch=torch.__version__)
+
+def train_flow_saes(tokenizer, cfg: SAEFlowConfig) -> tuple:
+    "The SAEs of `cfg.sites` (trained on a stream of windows on first use, then read from the cache) and their training record."
+    from workbench.models import load_model
+    key = sae_key(cfg)
     def build(tmp):
-        ids = token_windows(docs, tokenizer, cfg.n_train_seqs, cfg.seq_len, cfg.seed)
-        acts = collect_activations(model, ids, cfg.sites)
-        sd = {str(s): train_sae(a[:, 1:].reshape(-1, a.shape[-1]), cfg.d_sae, cfg.k, cfg.steps, cfg.batch_size, cfg.lr, seed=cfg.seed + n).state_dict()
-              for n, (s, a) in enumerate(acts.items())}
-        torch.save(sd, tmp/'saes.pt')
-    sd = torch.load(cached('sae_flow', _sae_key(cfg), build)/'saes.pt')
-    saes = {}
-    for s in cfg.sites:
-        saes[s] = TopKSAE(sd[str(s)]['W_dec'].shape[1], cfg.d_sae, cfg.k); saes[s].load_state_dict(sd[str(s)])
-        saes[s].eval().requires_grad_(False)
-    return saes
+        model = load_model(MODEL, dtype=cfg.train_dtype); d_in = model.config.hidden_size
+        n_win = cfg.n_train_tokens // (cfg.seq_len - 1); steps = n_win // cfg.batch_windows
+        ids = token_windows(tokenizer, steps * cfg.batch_windows, cfg.seq_len, 'train', seed=cfg.seed)
+        saes = {s: TopKSAE(d_in, cfg.d_sae, cfg.k, seed=cfg.seed * 1000 + n) for n, s in enumerate(cfg.sites)}
+        def acts_fn(b):   # the batch's activations at every site, position 0 left out: {site: (B (T-1), d)}
+            a = collect_activations(model, b['input_ids'], cfg.sites, batch_size=len(b['input_ids']))
+            return {s: x[:, 1:].reshape(-1, d_in) for s, x in a.items()}
+        hist = train_saes(saes, ids, acts_fn, steps, cfg.batch_windows, cfg.lr, cfg.dead_after, seed=cfg.seed, bf16=cfg.train_dtype == 'bfloat16',
+                          ckpt_dir=cache_path('sae_flow-ckpt', key), show_progress=_show())
+        for s, m in saes.items(): save_sae(m, tmp/str(s), s.hook, HF_NAME, cfg.seq_len, dict(key=key))
+        atomic_write_json(tmp/'training.json', dict(steps=steps, tokens=steps * cfg.batch_windows * (cfg.seq_len - 1), train_s=hist.train_s,
+                                                    step=hist.step, loss=[round(v, 5) for v in hist.train_loss]))
+    d = cached('sae_flow-saes', key, build)
+    shutil.rmtree(cache_path('sae_flow-ckpt', key), ignore_errors=True)
+    return {s: load_sae(d/str(s)) for s in cfg.sites}, json.loads((d/'training.json').read_text())
 
-def top_contexts(codes: torch.Tensor, ids: torch.Tensor, tokenizer, latent: int, n: int = 3, width: int = 8) -> list[str]:
-    "The `n` contexts (up to `width` tokens, the activating one in [brackets]) where `latent` fires most."
-    B, T = ids.shape; z = codes[:, latent].view(B, T); z[:, 0] = 0
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a99
+@torch.no_grad()
+def flow_eval(model, tokenizer, saes: dict, cfg: SAEFlowConfig) -> tuple:
+    "Held-out windows (B, T), activations and codes by site (B, T, ·), and one quality row per SAE."
+    ids = token_windows(tokenizer, cfg.n_eval_windows, cfg.seq_len, 'validation', seed=cfg.seed)
+    acts = collect_activations(model, ids, cfg.sites, batch_size=32)
+    rows = [dict(kind='sae', site=str(s), layer=s.layer, module=KINDS[s.kind][0],
+                 **sae_stats(saes[s], acts[s][:, 1:].reshape(-1, acts[s].shape[-1]))) for s in cfg.sites]
+    codes = {s: saes[s].encode(acts[s]).half() for s in cfg.sites}
+    return ids, acts, codes, rows
+
+def _live(sae) -> torch.Tensor: return torch.nonzero(sae.freq > 0)[:, 0]
+
+def _hist(v, bins=np.linspace(-0.2, 1.0, 61)) -> list: return np.histogram(v.numpy(), bins)[0].tolist()
+
+@torch.no_grad()
+def matching_rows(saes: dict, cfg: SAEFlowConfig) -> tuple:
+    "(tau, rows per (layer, module), histogram records): top-1 scores of live targets beside their chance distributions."
+    chances, rows, hists = {}, [], []
+    for l in cfg.target_layers:
+        R, live = saes[Site(l, 'resid_post')], _live(saes[Site(l, 'resid_post')])
+        for g, s in _sources(l).items(): chances[l, g] = chance_scores(R.dirs[live], saes[s].dirs, cfg.n_chance, seed=cfg.seed + 100 * l + len(chances))
+    tau = chance_tau(chances.values(), cfg.chance_q)
+    for l in cfg.target_layers:
+        live = _live(saes[Site(l, 'resid_post')]); P = predecessors(saes, l)
+        best = torch.stack([P[g][0][live] for g in GROUPS]).argmax(0)
+        for n, g in enumerate(GROUPS):
+            v, ch = P[g][0][live], chances[l, g]
+            rows.append(dict(kind='match', layer=l, module=g, n_live=len(live), median_score=v.median().item(), mean_score=v.mean().item(),
+                             median_random=ch['random'].median().item(), median_shuffled=ch['shuffled'].median().item(),
+                             q99_random=torch.quantile(ch['random'], cfg.chance_q).item(), q99_shuffled=torch.quantile(ch['shuffled'], cfg.chance_q).item(),
+                             share_above_tau=(v >= tau).float().mean().item(), share_best=(best == n).float().mean().item(), tau=tau))
+            hists += [dict(layer=l, module=g, which=w, counts=_hist(x)) for w, x in (('matched', v), ('random', ch['random']), ('shuffled', ch['shuffled']))]
+    return tau, rows, hists
+
+@torch.no_grad()
+def group_rows(saes: dict, codes: dict, cfg: SAEFlowConfig) -> list:
+    "Origin-group shares per target layer (live targets, position 0 left out) beside the same count with shuffled source decoders."
+    rows = []
+    for l in cfg.target_layers:
+        live, need = _live(saes[Site(l, 'resid_post')]), [Site(l, 'resid_post'), *_sources(l).values()]
+        body = {s: codes[s][:, 1:].reshape(-1, codes[s].shape[-1]).float() for s in need}   # this layer's sites only: less memory
+        real = origin_groups(body, predecessors(saes, l), l, live)
+        chance = origin_groups(body, predecessors(saes, l, shuffle_seed=cfg.seed + l), l, live)
+        rows += [dict(kind='groups', layer=l, group=g, share=real[g], chance_share=chance[g]) for g in real]
+    return rows
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a9a
+def split_docs(split: str) -> list:
+    "The documents of `CORPORA` in `split`, with the same group split as `workbench.data.lm_dataset` (val_frac 0.05, seed 0)."
+    from workbench.data import load_corpus, split_groups
+    check_choice('split', split, ('train', 'validation')); out = []
+    for c in CORPORA:
+        docs = load_corpus(c); out += [d for d, v in zip(docs, split_groups(docs)) if v == (split == 'validation')]
+    return out
+
+@torch.no_grad()
+def theme_graph(model, tokenizer, saes: dict, cfg: SAEFlowConfig, theme: str, docs: list, tau: float, n_cand: int = 5) -> tuple:
+    "(latent, FlowGraph) of `theme`'s feature at `cfg.start`: of the `n_cand` best theme latents, the one whose graph reaches the most blocks."
+    tids, tmask = theme_windows(docs, tokenizer, THEMES[theme], cfg.n_theme_windows, cfg.seq_len, cfg.seed)
+    a = collect_activations(model, tids, [cfg.start])[cfg.start]
+    sc = theme_scores(model, tokenizer, saes[cfg.start], THEMES[theme], a.reshape(-1, a.shape[-1]), tmask.flatten())
+    cands = [(i, build_flow_graph(saes, cfg.start, i, tau)) for i in sc.topk(n_cand).indices.tolist() if sc[i] > -torch.inf]
+    return max(cands, key=lambda c: len(c[1].residual_nodes))                       # max keeps the first (best-scoring) on a tie
+
+@torch.no_grad()
+def steer_unit(model, tokenizer, saes: dict, prompts, n_new: int, interventions=(), vector=None) -> dict:
+    "Greedy continuations of `prompts` under the interventions (or `vector` = (hook, fn)), scored by the unsteered model: texts and NLLs."
+    from workbench.train import generate_ids
+    ids, mask = prompt_batch(tokenizer, prompts)
+    with (hooks(model, [vector]) if vector is not None else steer(model, saes, interventions)):
+        out = generate_ids(model, ids, n_new, attention_mask=mask)
+    nll = continuation_nll(model, out, mask, ids.shape[1])
+    return dict(texts=[tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True) for o in out], nll=[round(x, 5) for x in nll.tolist()])
+
+def steer_settings(saes: dict, start: Site, latent: int, G: FlowGraph, alphas, sign: float) -> list:
+    "(method, alpha, interventions) per setting: single-layer pushes alpha c on the feature, flow alpha c / N on each of its N residual nodes."
+    c, nodes = saes[start].act_scale[latent].item(), G.residual_nodes
     out = []
+    for a in alphas:
+        out.append(('single', a, [Intervention(start, latent, sign * a * c, 'push')]))
+        # $\sum_m \lVert \frac{\alpha c}{N} d_m \rVert = \alpha c$: the same total push
+        out.append(('flow', a, [Intervention(s, j, sign * a * c / len(nodes), 'push') for s, j in nodes]))
+    return out
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b01
+def _r(x, n=4): return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), n)
+
+def deactivation_row(layer: int, unit: dict) -> dict:
+    "One row per layer: measured and skipped targets, mean off-rates and drops, the paired effect with its CI, how well the control is matched."
+    rs, sk = unit['rows'], unit['skipped']
+    row = dict(kind='causal', layer=layer, n_targets=len(rs), candidates=unit['candidates'],
+               skipped_never_co_active=sk['never_co_active'], skipped_no_control=sk['no_control'])
+    if not rs: return row
+    col = lambda k: np.array([r[k] for r in rs], dtype=float)
+    iv = paired_bootstrap(col('off_top1'), col('off_control'), unit='targets')
+    return dict(row, off_top1=col('off_top1').mean(), off_control=col('off_control').mean(), effect=iv.estimate, effect_lo=iv.lo, effect_hi=iv.hi,
+                drop_top1=col('drop_top1').mean(), drop_control=col('drop_control').mean(),
+                freq_log_ratio=float(np.median(np.abs(np.log(col('freq_control') / col('freq_top1'))))),
+                scale_log_ratio=float(np.median(np.abs(np.log(col('scale_control') / col('scale_top1'))))))
+
+def prompt_records(theme: str, direction: str, method: str, alpha: float, unit: dict, base: dict) -> list:
+    "Per prompt: keyword share, perplexity ratio to the unsteered continuation and the steering score g."
+    out, sign, words = [], DIRECTIONS[direction], THEMES[theme]
+    for p, (t, nll, t0, nll0) in enumerate(zip(unit['texts'], unit['nll'], base['texts'], base['nll'])):
+        w, w0 = keyword_share(t, words), keyword_share(t0, words)
+        # $g_p=\pm(w_p-w^0_p)\cdot\min(1,\mathrm{ppl}^0_p/\mathrm{ppl}_p)$
+        g = sign * (w - w0) * min(1.0, math.exp(nll0 - nll))
+        out.append(dict(theme=theme, direction=direction, method=method, alpha=alpha, prompt=p, keyword=_r(w), ppl_ratio=_r(math.exp(nll - nll0)), gain=_r(g)))
+    return out
+
+def alpha_star(records: list) -> float:
+    "The strength at which single-layer steering has the highest mean score (the smallest one on a tie)."
+    by = {}
+    for r in records:
+        if r['method'] == 'single': by.setdefault(r['alpha'], []).append(r['gain'])
+    if not by: raise ValueError("no single-layer records")
+    return max(sorted(by), key=lambda a: np.mean(by[a]))
+
+def steer_rows(records: list) -> list:
+    "One row per (theme, direction, method, alpha): means over prompts with bootstrap 95% intervals."
+    import pandas as pd
+    rows = []
+    for (th, d, m, a), g in pd.DataFrame(records).groupby(['theme', 'direction', 'method', 'alpha'], sort=False):
+        kw, gn, lr = bootstrap(g.keyword, unit='prompts'), bootstrap(g.gain, unit='prompts'), bootstrap(np.log(g.ppl_ratio), unit='prompts')
+        rows.append(dict(kind='steer', theme=th, direction=d, method=m, alpha=a, n_prompts=len(g), keyword=kw.estimate, keyword_lo=kw.lo, keyword_hi=kw.hi,
+                         ppl_ratio=math.exp(lr.estimate), ppl_ratio_lo=math.exp(lr.lo) if len(g) > 1 else None, ppl_ratio_hi=math.exp(lr.hi) if len(g) > 1 else None,
+                         gain=gn.estimate, gain_lo=gn.lo, gain_hi=gn.hi))
+    return rows
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b03
+@torch.no_grad()
+def top_contexts(codes: torch.Tensor, ids: torch.Tensor, tokenizer, latent: int, n: int = 2, width: int = 8) -> list:
+    "The `n` contexts (up to `width` tokens, the activating one in [brackets]) where `latent` fires most; `codes` (B, T, d_sae)."
+    z = codes[..., latent].float().clone(); z[:, 0] = 0; T = z.shape[1]; out = []
     for f in z.flatten().topk(n).indices.tolist():
         b, t = divmod(f, T)
         if z[b, t] <= 0: break
         out.append(tokenizer.decode(ids[b, max(0, t - width):t]) + '[' + tokenizer.decode(ids[b, t:t + 1]) + ']')
     return out
 
-# %% ../../nbs/interpretability/30_sae_flow.ipynb #70a49411
-def _prompt_ids(tokenizer, n):
-    rows = [tokenizer(p, add_special_tokens=False)['input_ids'] for p in PROMPTS[:n]]
-    m = min(map(len, rows)); return torch.tensor([r[:m] for r in rows])       # truncated to a common length: no padding
-
 @torch.no_grad()
-def steering_grid(model, tokenizer, saes, cfg: FlowConfig, graphs: dict, embedder) -> list[dict]:
-    "Greedy generations from neutral prompts: unsteered, single-layer (the theme latent at its layer) and flow (every R node of its graph)."
-    ids = _prompt_ids(tokenizer, cfg.n_prompts); T = ids.shape[1]
-    def run(ivs):
-        with steer(model, saes, ivs): out = generate_batch(model, ids, cfg.n_new)
-        return [tokenizer.decode(o[T:], skip_special_tokens=True) for o in out], continuation_ppl(model, out, T)
-    base_txt, base_ppl = run([])
-    rows = []
-    for th, (start, latent, G) in graphs.items():
-        words, desc = THEMES[th]; e_desc = embedder.encode([desc])[0]
-        def row(method, alpha, txt, ppl):
-            sim = (embedder.encode(txt) @ e_desc).mean().item()
-            return dict(theme=th, method=method, alpha=alpha, keyword=keyword_rate(txt, words), sim=sim,
-                        ppl=ppl.mean().item(), ppl_ratio=(ppl / base_ppl).mean().item(), texts=txt)
-        rows.append(row('base', 0.0, base_txt, base_ppl))
-        flow = [Intervention(s, i, 0.0) for s, i in G.nodes if s.kind == 'resid_post']
-        for a in cfg.alphas:
-            rows.append(row('single', a, *run([Intervention(start, latent, a)])))
-            rows.append(row('flow', a, *run([Intervention(iv.site, iv.latent, a) for iv in flow])))
-    return rows
+def graph_record(model, tokenizer, saes: dict, theme: str, start: Site, latent: int, G: FlowGraph, codes: dict, ids: torch.Tensor) -> dict:
+    "A flow graph as a JSON-able record, with a hover label per node: top logit-lens tokens and top contexts."
+    nodes = []
+    for s, i in G.nodes:
+        toks = logit_lens(model, saes[s].dirs[i:i + 1])[0].topk(5).indices.tolist()
+        lab = 'logit lens: ' + ' '.join(repr(tokenizer.decode([t]))[1:-1] for t in toks) + '<br>' + '<br>'.join(
+            c.replace('\n', '⏎')[-60:] for c in top_contexts(codes[s], ids, tokenizer, i))
+        nodes.append(dict(site=str(s), layer=s.layer, latent=i, label=lab))
+    return dict(theme=theme, start=str(start), latent=latent, act_scale=_r(saes[start].act_scale[latent].item()), n_residual=len(G.residual_nodes),
+                layers=sorted({s.layer for s, _ in G.residual_nodes}), nodes=nodes, edges=[[a, b, _r(w)] for a, b, w in G.edges])
 
-# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a99
-def run_experiment(cfg: FlowConfig, model, tokenizer, embedder) -> dict:
-    "Train (or load) the SAEs, then: SAE quality, predecessor scores and origin groups, deactivation tests, theme graphs, steering."
-    from workbench.data import load_corpus
-    seed_everything(cfg.seed); docs = load_corpus('prose'); res = dict(timing={})
-    with Timer() as t: saes = train_flow_saes(model, tokenizer, docs, cfg)
-    res['timing']['saes_s'] = t.s
-    ids = token_windows(docs, tokenizer, cfg.n_eval_seqs, cfg.seq_len, cfg.seed + 1); B, T = ids.shape
-    acts = collect_activations(model, ids, cfg.sites)
-    res['stats'] = {str(s): sae_stats(saes[s], acts[s][:, 1:].reshape(-1, acts[s].shape[-1])) for s in cfg.sites}
-    codes = {s: saes[s].encode(acts[s].reshape(B * T, -1)) for s in cfg.sites}                    # (B*T, d_sae)
-    body = {s: c.view(B, T, -1)[:, 1:].reshape(-1, c.shape[-1]) for s, c in codes.items()}       # without position 0
-    res['preds'], res['groups'], res['causal'] = {}, {}, {}
-    with Timer() as t:
-        for l in cfg.layers[1:]:
-            P = res['preds'][l] = predecessors(saes, l)
-            alive = torch.nonzero((body[Site(l, 'resid_post')] > 0).any(0))[:, 0]
-            res['groups'][l] = origin_groups(body, P, l, alive)
-            res['causal'][l] = deactivation_test(model, saes, ids, codes, l, cfg.n_targets, cfg.max_seqs, cfg.seed)
-    res['timing']['causal_s'] = t.s
-    mid = Site(cfg.layers[len(cfg.layers) // 2], 'resid_post'); graphs = {}
-    for th in cfg.themes:
-        tids, tmask = theme_windows(docs, tokenizer, THEMES[th][0], cfg.n_theme_seqs, cfg.seq_len, cfg.seed)
-        a = collect_activations(model, tids, [mid])[mid]
-        i = theme_latent(model, tokenizer, saes[mid], THEMES[th][0], a.reshape(-1, a.shape[-1]), tmask.flatten())
-        graphs[th] = (mid, i, build_flow_graph(saes, mid, i, cfg.tau))
-    with Timer() as t: res['steering'] = steering_grid(model, tokenizer, saes, cfg, graphs, embedder)
-    res['timing']['steering_s'] = t.s
-    res.update(saes=saes, ids=ids, codes=codes, graphs=graphs)
-    return res
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b10
+N_SHOW = 4   # continuations kept per setting in the results (for the steering explorer)
+
+def _steer_theme(model, tokenizer, saes, cfg, theme, latent, G, docs_val) -> tuple:
+    "Prompt records and sample texts of one theme, both directions: unsteered, single-layer and flow at every alpha, a random direction at alpha*."
+    recs, texts, c = [], [], saes[cfg.start].act_scale[latent].item()
+    for dirn, sign in DIRECTIONS.items():
+        prompts = list(NEUTRAL_PROMPTS[:cfg.n_prompts]) if dirn == 'on' else theme_prompts(docs_val, tokenizer, THEMES[theme], cfg.n_prompts, 20, cfg.seed)
+        shown = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts[:N_SHOW]]
+        def unit(m, a, key, **kw):
+            u = cached_unit('sae_flow', cfg, dict(part='steer', **key), lambda: steer_unit(model, tokenizer, saes, prompts, cfg.n_new, **kw))
+            texts.extend(dict(theme=theme, direction=dirn, method=m, alpha=a, prompt=p, text=t) for p, t in zip(shown, u['texts']))
+            return u
+        base = unit('base', 0.0, dict(prompts='neutral', method='base') if dirn == 'on' else dict(theme=theme, direction=dirn, method='base'))
+        rs = prompt_records(theme, dirn, 'base', 0.0, base, base)
+        for m, a, ivs in steer_settings(saes, cfg.start, latent, G, cfg.alphas, sign):
+            rs += prompt_records(theme, dirn, m, a, unit(m, a, dict(theme=theme, direction=dirn, method=m, alpha=a), interventions=ivs), base)
+        a = alpha_star(rs)   # the random direction gets the baseline's best push
+        v = F.normalize(torch.randn(saes[cfg.start].d_in, generator=torch.Generator().manual_seed(cfg.seed + 7 * len(recs) + 1)), dim=0)
+        u = unit('random', a, dict(theme=theme, direction=dirn, method='random', alpha=a), vector=(cfg.start.hook, add_vector(v, sign * a * c)))
+        recs += rs + prompt_records(theme, dirn, 'random', a, u, base)
+    return recs, texts
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b11
+def run_experiment(cfg: SAEFlowConfig) -> Results:
+    "SAEs (trained or cached), their quality, matching against chance, origin groups, the deactivation test per layer, theme graphs, matched-push steering."
+    from workbench.models import load_model, load_tokenizer
+    if not isinstance(cfg, SAEFlowConfig): raise TypeError(f"cfg must be a SAEFlowConfig, got {type(cfg).__name__}")
+    seed_everything(cfg.seed); times = {}
+    with Timer() as wall, _threads(cfg.threads or torch.get_num_threads()):
+        tok = load_tokenizer(MODEL)
+        with Timer() as t: saes, training = train_flow_saes(tok, cfg)
+        model = load_model(MODEL, dtype='float32')
+        times['saes'] = t.s
+        with Timer() as t:
+            ids, acts, codes, rows = flow_eval(model, tok, saes, cfg)
+            tau, mrows, hists = matching_rows(saes, cfg); rows += mrows + group_rows(saes, codes, cfg)
+        times['eval_matching'], causal = t.s, []
+        with Timer() as t:
+            for l in progress(cfg.target_layers, 'deactivation test'):
+                u = cached_unit('sae_flow', cfg, dict(part='causal', layer=l),
+                                lambda: deactivation_test(model, saes, acts, codes, l, cfg.n_targets, cfg.max_seqs, seed=cfg.seed + l))
+                causal += [{k: _r(v) if isinstance(v, float) else v for k, v in r.items()} for r in u['rows']]; rows.append(deactivation_row(l, u))
+        times['causal'], recs, texts, graphs = t.s, [], [], []
+        del acts
+        with Timer() as t:
+            docs_tr, docs_val = split_docs('train'), split_docs('validation')
+            for th in progress(cfg.themes, 'themes'):
+                i, G = theme_graph(model, tok, saes, cfg, th, docs_tr, tau)
+                graphs.append(graph_record(model, tok, saes, th, cfg.start, i, G, codes, ids))
+                r_, t_ = _steer_theme(model, tok, saes, cfg, th, i, G, docs_val); recs += r_; texts += t_
+            rows += steer_rows(recs)
+        times['steering'] = t.s
+    tables = dict(causal=causal, prompts=recs, texts=texts, graphs=graphs, scores=hists,
+                  training=[dict(step=training['step'], loss=training['loss'])], timing=[dict(phase=k, seconds=round(v, 1)) for k, v in times.items()])
+    notes = (f"SmolLM2-135M-Instruct (SAE training in {cfg.train_dtype}, analysis in float32); TopK SAEs ({cfg.d_sae} latents, k={cfg.k}) at {', '.join(map(str, cfg.sites))}, trained with "
+             f"workbench.train.train on {training['tokens']:,} streamed tokens ({training['steps']} updates) of {', '.join(CORPORA)}; tau={tau:.3f} "
+             f"(the {cfg.chance_q:.0%} quantile of chance); steering: push alpha x the feature's mean activation, single-layer at {cfg.start} or split "
+             f"equally over the flow graph's residual nodes; {cfg.n_prompts} prompts x {cfg.n_new} greedy tokens per setting")
+    res = Results('sae_flow', cfg, rows, seeds=[cfg.seed], tables=tables, notes=notes, wall_time_s=wall.s)
+    return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #6fdbec8c
-PPL_BUDGET = 2.0  # steering comparisons at perplexity <= this multiple of the unsteered generations'
-
-def summarize(res: dict) -> dict:
-    "Flat metrics from `run_experiment`'s output."
-    m = {f'{s}/{k}': st[k] for s, st in res['stats'].items() for k in ('explained_variance', 'dead_frac')}
-    m['mean_explained_variance'] = float(np.mean([st['explained_variance'] for st in res['stats'].values()]))
-    m['mean_dead_frac'] = float(np.mean([st['dead_frac'] for st in res['stats'].values()]))
-    for l, g in res['groups'].items(): m.update({f'R{l}/group/{k}': v for k, v in g.items()})
-    for l, P in res['preds'].items(): m.update({f'R{l}/median_score/{g}': v.median().item() for g, (v, _) in P.items()})
-    for l, c in res['causal'].items(): m.update({f'R{l}/deact/{k}': c[k] for k in ('top1_off', 'random_off', 'top1_drop', 'random_drop', 'n')})
-    n = sum(c['n'] for c in res['causal'].values())
-    for k in ('top1_off', 'random_off', 'top1_drop', 'random_drop'):
-        m[f'deact/{k}'] = sum(c[k] * c['n'] for c in res['causal'].values() if c['n']) / max(n, 1)
-    rows = res['steering']
-    for r in rows: m.update({f"steer/{r['theme']}/{r['method']}/{r['alpha']:g}/{k}": r[k] for k in ('keyword', 'sim', 'ppl_ratio')})
-    for meth, a in dict.fromkeys((r['method'], r['alpha']) for r in rows):
-        rs = [r for r in rows if (r['method'], r['alpha']) == (meth, a)]
-        m.update({f'steer/mean/{meth}/{a:g}/{k}': float(np.mean([r[k] for r in rs])) for k in ('keyword', 'sim', 'ppl_ratio')})
-    for meth in ('single', 'flow'):
-        ok = [m[f'steer/mean/{meth}/{a:g}/keyword'] for mm, a in dict.fromkeys((r['method'], r['alpha']) for r in rows)
-              if mm == meth and m[f'steer/mean/{meth}/{a:g}/ppl_ratio'] <= PPL_BUDGET]
-        m[f'steer/best_keyword_within_budget/{meth}'] = max(ok, default=m['steer/mean/base/0/keyword'])
-    return m
-
-def verdict_of(m: dict) -> str:
-    "'reproduced' if both the matching claim (top-1 deactivation >= 2x random, +10 points) and the steering claim (flow > single within the budget) hold; 'partly' if one does."
-    match = m['deact/top1_off'] >= 2 * m['deact/random_off'] and m['deact/top1_off'] - m['deact/random_off'] >= 0.1
-    steer_ = m['steer/best_keyword_within_budget/flow'] > m['steer/best_keyword_within_budget/single']
-    return 'reproduced' if match and steer_ else 'partly' if match or steer_ else 'not reproduced'
-
-# %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2b
-def node_labels(model, tokenizer, saes, G: FlowGraph, codes: dict, ids: torch.Tensor, n_ctx: int = 3) -> dict:
-    "(site, latent) -> hover text: top logit-lens tokens and the top activating contexts."
-    out = {}
-    for s, i in G.nodes:
-        toks = logit_lens(model, saes[s].dirs[i:i + 1])[0].topk(5).indices
-        ctx = top_contexts(codes[s], ids, tokenizer, i, n_ctx)
-        out[(s, i)] = ('logit lens: ' + ' '.join(repr(tokenizer.decode([t]))[1:-1] for t in toks.tolist())
-                       + '<br>' + '<br>'.join(c.replace('\n', '⏎')[-60:] for c in ctx))
+def claims(results: Results) -> list:
+    "One claim per target layer (deactivation: top-1 predecessor vs matched control) and per theme x direction (flow vs single-layer at matched push, alpha*)."
+    out, C, P = [], results.table('causal'), results.table('prompts')
+    for l in sorted(C.layer.unique()) if len(C) else []:
+        d = C[C.layer == l]
+        out.append(claim(f'R{l}: target off-rate, top-1 predecessor − matched control', paired_bootstrap(d.off_top1, d.off_control, unit='targets')))
+    for (th, dirn), d in P.groupby(['theme', 'direction'], sort=False):
+        a = alpha_star(d.to_dict('records')); f, s = (d[(d.method == m) & (d.alpha == a)].sort_values('prompt').gain for m in ('flow', 'single'))
+        out.append(claim(f'{th} {dirn}: steering score, flow − single-layer at matched push (alpha*={a:g})', paired_bootstrap(f, s, unit='prompts')))
     return out
 
-def fig_origin_groups(groups: dict, title: str = 'Origin of active residual features') -> go.Figure:
-    "Stacked bars per layer: share of active (token, feature) pairs in each origin group (the paper's Fig. 5)."
-    if not groups: raise ValueError("groups is empty: pass {layer: origin_groups(...)}")
-    fig = go.Figure()
-    for n, g in enumerate(next(iter(groups.values()))):
-        fig.add_trace(go.Bar(x=[f'R{l}' for l in groups], y=[groups[l][g] for l in groups], name=g, marker_color=PALETTE[n % len(PALETTE)]))
-    fig.update_layout(barmode='stack', title=title, yaxis_title='share of active pairs', height=340, margin=dict(t=50, l=50, r=20))
-    return fig
+def verdict(results: Results) -> str:
+    "Reproduced if every layer's deactivation effect and every theme-and-direction steering difference (flow − single-layer at matched push) shows beyond its 95% CI; partly if at least one does; not reproduced if none does."
+    return judge(claims(results))
 
-def fig_scores(preds: dict, title: str = 'Top-1 predecessor cosine by module') -> go.Figure:
-    "Histograms of the top-1 cosine scores s^(P) for P in RES / ATT / MLP, one panel per layer overlaid."
-    fig = go.Figure()
-    for n, (l, P) in enumerate(preds.items()):
-        for m, (g, (v, _)) in enumerate(P.items()):
-            fig.add_trace(go.Histogram(x=v.numpy(), name=f'R{l} ← {g}', opacity=0.5, nbinsx=40, marker_color=PALETTE[(3 * n + m) % len(PALETTE)]))
-    fig.update_layout(barmode='overlay', title=title, xaxis_title='cosine of decoder directions', yaxis_title='latents', height=340, margin=dict(t=50, l=50, r=20))
-    return fig
+def headline(results: Results) -> str:
+    "Our measured figure in words, from the rows."
+    df, cl = results.df, claims(results)
+    ca, sae, n_l = df[df.kind == 'causal'], df[(df.kind == 'sae') & (df.module == 'R')], len(df[df.kind == 'causal'])
+    st = [c for c in cl if 'steering' in c.name]
+    tok = results.config.get('n_train_tokens', 0)
+    return (f"removing a feature's top-1 cosine predecessor switches it off {ca.off_top1.mean():.0%} of the time vs {ca.off_control.mean():.0%} "
+            f"for a matched control (beyond the CI in {sum(c.shows for c in cl if c.name.startswith('R'))}/{n_l} layers); flow steering beats "
+            f"single-layer at matched push in {sum(c.shows for c in st)}/{len(st)} theme-direction settings; residual SAEs explain "
+            f"{sae.explained_variance.min():.2f}-{sae.explained_variance.max():.2f} of the variance after {tok / 1e6:.2f}M tokens")
 
-def fig_steering(rows: list, title: str = 'Steering: theme take vs perplexity rise') -> go.Figure:
-    "Keyword rate against perplexity ratio, one line per (theme, method) over alpha."
-    fig, n = go.Figure(), 0
-    for th in dict.fromkeys(r['theme'] for r in rows):
-        for meth in ('single', 'flow'):
-            rs = [r for r in rows if r['theme'] == th and r['method'] in (meth, 'base')]
-            fig.add_trace(go.Scatter(x=[r['ppl_ratio'] for r in rs], y=[r['keyword'] for r in rs], mode='lines+markers', name=f'{th} · {meth}',
-                                     text=[f"α={r['alpha']}" for r in rs], line=dict(color=PALETTE[n % len(PALETTE)], dash='solid' if meth == 'flow' else 'dot')))
-        n += 1
-    fig.update_layout(title=title, xaxis=dict(type='log', title='perplexity ratio to unsteered (log)'), yaxis=dict(title='keyword rate', range=[-0.05, 1.05]),
-                      height=360, margin=dict(t=50, l=50, r=20))
-    return fig
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2b
+def feature_graph(record: dict) -> FeatureGraph:
+    "A `workbench.viz.FeatureGraph` (layer columns) from a graph record of the results, hover 'R9 #37 · <label>'."
+    return FeatureGraph([(n['layer'], n['latent'], f"{n['site']} #{n['latent']} · {n['label']}") for n in record['nodes']], record['edges'])
+
+def fig_sae_quality(df, target: float = 0.8) -> go.Figure:
+    "Held-out explained variance of every SAE by layer and module, dead share on hover; the issue's target as a line."
+    d, fig = df[df.kind == 'sae'], go.Figure()
+    for n, m in enumerate(('R', 'A', 'M')):
+        e = d[d.module == m]
+        fig.add_bar(x=e.layer, y=e.explained_variance, name={'R': 'residual', 'A': 'attention out', 'M': 'MLP out'}[m], marker_color=PALETTE[n],
+                    customdata=np.stack([e.dead_share, e.l0], -1), hovertemplate='%{x}: EV %{y:.3f}<br>dead %{customdata[0]:.1%}, L0 %{customdata[1]:.1f}<extra></extra>')
+    fig.add_hline(y=target, line_dash='dot', annotation_text=f'issue target {target:g} (residual)')
+    return fig.update_layout(barmode='group', title='SAE quality on held-out tokens', xaxis_title='block', yaxis=dict(title='explained variance', range=[0, 1]),
+                             height=320, margin=dict(t=50, l=50, r=20))
+
+def fig_scores(scores, layer: int, tau: float | None = None) -> go.Figure:
+    "Top-1 cosine histograms of R_layer's live latents against RES / ATT / MLP, each beside its two chance distributions."
+    fig, edges = make_subplots(1, 3, subplot_titles=GROUPS, shared_yaxes=True), np.linspace(-0.2, 1.0, 61)
+    for c, g in enumerate(GROUPS, 1):
+        for n, w in enumerate(('matched', 'random', 'shuffled')):
+            r = scores[(scores.layer == layer) & (scores.module == g) & (scores.which == w)]
+            if not len(r): continue
+            cnt = np.array(r.iloc[0].counts, dtype=float); cnt /= max(cnt.sum(), 1)
+            fig.add_scatter(x=(edges[:-1] + edges[1:]) / 2, y=cnt, mode='lines', line_shape='hvh', name=w, legendgroup=w, showlegend=c == 1,
+                            line=dict(color=PALETTE[n], dash='solid' if w == 'matched' else 'dot'), row=1, col=c)
+        if tau is not None: fig.add_vline(x=tau, line_dash='dash', line_color='gray', row=1, col=c)
+    return fig.update_layout(title=f'R{layer}: top-1 predecessor cosine vs chance' + (f' (tau = {tau:.2f})' if tau is not None else ''),
+                             yaxis_title='share of latents', height=300, margin=dict(t=60, l=50, r=20))
+
+def fig_origin_groups(df) -> go.Figure:
+    "Stacked shares of active (token, feature) pairs per origin group and layer (the paper's Fig. 5), real beside shuffled-decoder chance."
+    d, fig = df[df.kind == 'groups'], go.Figure()
+    for n, g in enumerate(dict.fromkeys(d.group)):
+        e = d[d.group == g]
+        x = [[f'R{l}' for l in e.layer] * 2, ['matched'] * len(e) + ['chance'] * len(e)]
+        fig.add_bar(x=x, y=list(e.share) + list(e.chance_share), name=g, marker_color=PALETTE[n % len(PALETTE)])
+    return fig.update_layout(barmode='stack', title='Origin of active residual features', yaxis_title='share of active pairs', height=340, margin=dict(t=50, l=50, r=20))
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2c
+def fig_causal(df) -> go.Figure:
+    "Per layer: how often removing the top-1 predecessor vs the matched control switches the target off, and their difference with its 95% CI."
+    d = df[(df.kind == 'causal') & df.n_targets.gt(0)]
+    fig = make_subplots(1, 2, subplot_titles=('target switched off', 'difference, 95% CI'), column_widths=[0.6, 0.4])
+    for n, (arm, name) in enumerate((('off_top1', 'top-1 predecessor'), ('off_control', 'matched control'))):
+        fig.add_bar(x=[f'R{l}' for l in d.layer], y=d[arm], name=name, marker_color=PALETTE[n], row=1, col=1)
+    fig.add_scatter(x=[f'R{l}' for l in d.layer], y=d.effect, mode='markers', marker_color=PALETTE[2], name='top-1 − control',
+                    error_y=dict(type='data', symmetric=False, array=d.effect_hi - d.effect, arrayminus=d.effect - d.effect_lo), row=1, col=2)
+    fig.add_hline(y=0, line_color='gray', row=1, col=2)
+    return fig.update_layout(barmode='group', height=320, margin=dict(t=50, l=50, r=20), title='Deactivation test per layer')
+
+def fig_steering(df, theme: str | None = None) -> go.Figure:
+    "Steering score against push for single-layer and flow steering (95% CIs), random direction at alpha*; one panel per theme and direction."
+    d = df[(df.kind == 'steer') & ((df.theme == theme) if theme else True)]
+    panels = list(dict.fromkeys(zip(d.theme, d.direction)))
+    fig = make_subplots(1, len(panels), subplot_titles=[f'{t}: {x}' for t, x in panels], shared_yaxes=True)
+    for c, (t, x) in enumerate(panels, 1):
+        for n, m in enumerate(('single', 'flow', 'random')):
+            e = d[(d.theme == t) & (d.direction == x) & (d.method == m)].sort_values('alpha')
+            fig.add_scatter(x=e.alpha, y=e.gain, mode='lines+markers' if m != 'random' else 'markers', name=m, legendgroup=m, showlegend=c == 1,
+                            marker=dict(color=PALETTE[n], symbol='x' if m == 'random' else 'circle'), customdata=np.stack([e.keyword, e.ppl_ratio], -1),
+                            error_y=dict(type='data', symmetric=False, array=e.gain_hi - e.gain, arrayminus=e.gain - e.gain_lo),
+                            hovertemplate='alpha %{x}: score %{y:.3f}<br>keyword share %{customdata[0]:.3f}, ppl ratio %{customdata[1]:.2f}<extra></extra>', row=1, col=c)
+        fig.add_hline(y=0, line_color='gray', row=1, col=c)
+    fig.update_xaxes(type='log', title_text='push alpha (x mean activation)')
+    return fig.update_layout(title='Steering score (topic gained or removed x coherence kept)', yaxis_title='score g', height=340, margin=dict(t=60, l=50, r=20))
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #a8e88700
-class SteeringPanel(Explorer):
-    "Pick a feature (a theme's latent), strength and layers (its own site, or every residual node of its flow graph); generate live."
-    def __init__(self, model, tokenizer, saes: dict, graphs: dict, prompt: str = PROMPTS[0], max_new_tokens: int = 24):
+class SteeringExplorer(Explorer):
+    "Pick a theme, direction, method and push; read the steered continuations of the first prompts beside the unsteered ones, with the scores."
+    def __init__(self, results: Results):
         import ipywidgets as W
-        if not graphs: raise ValueError("graphs is empty: pass {name: (start site, latent, FlowGraph)}")
-        self.model, self.tok, self.saes, self.graphs, self.n = model, tokenizer, saes, graphs, max_new_tokens
-        self.feature = W.Dropdown(options=[(f'{k}: {s} #{i}', k) for k, (s, i, _) in graphs.items()], description='feature')
-        self.strength = W.FloatSlider(value=4.0, min=-16, max=16, step=0.5, description='strength')
-        self.layers = W.ToggleButtons(options=['single layer', 'flow (all layers)'], description='layers')
-        self.prompt, self.button, self.out = W.Text(value=prompt, description='prompt', layout=W.Layout(width='90%')), W.Button(description='generate', icon='play'), W.Output()
-        self.button.on_click(self.run)
-        self.widget = W.VBox([W.HBox([self.feature, self.strength]), self.layers, self.prompt, self.button, self.out])
-    def interventions(self) -> list:
-        s, i, G = self.graphs[self.feature.value]
-        if self.layers.value == 'single layer': return [Intervention(s, i, self.strength.value)]
-        return [Intervention(n, j, self.strength.value) for n, j in G.nodes if n.kind == 'resid_post']
-    def run(self, _=None) -> str:
-        "Generate with the current settings; shows and returns the text."
-        from workbench.train import generate
-        with steer(self.model, self.saes, self.interventions()): txt = generate(self.model, self.tok, self.prompt.value, self.n)
-        self.out.clear_output()
-        with self.out: print(self.prompt.value + ' ▶' + txt)
-        return txt
-    def figure(self) -> go.Figure:
-        s, i, G = self.graphs[self.feature.value]
-        return fig_feature_flow(to_feature_graph(G), selected=0, title=f'Steered feature {s} #{i} and its flow')
+        self.R, self.T = results, results.table('texts')
+        self.theme = W.Dropdown(options=list(dict.fromkeys(self.T.theme)), description='theme')
+        self.direction = W.ToggleButtons(options=list(DIRECTIONS), description='direction')
+        self.method = W.ToggleButtons(options=['single', 'flow', 'random'], description='method')
+        self.alpha = W.Dropdown(options=sorted(set(self.T.alpha) - {0.0}), description='push alpha')
+        self.out, self.fig = W.HTML(), go.FigureWidget(self.figure())
+        for w in (self.theme, self.direction, self.method, self.alpha): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.theme, self.alpha]), self.direction, self.method, self.out, self.fig]); self._update()
+    def texts(self) -> list:
+        "(prompt, unsteered, steered) for the current choice."
+        T, sel = self.T, (self.T.theme == self.theme.value) & (self.T.direction == self.direction.value)
+        base, st = T[sel & (T.method == 'base')], T[sel & (T.method == self.method.value) & (T.alpha == self.alpha.value)]
+        return [(p, b, s) for p, b, s in zip(base.prompt, base.text, st.text)]
+    def figure(self) -> go.Figure: return fig_steering(self.R.df, self.theme.value)
+    def _update(self, _=None):
+        import html
+        rows = ''.join(f'<tr><td>{html.escape(p[-80:])}</td><td>{html.escape(b)}</td><td>{html.escape(s)}</td></tr>' for p, b, s in self.texts())
+        self.out.value = ('<table><tr><th>prompt</th><th>unsteered</th><th>steered</th></tr>' + rows + '</table>') if rows else '<i>no continuation at this push</i>'
+        if hasattr(self, 'fig'): self.redraw(self.fig, self.figure())
