@@ -74,9 +74,16 @@ def test_train_and_perplexity(model):
 def test_kv_cache_policies(model):
     "A policy cache on another family: the full policy reproduces the model's own cache; a budget is kept."
     from workbench.inference.kvcache import decode, H2OCache, PolicyCache, StreamingLLMCache
-    if 'Gemma3' in type(model).__name__: pytest.xfail('Gemma 3 mixes sliding-window and full layers; the policy cache keeps one budget for all layers')
     ids = _ids(B=1)
     full = decode(model, ids, PolicyCache(None), 8)
     assert torch.equal(full.tokens, generate_ids(model, ids, 8)[0, T:])     # no eviction: the model's own greedy decode
-    tr = decode(model, ids, StreamingLLMCache(8, 2), 8, teacher=full.tokens, record_kept=True)
-    assert tr.kept[-1].sum(-1).max() <= 8 and torch.equal(tr.tokens, full.tokens)
+    seq = torch.cat([ids[0], full.tokens[:-1]])[None]
+    torch.testing.assert_close(full.logits, model(seq).logits[0, T - 1:], rtol=1e-4, atol=1e-4)   # and its own full forward
+    for cache in (StreamingLLMCache(6, 2), H2OCache(6, 2)):
+        tr = decode(model, ids, cache, 8, teacher=full.tokens, record_kept=True)
+        sizes = tr.kept[-1].sum(-1)[:, 0]                                  # (L,) entries each layer holds after the last step
+        W = getattr(model.config, 'sliding_window', None)
+        for l, kind in enumerate(getattr(model.config, 'layer_types', None) or ['full_attention'] * len(sizes)):
+            # a sliding-window layer keeps the model's own window (W - 1 entries); the budget governs full-attention layers
+            assert int(sizes[l]) == (W - 1 if kind == 'sliding_attention' else 6), (type(cache).__name__, l, kind, sizes.tolist())
+        assert torch.equal(tr.tokens, full.tokens) and torch.isfinite(tr.logits).all()

@@ -1,10 +1,14 @@
-"Cross-checks of the KV-cache policies in `workbench.inference.morphkv` on the shared tiny Llama."
+"Cross-checks of the KV-cache policies in `workbench.inference.morphkv` (and the shared interface) on the shared tiny Llama."
 import re
 import pytest, torch
 from transformers.cache_utils import DynamicCache
+from transformers.modeling_utils import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from workbench.testing import tiny_model, tiny_ids
-from workbench.inference.kvcache import PolicyCache, H2OCache, StreamingLLMCache, SnapKVCache, decode, fidelity
-from workbench.inference.morphkv import POLICIES, MorphKVCache, make_policy, morph_select
+from workbench.inference.kvcache import (PolicyCache, H2OCache, TOVACache, StreamingLLMCache, SnapKVCache, decode, decode_batch,
+                                         decode_stacked, fidelity, reference_logprobs, replay_after_prefill)
+from workbench.inference.morphkv import (POLICIES, KVPRESS_PEERS, MorphKVCache, make_policy, morph_select, policy_entries, make_press,
+                                         press_decode, at_bytes, best_other, distinct_n, fact_positions, MorphKVConfig)
 
 T, N = 30, 20
 
@@ -35,10 +39,41 @@ def test_never_exceeds_budget(setup, name):
     f = fidelity(ref, tr)
     assert f['kl'] > 0 and 0 <= f['top1'] <= 1                     # a real eviction changes the distribution
 
-def test_snapkv_grows_after_prefill(setup):
+def test_h2o_usual_split_and_window():
+    assert make_policy('h2o', 12, 4).window == 6 and make_policy('h2o-r', 12, 4).window == 4
+
+def test_snapkv_grows_after_prefill_and_pools_as_published(setup):
     m, ids, ref = setup
     tr = decode(m, ids, SnapKVCache(12, 4), N, teacher=ref.tokens, record_kept=True)
     assert tr.kept.sum(-1)[:, 0, 0].tolist() == list(range(12, 12 + N))
+    c = make_policy('snapkv', 12, 4)
+    assert (c.pool, c.kernel) == ('avg', 5)
+    mx = decode(m, ids, SnapKVCache(12, 4, pool='max'), N, teacher=ref.tokens, record_kept=True)
+    assert not torch.equal(mx.kept, tr.kept)                        # the pooling changes what SnapKV keeps
+
+def _per_head_forward(model, seq, kept, T0):
+    "One forward over `seq` where query t >= T0 of layer l, KV head h may attend only to kept[t - T0, l, h] (and itself)."
+    S, (n, L, H, _) = len(seq), kept.shape
+    allow = torch.ones(S, S, dtype=torch.bool).tril().expand(L, H, S, S).clone()
+    for t in range(T0, S): allow[:, :, t, :t] = kept[t - T0, :, :, :t]
+    def attn(module, q, k, v, mask, scaling=None, **kw):
+        g = q.shape[1] // k.shape[1]; k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        w = (q @ k.transpose(-1, -2) * scaling).masked_fill(~allow[module.layer_idx].repeat_interleave(g, 0)[None], float('-inf')).softmax(-1)
+        return (w @ v).transpose(1, 2), w
+    AttentionInterface.register('test_per_head', attn); AttentionMaskInterface.register('test_per_head', sdpa_mask)
+    old = model.config._attn_implementation; model.config._attn_implementation = 'test_per_head'
+    try: return model(seq[None]).logits[0, T0 - 1:]
+    finally: model.config._attn_implementation = old
+
+@pytest.mark.parametrize('agg', ['sum', 'max'])
+def test_morphkv_per_head_position_equivalence(setup, agg):
+    "MorphKV's logits equal full attention restricted, per layer and KV head, to the positions that head kept (true positions)."
+    m, ids, ref = setup
+    tr = decode(m, ids, MorphKVCache(10, 3, agg), N, teacher=ref.tokens, record_kept=True)
+    assert not torch.equal(tr.kept[:, 0, 0], tr.kept[:, 0, 1]) or not torch.equal(tr.kept[:, 0, 0], tr.kept[:, 1, 0])
+    seq = torch.cat([ids[0], ref.tokens[:-1]])
+    assert torch.allclose(_per_head_forward(m, seq, tr.kept, T), tr.logits, atol=1e-4)
+    assert not torch.allclose(_per_head_forward(m, seq, tr.kept.roll(1, dims=2), T), tr.logits, atol=1e-4)   # heads swapped: differs
 
 def test_rope_positions_after_eviction(setup):
     "Sinks + window via the cache equals the full-sequence forward with the same entries masked out."
@@ -55,6 +90,40 @@ def test_rope_positions_after_eviction(setup):
     shifted = m(seq[None], attention_mask=mask[None, None], position_ids=pos[None]).logits[0, T - 1:]
     assert not torch.allclose(shifted, tr.logits, atol=1e-4)        # the test can tell positions apart
 
+def _brute_kept(kind, qs, ks, budget, window, s):
+    "Kept positions per step and KV head, from loops over every attention weight: H2O (accumulated) or TOVA (current query)."
+    Hq, Hk = qs[0].shape[0], ks[0].shape[0]; g = Hq // Hk
+    kept, keys, acc, pos, out = [[] for _ in range(Hk)], [[] for _ in range(Hk)], [{} for _ in range(Hk)], 0, []
+    for q, k in zip(qs, ks):
+        for h in range(Hk):
+            kept[h] += list(range(pos, pos + q.shape[1])); keys[h] += [k[h, i] for i in range(q.shape[1])]
+            for i in range(q.shape[1]):
+                vis = [j for j, p in enumerate(kept[h]) if p <= pos + i]; a = {kept[h][j]: 0.0 for j in vis}
+                for hq in range(h * g, (h + 1) * g):
+                    w = torch.stack([q[hq, i] @ keys[h][j] * s for j in vis]).softmax(0)
+                    for j, wj in zip(vis, w): a[kept[h][j]] += float(wj)
+                for p, v in a.items(): acc[h][p] = acc[h].get(p, 0.0) + v
+            if len(kept[h]) > budget:
+                if kind == 'h2o': keep = sorted(sorted(kept[h][:-window], key=lambda p: -acc[h][p])[:budget - window] + kept[h][-window:])
+                else: keep = sorted(sorted(a, key=lambda p: -a[p])[:budget])
+                keys[h] = [keys[h][kept[h].index(p)] for p in keep]; kept[h] = keep
+        pos += q.shape[1]; out.append([list(x) for x in kept])
+    return out
+
+def _cache_kept(cache, qs, ks, s):
+    out = []
+    for q, k in zip(qs, ks):
+        cache.update(k[None], torch.zeros_like(k)[None], 0); cache.observe(0, q[None], s); out.append(cache.layers[0].pos[0].tolist())
+    return out
+
+@pytest.mark.parametrize('seed', range(4))
+def test_h2o_and_tova_match_bruteforce(seed):
+    g = torch.Generator().manual_seed(seed); s = 8 ** -0.5
+    qs = [torch.randn(6, 7, 8, generator=g)] + [torch.randn(6, 1, 8, generator=g) for _ in range(9)]   # 3 KV heads of 2 queries
+    ks = [torch.randn(3, q.shape[1], 8, generator=g) for q in qs]
+    assert _cache_kept(H2OCache(6, 2), qs, ks, s) == _brute_kept('h2o', qs, ks, 6, 2, s)
+    assert _cache_kept(TOVACache(5), qs, ks, s) == _brute_kept('tova', qs, ks, 5, 1, s)
+
 def test_morph_select_matches_bruteforce():
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 4, 3, 8, generator=g), torch.randn(1, 2, 11, 8, generator=g)
@@ -63,50 +132,127 @@ def test_morph_select_matches_bruteforce():
         for h in range(2):
             logit = sum(q[0, 2 * h + j] @ k[0, h, :8].T for j in range(2)) * 8 ** -0.5     # (R, n_old)
             A = logit.softmax(-1); s = A.sum(0) if agg == 'sum' else A.max(0).values
-            want = sorted(s.topk(4).indices.tolist() + [8, 9, 10])
-            assert idx[0, h].tolist() == want
+            assert idx[0, h].tolist() == sorted(s.topk(4).indices.tolist() + [8, 9, 10])
 
 @pytest.mark.parametrize('make,msg', [(lambda: MorphKVCache(4, 8), 'window (8) must be <= budget (4)'),
                                       (lambda: H2OCache(0), 'budget must be an int in [1, inf]'),
                                       (lambda: PolicyCache(-3), 'budget must be an int in [1, inf]'),
-                                      (lambda: MorphKVCache(8, 2, 'avg'), "'sum' or 'max'"),
-                                      (lambda: make_policy('lru', 8), 'unknown policy')])
+                                      (lambda: MorphKVCache(8, 2, 'avg'), "aggregate must be one of ('sum', 'max')"),
+                                      (lambda: make_policy('lru', 8), 'policy must be one of'),
+                                      (lambda: MorphKVConfig(mode='quick', prompts=('doc-hamlet',)), "prompts need at least 2 of split 'eval'"),
+                                      (lambda: MorphKVConfig(mode='quick', fractions=(0.5, 0.25)), 'increasing and distinct')])
 def test_invalid_arguments(make, msg):
     with pytest.raises((ValueError, TypeError), match=re.escape(msg)): make()
 
 def test_stacked_policies_match_alone(setup):
-    "Five fixed-size policies decoded as one batch give each policy's own tokens, logits (to rounding) and kept sets."
-    from workbench.inference.kvcache import decode_stacked
+    "Six fixed-size policies on two prompts decoded as one batch give each policy's own tokens, logits (to rounding) and kept sets."
     m, ids, ref = setup
-    names = ['streamingllm', 'h2o', 'tova', 'morphkv-sum', 'morphkv-max']
-    for teacher in (ref.tokens, None):
-        st = decode_stacked(m, ids, [make_policy(k, 12, 4) for k in names], N, teacher=teacher, record_kept=True)
-        for k, tr in zip(names, st):
-            alone = decode(m, ids, make_policy(k, 12, 4), N, teacher=teacher, record_kept=True)
-            assert torch.equal(tr.tokens, alone.tokens) and torch.equal(tr.kept, alone.kept), k
-            assert torch.allclose(tr.logits, alone.logits, atol=1e-4), k
+    ids2 = torch.cat([ids, tiny_ids(1, T, seed=9)])
+    names = ['streamingllm', 'h2o', 'h2o-r', 'tova', 'morphkv-sum', 'morphkv-max']
+    st = decode_stacked(m, ids2, [make_policy(k, 12, 4) for k in names], N, record_kept=True)
+    for r, tr in enumerate(st):
+        alone = decode(m, ids2[r % 2:r % 2 + 1], make_policy(names[r // 2], 12, 4), N, record_kept=True)
+        assert torch.equal(tr.tokens, alone.tokens) and torch.equal(tr.kept, alone.kept), names[r // 2]
+        assert torch.allclose(tr.logits, alone.logits, atol=1e-4) and tr.state_bytes == alone.state_bytes
+
+def test_equal_bytes(setup):
+    "MorphKV at `policy_entries` holds no more bytes (keys, values, cached queries) than StreamingLLM at the budget, and less than one entry fewer."
+    m, ids, ref = setup
+    peak = lambda tr: max(k + s for k, s in zip(tr.kv_bytes, tr.state_bytes))
+    e = ref.kv_bytes[0] / T
+    for R in (2, 4):
+        pm = peak(decode(m, ids, make_policy('morphkv-sum', policy_entries('morphkv-sum', 16, R, m.config), R), N, teacher=ref.tokens))
+        ps = peak(decode(m, ids, make_policy('streamingllm', 16), N, teacher=ref.tokens))
+        assert ps - e < pm <= ps
+    pr = press_decode(m, ids, make_press('kvpress-tova', 16, T, 4, target=policy_entries('kvpress-tova', 16, 4, m.config)), N, teacher=ref.tokens)[0]
+    assert peak(pr) <= 16 * e + 1 and max(pr.state_bytes) > 0       # the press's buffered hidden states are counted, and it fits
 
 def test_held_bytes_counts_storage():
     from workbench.inference.kvcache import held_bytes
     buf = torch.zeros(64, 4)
     assert held_bytes([buf[:2]]) == 1024 and held_bytes([buf[:2].clone()]) == 32 and held_bytes([buf, buf[1:]]) == 1024
 
-@pytest.mark.parametrize('press', ['kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm'])
+@pytest.mark.parametrize('press', KVPRESS_PEERS)
 def test_kvpress_peer_runs_in_our_loop(setup, press):
-    "kvpress (the peer library) works beside the pinned transformers: a budget above the sequence changes nothing."
-    from workbench.inference.morphkv import make_press, press_decode
+    "kvpress (the peer library) works beside the pinned transformers: a budget above the sequence changes nothing; a small one evicts."
     m, ids, ref = setup
-    tr = press_decode(m, ids, make_press(press, T + N + 8, T, 4), N, teacher=ref.tokens)
+    tr = press_decode(m, ids, make_press(press, T + N + 8, T, 4), N, teacher=ref.tokens)[0]
     assert torch.allclose(tr.logits, ref.logits, atol=1e-5)
-    small = press_decode(m, ids, make_press(press, 16, T, 4), N, teacher=ref.tokens)
+    small = press_decode(m, ids, make_press(press, 16, T, 4), N, teacher=ref.tokens)[0]
     assert max(small.kv_bytes[-8:]) < max(ref.kv_bytes)
 
-def test_morphkv_state_is_its_window(setup):
-    "MorphKV's state is R cached queries per layer, measured from storage: no slice keeps the prompt's (or a batch's) queries alive."
-    from workbench.inference.kvcache import decode_stacked
+def test_kvpress_streamingllm_keeps_our_set(setup):
+    "With a compression every step, kvpress's StreamingLLM (kept in time order by our wrapper) keeps our StreamingLLM's set; without the wrapper it does not."
     m, ids, ref = setup
-    cfg = m.config; R = 4
-    want = R * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4 * cfg.num_hidden_layers
-    assert set(decode(m, ids, make_policy('morphkv-sum', 12, R), N).state_bytes) == {want}
-    st = decode_stacked(m, ids, [make_policy('morphkv-max', 12, R), make_policy('h2o', 12, R)], N)
-    assert set(st[0].state_bytes) == {want}
+    C = 12; got = {}
+    ours = decode_batch(m, ids, StreamingLLMCache(C, 4), N, ref.tokens, on_step=lambda i, c: got.update(ours=c))[0]
+    decode_batch(m, ids, PolicyCache(), N, ref.tokens, on_step=lambda i, c: got.update(full=c))
+    def kept(in_order):
+        press = make_press('kvpress-streamingllm', C + 1, T, 1, target=C, in_order=in_order); h = {}
+        with press(m): decode_batch(m, ids, DynamicCache(), N, ref.tokens, on_step=lambda i, c: h.update(c=c))
+        return h['c'], torch.cdist(h['c'].layers[0].keys[0], got['full'].layers[0].keys[0]).argmin(-1)   # (n_kv, C) positions
+    cache, pos = kept(True)
+    assert torch.equal(pos, got['ours'].layers[0].pos[0])
+    for l in range(len(cache.layers)): assert torch.allclose(cache.layers[l].keys, got['ours'].layers[l].keys, atol=1e-5)
+    tr = press_decode(m, ids, make_press('kvpress-streamingllm', C + 1, T, 1, target=C), N, teacher=ref.tokens)[0]
+    assert torch.allclose(tr.logits, ours.logits, atol=1e-4)
+    _, raw = kept(False)
+    assert not torch.equal(raw.sort(-1).values, got['ours'].layers[0].pos[0])
+
+def test_prompt_only_replay_in_one_pass(setup):
+    m, ids, ref = setup
+    ids2 = torch.cat([ids, tiny_ids(1, T, seed=5)]); toks = torch.stack([ref.tokens, ref.tokens.flip(0)])
+    lp = reference_logprobs(m, ids2, toks)
+    fast = replay_after_prefill(m, ids2, SnapKVCache(12, 4), toks, lp, chunk=6)
+    slow = decode_batch(m, ids2, SnapKVCache(12, 4), N, teacher=toks, reference=lp)
+    for a, b in zip(fast, slow):
+        assert torch.allclose(a.kl, b.kl, atol=1e-4) and torch.equal(a.pred, b.pred) and max(a.kv_bytes) == max(b.kv_bytes)
+
+def test_frontier_reading():
+    import pandas as pd
+    df = pd.DataFrame([dict(policy=p, fraction=f, prompt=i, peak_bytes=b, kl=k, acc=a) for i in range(2)
+                       for p, f, b, k, a in [('x', .25, 100, 0.4, .5), ('x', .5, 200, 0.1, .7), ('y', .25, 300, 0.01, .9), ('y', .5, 400, 0.005, .95)]])
+    assert abs(at_bytes(df, 'x', 150, 'kl')[0] - 0.2) < 1e-9 and at_bytes(df, 'y', 150, 'kl') is None
+    assert at_bytes(df, 'x', 250, 'kl') is None and abs(at_bytes(df, 'x', 203, 'kl')[0] - 0.1) < 1e-9   # above its range: never given those bytes (2% slack)
+    assert best_other(df, 350, 'kl')[0] == 'y' and best_other(df, 150, 'acc')[0] == 'x'
+
+def test_distinct_n_and_fact_positions():
+    from workbench.models import load_tokenizer
+    tok = load_tokenizer('smollm2-135m')
+    r = tok(' Ilsabet Marrow walked. Then Ilsabet Marrow ran home.', add_special_tokens=False).input_ids
+    pos = fact_positions(tok, r, ['Ilsabet Marrow'], after=3)
+    assert pos and min(pos) > 3 and 'Marrow' in tok.decode([r[i] for i in pos])
+    assert distinct_n([1, 2, 1, 2, 1, 2], 2) == 0.4 and distinct_n([1, 2, 3, 4], 2) == 1.0
+
+def test_recorded_verdict_is_recomputed():
+    from workbench.core import load_results, Results
+    from workbench.inference.morphkv import verdict
+    r = load_results('morphkv')
+    if not isinstance(r, Results): pytest.skip('pre-schema record')
+    assert verdict(r) == r.verdict and len(r.claims) >= 4
+
+def test_snapkv_matches_kvpress(setup):
+    "Our SnapKV (group-summed window attention, average pooling) keeps what kvpress's SnapKVPress keeps: the same replay."
+    m, ids, ref = setup
+    ours = decode(m, ids, make_policy('snapkv', 12, 4, snapkv_window=4), N, teacher=ref.tokens)
+    theirs = press_decode(m, ids, make_press('kvpress-snapkv', 12, T, snapkv_window=4), N, teacher=ref.tokens)[0]
+    assert torch.allclose(ours.logits, theirs.logits, atol=1e-4) and max(ours.kv_bytes) == max(theirs.kv_bytes)
+
+def test_claims_judge_below_the_top_budget_at_measured_bytes():
+    "Claims exist for every budget but the last (a baseline point only); MorphKV's bytes include its state; a clear win shows, a clear loss does not."
+    from workbench.core import Results
+    from workbench.inference.morphkv import claims, verdict
+    cfg = MorphKVConfig(mode='quick', fractions=(0.25, 0.5, 0.75))
+    rows = []
+    for i in range(6):
+        for f, b in ((0.25, 100), (0.5, 200), (0.75, 300)):
+            rows.append(dict(split='eval', prompt=f'p{i}', policy='streamingllm', fraction=f, peak_bytes=b, kl=1.0 / b * (1 + 0.05 * i), probe_acc=0.5, chosen=False, window=None))
+            if f < 0.75:   # MorphKV holds 20% more bytes than its entries (its queries); much lower KL at 0.25, higher at 0.5
+                rows.append(dict(split='eval', prompt=f'p{i}', policy='morphkv-sum', fraction=f, peak_bytes=b * 1.2, kl=(0.1 if f == 0.25 else 10) / b * (1 + 0.05 * i),
+                                 probe_acc=0.5 + 0.1 * (f == 0.25) + 0.01 * i, chosen=True, window=2))
+    res = Results('morphkv', cfg, rows, seeds=[0])
+    cl = claims(res)
+    assert [c.name.split(' bytes')[0] for c in cl] == ['25.0%', '25.0%', '50.0%', '50.0%']
+    assert cl[0].shows and not cl[2].shows and cl[2].estimate < 0   # KL: win at 25%, loss at 50%
+    assert cl[1].shows                                                # recall better at 25%
+    assert verdict(res) == 'partly'

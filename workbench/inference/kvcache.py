@@ -13,12 +13,13 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_utils import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from ..measure import check_int, kl_from_logits
+from ..measure import check_int, check_choice, kl_from_logits
 
 # %% auto #0
 __all__ = ['ATTN_NAME', 'check_window', 'held_bytes', 'cache_bytes', 'PolicyLayer', 'PolicyCache', 'policy_attention',
-           'DecodeTrace', 'decode', 'group_attention', 'recent_topk', 'StreamingLLMCache', 'H2OCache', 'TOVACache',
-           'SnapKVCache', 'fidelity', 'generation_similarity', 'StackedPolicies', 'decode_stacked']
+           'DecodeTrace', 'decode', 'decode_batch', 'reference_logprobs', 'decode_more', 'group_attention',
+           'recent_topk', 'StreamingLLMCache', 'H2OCache', 'TOVACache', 'SnapKVCache', 'fidelity',
+           'generation_similarity', 'StackedPolicies', 'decode_stacked', 'replay_after_prefill']
 
 # %% ../../nbs/inference/00_kvcache.ipynb #b1c013d6
 def check_window(budget, window, name='window'):
@@ -52,12 +53,21 @@ class PolicyLayer(DynamicLayer):
         return super().update(key_states, value_states, cache_kwargs)
     def keep(self, idx):
         "Keep only the entries `idx` (B, n_kv, S') of each KV head, in time order (per-entry state too)."
-        idx = idx.sort(-1).values
-        g = idx[..., None].expand(-1, -1, -1, self.keys.shape[-1])
-        self.keys, self.values, self.pos = self.keys.gather(2, g), self.values.gather(2, g), self.pos.gather(2, idx)
+        idx = idx.sort(-1).values; (B, H, S, d), C = self.keys.shape, idx.shape[-1]
+        rows = (torch.arange(B * H, device=idx.device)[:, None] * S + idx.reshape(B * H, C)).reshape(-1)   # rows of (B*H*S, d)
+        # whole rows by `index_select` (several times faster on CPU than `gather` with an expanded index)
+        self.keys, self.values = (t.reshape(-1, d).index_select(0, rows).view(B, H, C, d) for t in (self.keys, self.values))
+        self.pos = self.pos.gather(2, idx)
         self.per_entry = {k: v.gather(2, idx) for k, v in self.per_entry.items()}
 
 # %% ../../nbs/inference/00_kvcache.ipynb #79648240
+def _slide(L, window):
+    "A sliding-window layer (attention span `window`) keeps what the model's own cache keeps: its last `window - 1` entries."
+    S = L.keys.shape[-2]
+    if S > window - 1:                                                         # entries are contiguous in time: the newest are last
+        B, H = L.keys.shape[:2]
+        L.keep(torch.arange(S - window + 1, S, device=L.keys.device).expand(B, H, -1))
+
 class PolicyCache(Cache):
     "A KV cache that may drop entries after each layer's attention; subclasses choose them in `select`. This one keeps all."
     name = 'full'
@@ -65,9 +75,10 @@ class PolicyCache(Cache):
     def __init__(self, budget: int|None=None):  # entries kept per layer and KV head (None: no limit)
         super().__init__(layer_class_to_replicate=PolicyLayer)
         self.budget = None if budget is None else check_int('budget', budget, lo=1)
-    def observe(self, layer_idx, query, scaling):
-        "Called after attention with the layer's queries (B, n_q, T, d): record state, then evict to the budget."
+    def observe(self, layer_idx, query, scaling, window: int|None=None):
+        "Called after attention with the layer's queries (B, n_q, T, d): record state, then evict to the budget (a sliding-window layer: to its window)."
         L = self.layers[layer_idx]
+        if window: return _slide(L, window)
         self.record(L, query, scaling)
         if self.budget is not None and L.keys.shape[-2] > self.budget:
             idx = self.select(L, query, scaling)                               # (B, n_kv, <= budget) or None
@@ -80,18 +91,31 @@ class PolicyCache(Cache):
         "Bytes held by the cached keys and values (their storages, measured)."
         return cache_bytes(self)
     def state_bytes(self, row: int|None=None) -> int:
-        "Bytes of the policy's own state (scores, cached queries), measured like `held_bytes` (`row`: see `StackedPolicies`)."
-        return held_bytes(t for L in self.layers for t in (*L.per_entry.values(), *L.extra.values()))
+        "Bytes of the policy's own state (scores, cached queries), measured like `held_bytes`; with `row`, one batch row's equal share."
+        b = held_bytes(t for L in self.layers for t in (*L.per_entry.values(), *L.extra.values()))
+        return b if row is None or not self.layers else b / self.layers[0].keys.shape[0]
+    def row_state_bytes(self) -> list:
+        "`state_bytes(row)` of every batch row (one pass over the state)."
+        B = self.layers[0].keys.shape[0] if self.layers else 1
+        return [self.state_bytes() / B] * B
     def __repr__(self): return f"{type(self).__name__}(budget={self.budget})"
 
 # %% ../../nbs/inference/00_kvcache.ipynb #7db2304d
 ATTN_NAME = 'workbench_kv'
 
+def _window_mask(pos, T, window):
+    "Boolean mask (B, 1, T, S): query i (the last T entries) sees entry j iff pos_i - window < pos_j <= pos_i (absolute positions)."
+    p = pos[:, 0]; q = p[:, -T:]                                                # (B, S), (B, T): one row of positions per sequence
+    return ((p[:, None, :] <= q[:, :, None]) & (p[:, None, :] > q[:, :, None] - window))[:, None]
+
 def _policy_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, kv_policy=None, **kw):
     # argument order as transformers' sdpa_attention_forward: kvpress wraps every registered attention function and
     # passes `dropout` positionally
+    pol = kv_policy if isinstance(kv_policy, PolicyCache) else None
+    W = getattr(module, 'sliding_window', None) if pol is not None else None   # Gemma 3, Qwen2, ...: a sliding-window layer
+    if W: attention_mask = _window_mask(pol.layers[module.layer_idx].pos, query.shape[2], W)   # the model's mask counts cache slots, not positions
     out, w = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kw)
-    if isinstance(kv_policy, PolicyCache): kv_policy.observe(module.layer_idx, query, scaling)
+    if pol is not None: pol.observe(module.layer_idx, query, scaling, W)
     return out, w
 
 AttentionInterface.register(ATTN_NAME, _policy_attention)
@@ -110,63 +134,112 @@ class policy_attention:
 class DecodeTrace:
     "What one decoding run produced."
     tokens: torch.Tensor        # (n,) the response tokens (generated, or the teacher's)
-    logits: torch.Tensor        # (n, V) logits that predicted each response token
+    logits: torch.Tensor|None   # (n, V) logits that predicted each response token (None with keep_logits=False)
     kv_bytes: list              # bytes of keys+values held after the prefill and after each step
     state_bytes: list           # bytes of policy state after the prefill and after each step
     kept: torch.Tensor|None     # (n, L, n_kv, P) bool: positions kept after the prefill and each step, or None
     prefill_s: float            # seconds for the prompt
     decode_s: float             # seconds for the n-1 decode steps
+    kl: torch.Tensor|None = None    # (n,) KL(p_ref || p) at each position, when a reference was given
+    top1: torch.Tensor|None = None  # (n,) bool: the arg-max agrees with the reference's
+    pred: torch.Tensor|None = None  # (n,) the arg-max token at each position
+    logp: torch.Tensor|None = None  # (n,) log-probability of each response token
     @property
     def tokens_per_s(self): return (len(self.tokens) - 1) / max(self.decode_s, 1e-9)
 
 # %% ../../nbs/inference/00_kvcache.ipynb #12eb368b
 @torch.no_grad()
-def _decode_rows(model, input_ids, cache, n, teacher, record_kept, B):
-    "The loop behind `decode` and `decode_stacked`: batch row r runs under policy r (B = 1 for one policy)."
-    T, cfg, dev = input_ids.shape[1], model.config, input_ids.device
-    P, kept, logits, toks, kvb, stb = T + n, [], [], [], [], []
+def _decode_rows(model, input_ids, cache, n, teacher, record_kept, M=1, reference=None, keep_logits=True, on_step=None):
+    "The loop behind `decode`, `decode_batch` and `decode_stacked`: prompt p under member m is batch row m * P + p."
+    P, T = input_ids.shape; B, cfg, dev = M * P, model.config, input_ids.device
+    tch = None if teacher is None else teacher.reshape(-1, teacher.shape[-1])[:, :n].expand(P, -1).repeat(M, 1).to(dev)  # (B, n)
+    ref_top = None if reference is None else reference.argmax(-1)             # (P, n)
+    S, kept, logits, toks, kvb, stb, out = T + n, [], [], [], [], [], dict(kl=[], top1=[], pred=[], logp=[])
     pol = cache if isinstance(cache, PolicyCache) else None
     def step(ids, start):
-        pos = torch.arange(start, start + ids.shape[1], device=dev)
-        out = model(input_ids=ids, past_key_values=cache, position_ids=pos[None].expand(B, -1), cache_position=pos,
-                    use_cache=True, kv_policy=pol)
-        lg = out.logits[:, -1].float(); logits.append(lg)                    # (B, V)
-        nxt = teacher[len(toks)].view(1, 1).expand(B, 1).to(dev) if teacher is not None else lg.argmax(-1, keepdim=True)
-        toks.append(nxt[:, 0].cpu()); kvb.append(cache_bytes(cache) / B)    # rows hold equal shares
-        stb.append([pol.state_bytes(r) if pol else 0 for r in range(B)])
-        if record_kept: kept.append(torch.stack([_kept_now(cache, cfg.num_hidden_layers, cfg.num_key_value_heads, P, r) for r in range(B)]))
-        return nxt
+        i, pos = len(toks), torch.arange(start, start + ids.shape[1], device=dev)
+        o = model(input_ids=ids, past_key_values=cache, position_ids=pos[None].expand(B, -1), cache_position=pos,
+                  use_cache=True, kv_policy=pol, logits_to_keep=1)                      # the last position's logits only
+        lg = o.logits[:, -1].float(); lp = lg.log_softmax(-1); pred = lg.argmax(-1)  # (B, V), (B, V), (B,)
+        if keep_logits: logits.append(lg)
+        nxt = tch[:, i] if tch is not None else pred
+        out['pred'].append(pred.cpu()); out['logp'].append(lp.gather(-1, nxt[:, None])[:, 0].cpu())
+        if reference is not None:
+            r = reference[:, i].to(dev).repeat(M, 1)                           # (B, V) reference log-probs (normalized logits)
+            out['kl'].append(kl_from_logits(r, lg, 'none').cpu()); out['top1'].append((pred == ref_top[:, i].to(dev).repeat(M)).cpu())
+        toks.append(nxt.cpu()); kvb.append(cache_bytes(cache) / B)            # rows hold equal shares
+        stb.append(pol.row_state_bytes() if pol else [0] * B)
+        if record_kept: kept.append(torch.stack([_kept_now(cache, cfg.num_hidden_layers, cfg.num_key_value_heads, S, r) for r in range(B)]))
+        if on_step is not None: on_step(i, cache)
+        return nxt[:, None]
     with (policy_attention(model) if pol is not None else _null()):
-        t0 = time.perf_counter(); nxt = step(input_ids.expand(B, -1), 0); t1 = time.perf_counter()
+        t0 = time.perf_counter(); nxt = step(input_ids.repeat(M, 1), 0); t1 = time.perf_counter()
         for i in range(1, n): nxt = step(nxt, T + i - 1)
         t2 = time.perf_counter()
-    tk, lg = torch.stack(toks, 1), torch.stack(logits, 1)                      # (B, n), (B, n, V)
-    kp = torch.stack(kept, 1) if record_kept else None                         # (B, n, L, n_kv, P)
-    return [DecodeTrace(tk[r], lg[r], kvb, [x[r] for x in stb], kp[r] if record_kept else None, t1 - t0, t2 - t1) for r in range(B)]
+    tk, lg = torch.stack(toks, 1), torch.stack(logits, 1) if keep_logits else None   # (B, n), (B, n, V)
+    kp = torch.stack(kept, 1) if record_kept else None                         # (B, n, L, n_kv, S)
+    per = {k: torch.stack(v, 1) if v else None for k, v in out.items()}         # (B, n) each
+    return [DecodeTrace(tk[r], lg[r] if keep_logits else None, kvb, [x[r] for x in stb], kp[r] if record_kept else None, t1 - t0, t2 - t1,
+                        **{k: None if v is None else v[r] for k, v in per.items()}) for r in range(B)]
 
-def _check_decode_args(input_ids, cache, max_new_tokens, teacher):
-    if not (torch.is_tensor(input_ids) and input_ids.ndim == 2 and input_ids.shape[0] == 1 and input_ids.shape[1] > 0):
-        raise ValueError(f"input_ids must be a (1, T) tensor with T >= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    check_int('max_new_tokens', max_new_tokens, lo=1)
+def _check_decode_args(input_ids, cache, max_new_tokens, teacher, reference=None, batch=False):
+    ok = torch.is_tensor(input_ids) and input_ids.ndim == 2 and input_ids.shape[1] > 0 and (batch or input_ids.shape[0] == 1)
+    if not ok: raise ValueError(f"input_ids must be a ({'P' if batch else 1}, T) tensor with T >= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    check_int('max_new_tokens', max_new_tokens, lo=1); P = input_ids.shape[0]
     if not isinstance(cache, Cache) or (isinstance(cache, PolicyCache) and cache.layers): raise TypeError("cache must be a fresh transformers Cache")
-    if teacher is not None and teacher.numel() < max_new_tokens: raise ValueError(f"teacher has {teacher.numel()} tokens, need {max_new_tokens}")
+    if teacher is not None:
+        if teacher.ndim not in (1, 2) or (teacher.ndim == 2 and teacher.shape[0] not in (1, P)): raise ValueError(f"teacher must be (n,) or ({P}, n), got {tuple(teacher.shape)}")
+        if teacher.shape[-1] < max_new_tokens: raise ValueError(f"teacher has {teacher.shape[-1]} tokens, need {max_new_tokens}")
+    if reference is not None and (reference.ndim != 3 or reference.shape[0] != P or reference.shape[1] < max_new_tokens):
+        raise ValueError(f"reference must be ({P}, >= {max_new_tokens}, V) log-probabilities, got {tuple(reference.shape)}")
 
 def decode(model, input_ids: torch.Tensor, cache: Cache, max_new_tokens: int,  # prompt (1, T); a fresh cache
            teacher: torch.Tensor|None=None,   # (n,) tokens to replay instead of greedy choices
-           record_kept: bool=False) -> DecodeTrace:
+           record_kept: bool=False,
+           reference: torch.Tensor|None=None, # (n, V) or (1, n, V) full-cache log-probs: fills `kl` and `top1`
+           keep_logits: bool=True) -> DecodeTrace:
     "Greedy (or teacher-forced) decoding of batch 1 under any cache policy (or any transformers `Cache`), with absolute positions."
-    _check_decode_args(input_ids, cache, max_new_tokens, teacher)
+    if reference is not None and reference.ndim == 2: reference = reference[None]
+    _check_decode_args(input_ids, cache, max_new_tokens, teacher, reference)
     if record_kept and not isinstance(cache, PolicyCache): raise ValueError("record_kept needs a PolicyCache (it reads each entry's position)")
-    return _decode_rows(model, input_ids, cache, max_new_tokens, teacher, record_kept, 1)[0]
+    return _decode_rows(model, input_ids, cache, max_new_tokens, teacher, record_kept, 1, reference, keep_logits)[0]
+
+def decode_batch(model, input_ids: torch.Tensor, cache: Cache, max_new_tokens: int,  # prompts (P, T) of one length; a fresh cache
+                 teacher=None, record_kept=False, reference=None, keep_logits=True, on_step=None,
+                 copies: int=1) -> list:  # run the prompts `copies` times (rows copy-major), for caches that treat blocks of rows apart
+    "`decode` of P prompts at once under one cache (one batch row each): one `DecodeTrace` per row; `teacher` (n,) or (P, n), `reference` (P, n, V)."
+    _check_decode_args(input_ids, cache, max_new_tokens, teacher, reference, batch=True); check_int('copies', copies, lo=1)
+    if record_kept and not isinstance(cache, PolicyCache): raise ValueError("record_kept needs a PolicyCache (it reads each entry's position)")
+    return _decode_rows(model, input_ids, cache, max_new_tokens, teacher, record_kept, copies, reference, keep_logits, on_step)
 
 class _null:
     def __enter__(self): pass
     def __exit__(self, *a): pass
 
-def _kept_now(cache, L, H, P, row=0):
-    k = torch.zeros(L, H, P, dtype=torch.bool)
+def _kept_now(cache, L, H, S, row=0):
+    k = torch.zeros(L, H, S, dtype=torch.bool)
     for l, layer in enumerate(cache.layers): k[l].scatter_(-1, layer.pos[row].cpu(), True)
     return k
+
+# %% ../../nbs/inference/00_kvcache.ipynb #kv00ref2
+@torch.no_grad()
+def reference_logprobs(model, input_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    "Full-cache log-probabilities (P, n, V) that predicted `tokens` (P, n) after prompts `input_ids` (P, T): one forward per prompt."
+    if input_ids.ndim != 2 or tokens.ndim != 2 or len(input_ids) != len(tokens): raise ValueError(f"need input_ids (P, T) and tokens (P, n), got {tuple(input_ids.shape)} and {tuple(tokens.shape)}")
+    n = tokens.shape[1]                                                        # logits of the last n positions: T-1 .. T+n-2
+    return torch.stack([model(torch.cat([x, y[:-1].to(x.device)])[None], logits_to_keep=n).logits[0].float().log_softmax(-1)
+                        for x, y in zip(input_ids, tokens)])
+
+@torch.no_grad()
+def decode_more(model, cache: Cache, tokens: torch.Tensor, start: int) -> Cache:
+    "Feed `tokens` (m,) one decode step each to a batch-1 `cache` that already holds positions `0..start-1` (teacher forcing)."
+    check_int('start', start, lo=1); pol = cache if isinstance(cache, PolicyCache) else None
+    with (policy_attention(model) if pol is not None else _null()):
+        for i, t in enumerate(tokens.tolist()):
+            pos = torch.tensor([start + i], device=model.device)
+            model(input_ids=torch.tensor([[t]], device=model.device), past_key_values=cache, position_ids=pos[None], cache_position=pos,
+                  use_cache=True, kv_policy=pol)
+    return cache
 
 # %% ../../nbs/inference/00_kvcache.ipynb #000043a1
 def group_attention(query, keys, scaling):
@@ -222,18 +295,19 @@ class TOVACache(PolicyCache):
         return a.topk(self.budget, -1).indices
 
 class SnapKVCache(PolicyCache):
-    "SnapKV: compress the prompt once (last-`window` queries, max-pooled scores), then append every generated token."
+    "SnapKV: compress the prompt once (last-`window` queries, pooled scores), then append every generated token."
     name = 'snapkv'
     fixed_size = False
-    def __init__(self, budget: int, window: int=16, kernel: int=7):  # budget applies to the prompt only
+    def __init__(self, budget: int, window: int=16, kernel: int=5, pool: str='avg'):  # budget applies to the prompt only
         super().__init__(budget); self.window = check_window(budget, window); self.kernel = check_int('kernel', kernel, lo=1)
         if kernel % 2 == 0: raise ValueError(f"kernel must be odd, got {kernel}")
+        self.pool = check_choice('pool', pool, ('avg', 'max'))
     def select(self, L, query, scaling):
         if query.shape[2] == 1: return None                                    # decoding: never evict
         W = min(self.window, query.shape[2])
         s = group_attention(query[:, :, -W:], L.keys, scaling).sum(2)[..., :-W] # (B, n_kv, S - W)
-        # $s_j = \mathrm{maxpool}_k(\sum_{i \in \text{last } W} a^{(i)}_j)$
-        s = F.max_pool1d(s, self.kernel, stride=1, padding=self.kernel // 2)
+        # $s_j = \mathrm{pool}_k(\sum_{i \in \text{last } W} a^{(i)}_j)$: average pooling (kernel 5) in the published code
+        s = (F.avg_pool1d if self.pool == 'avg' else F.max_pool1d)(s, self.kernel, stride=1, padding=self.kernel // 2)
         return recent_topk(s, self.budget - W, W)
 
 # %% ../../nbs/inference/00_kvcache.ipynb #1f21198b
@@ -256,34 +330,64 @@ def generation_similarity(ref_tokens, tokens) -> dict:
 
 # %% ../../nbs/inference/00_kvcache.ipynb #2e9a3d62
 class _RowLayer:
-    "Batch row `r` of a `PolicyLayer`, carrying one member policy's own state (what `record` and `select` use)."
-    def __init__(self, L, r, state):
-        self.keys, self.values, self.pos, self.seen = L.keys[r:r+1], L.values[r:r+1], L.pos[r:r+1], L.seen
+    "Batch rows `sl` of a `PolicyLayer`, carrying one member policy's own state (what `record` and `select` use)."
+    def __init__(self, L, sl, state):
+        self.keys, self.values, self.pos, self.seen = L.keys[sl], L.values[sl], L.pos[sl], L.seen
         self.per_entry, self.extra = state
 
 class StackedPolicies(PolicyCache):
-    "Fixed-size policies with one budget, one per batch row, decoded in one batched forward."
+    "Fixed-size policies with one budget decoded in one batched forward: member m owns batch rows m*rows .. (m+1)*rows-1."
     name = 'stacked'
-    def __init__(self, members: list):
+    def __init__(self, members: list, rows: int=1):   # rows: batch rows per member (prompts)
         if not members or not all(isinstance(m, PolicyCache) for m in members): raise TypeError("members must be a non-empty list of PolicyCache")
         if bad := [m.name for m in members if not m.fixed_size]:
             raise ValueError(f"only fixed-size policies can share a batch (rows must stay one length); these grow: {bad}")
         if len(budgets := {m.budget for m in members}) != 1: raise ValueError(f"members must share one budget, got {sorted(budgets)}")
-        super().__init__(budgets.pop()); self.members, self.states = list(members), {}
-    def observe(self, layer_idx, query, scaling):
-        L, M = self.layers[layer_idx], self.members
-        rows = [_RowLayer(L, r, self.states.setdefault((layer_idx, r), ({}, {}))) for r in range(len(M))]
-        for r, (m, v) in enumerate(zip(M, rows)): m.record(v, query[r:r+1], scaling)
+        super().__init__(budgets.pop()); self.members, self.states, self.rows = list(members), {}, check_int('rows', rows, lo=1)
+    def observe(self, layer_idx, query, scaling, window: int|None=None):
+        L, M, P = self.layers[layer_idx], self.members, self.rows
+        if window: return _slide(L, window)
+        sl = [slice(m * P, (m + 1) * P) for m in range(len(M))]
+        views = [_RowLayer(L, s, self.states.setdefault((layer_idx, m), ({}, {}))) for m, s in enumerate(sl)]
+        for m, v, s in zip(M, views, sl): m.record(v, query[s], scaling)
         if L.keys.shape[-2] > self.budget:
-            idx = torch.cat([m.select(v, query[r:r+1], scaling) for r, (m, v) in enumerate(zip(M, rows))]).sort(-1).values
-            for r, v in enumerate(rows): v.per_entry.update({k: t.gather(2, idx[r:r+1]) for k, t in v.per_entry.items()})
-            L.keep(idx)                                                        # (B, n_kv, budget)
+            idx = torch.cat([m.select(v, query[s], scaling) for m, v, s in zip(M, views, sl)]).sort(-1).values   # (B, n_kv, budget)
+            for v, s in zip(views, sl): v.per_entry.update({k: t.gather(2, idx[s]) for k, t in v.per_entry.items()})
+            L.keep(idx)
     def state_bytes(self, row: int|None=None) -> int:
-        "Bytes of the policies' own state (one row's, or all)."
-        return held_bytes(t for (l, r), st in self.states.items() if row is None or r == row for d in st for t in d.values())
+        "Bytes of the policies' own state (all, or one batch row's equal share of its member's)."
+        m = None if row is None else row // self.rows
+        b = held_bytes(t for (l, k), st in self.states.items() if m is None or k == m for d in st for t in d.values())
+        return b if row is None else b / self.rows
+    def row_state_bytes(self) -> list:
+        return [self.state_bytes(m * self.rows) for m in range(len(self.members)) for _ in range(self.rows)]
 
-def decode_stacked(model, input_ids: torch.Tensor, members: list, max_new_tokens: int, teacher=None, record_kept=False) -> list:
-    "Decode under several fixed-size policies at once (row r under `members[r]`): one `DecodeTrace` each; timings are the batch's."
-    cache = StackedPolicies(members)
-    _check_decode_args(input_ids, cache, max_new_tokens, teacher)
-    return _decode_rows(model, input_ids, cache, max_new_tokens, teacher, record_kept, len(members))
+def decode_stacked(model, input_ids: torch.Tensor, members: list, max_new_tokens: int, teacher=None, record_kept=False,
+                   reference=None, keep_logits=True, on_step=None) -> list:
+    "Decode prompts (P, T) under several fixed-size policies at once: one `DecodeTrace` per member and prompt, member-major; timings are the batch's."
+    cache = StackedPolicies(members, rows=input_ids.shape[0])
+    _check_decode_args(input_ids, cache, max_new_tokens, teacher, reference, batch=True)
+    return _decode_rows(model, input_ids, cache, max_new_tokens, teacher, record_kept, len(members), reference, keep_logits, on_step)
+
+# %% ../../nbs/inference/00_kvcache.ipynb #kv00pre2
+@torch.no_grad()
+def replay_after_prefill(model, input_ids: torch.Tensor, cache: Cache, tokens: torch.Tensor, reference=None,
+                         prefill=None, chunk: int=128) -> list:
+    "Teacher-forced replay (P prompts) for a cache that never evicts while decoding: prefill under `cache` (and the `prefill` context), then one forward per chunk."
+    P, T = input_ids.shape; n = tokens.shape[-1]; check_int('chunk', chunk, lo=1)
+    with (prefill if prefill is not None else _null()):
+        trs = decode_batch(model, input_ids, cache, 1, tokens[:, :1], reference=None if reference is None else reference[:, :1], keep_logits=False)
+    lp_all, kvb = [], [trs[0].kv_bytes[0]]
+    for a in range(0, n - 1, chunk):
+        ids = tokens[:, a:min(a + chunk, n - 1)].to(input_ids.device); S0, m = cache.get_seq_length(), ids.shape[1]
+        out = model(input_ids=ids, past_key_values=cache, position_ids=(T + a + torch.arange(m, device=ids.device))[None].expand(P, -1),
+                    cache_position=S0 + torch.arange(m, device=ids.device), use_cache=True)
+        lp_all.append(out.logits.float().log_softmax(-1)); kvb.append(cache_bytes(cache) / P)    # (P, m, V)
+    lp = torch.cat(lp_all, 1); pred = lp.argmax(-1); y = tokens[:, 1:].to(lp.device)
+    for r, tr in enumerate(trs):
+        tr.tokens, tr.kv_bytes, tr.state_bytes = tokens[r].cpu(), kvb, [0] * len(kvb)
+        tr.pred = torch.cat([tr.pred, pred[r].cpu()]); tr.logp = torch.cat([tr.logp, lp[r].gather(-1, y[r, :, None])[:, 0].cpu()])
+        if reference is not None:
+            ref = reference[r, 1:n].to(lp.device)
+            tr.kl = torch.cat([tr.kl, kl_from_logits(ref, lp[r], 'none').cpu()]); tr.top1 = torch.cat([tr.top1, (pred[r] == ref.argmax(-1)).cpu()])
+    return trs

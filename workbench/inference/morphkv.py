@@ -6,14 +6,26 @@ Docs: https://workbench-dev.github.io/workbench/inference/morphkv.html.md"""
 
 # %% ../../nbs/inference/20_morphkv.ipynb #aa66e1dd
 from __future__ import annotations
-import torch, torch.nn.functional as F
+import contextlib, copy, functools, math, re, time
+from dataclasses import dataclass
+from typing import ClassVar
+import numpy as np, pandas as pd, torch
 from transformers.cache_utils import DynamicCache
-from ..measure import check_int
-from .kvcache import (check_window, PolicyCache, DecodeTrace, decode, recent_topk,
+from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, in_test
+from ..measure import check_int, check_num, check_choice, paired_bootstrap, claim, compare_speed
+from ..models import load_model, load_tokenizer
+from ..train import generate_ids
+from ..data import load_corpus
+from ..viz import Explorer, PALETTE
+from .kvcache import (check_window, held_bytes, cache_bytes, PolicyCache, DecodeTrace, decode, decode_batch,
+                                         decode_stacked, decode_more, reference_logprobs, replay_after_prefill, recent_topk, group_attention,
                                          StreamingLLMCache, H2OCache, TOVACache, SnapKVCache)
 
 # %% auto #0
-__all__ = ['POLICIES', 'KVPRESS_PEERS', 'MorphKVCache', 'morph_select', 'make_policy', 'make_press', 'press_decode']
+__all__ = ['POLICIES', 'KVPRESS_PEERS', 'PROMPTS', 'BYTES_TOL', 'MorphKVCache', 'morph_select', 'make_policy', 'policy_entries',
+           'make_press', 'press_state_bytes', 'press_decode', 'prompt_facts', 'build_prompt', 'probe_tokens',
+           'distinct_n', 'fact_positions', 'at_bytes', 'best_other', 'MorphKVConfig', 'choose_window', 'run_experiment',
+           'claims', 'verdict', 'headline', 'fig_frontier', 'FrontierExplorer']
 
 # %% ../../nbs/inference/20_morphkv.ipynb #8128601e
 class MorphKVCache(PolicyCache):
@@ -22,8 +34,7 @@ class MorphKVCache(PolicyCache):
     fixed_size = True
     def __init__(self, budget: int, window: int=16, aggregate: str='sum'):
         super().__init__(budget); self.window = check_window(budget, window)
-        if aggregate not in ('sum', 'max'): raise ValueError(f"aggregate must be 'sum' or 'max', got {aggregate!r}")
-        self.aggregate = aggregate
+        self.aggregate = check_choice('aggregate', aggregate, ('sum', 'max'))
     def record(self, L, query, scaling):
         q = query if 'q' not in L.extra else torch.cat([L.extra['q'], query], 2)
         L.extra['q'] = q[:, :, -self.window:].clone()                          # (B, n_q, <= R, d) window queries; a copy, so
@@ -36,40 +47,617 @@ def morph_select(qwin, keys, scaling, budget, window, aggregate='sum'):
     B, Hq, R, d = qwin.shape; Hk, S = keys.shape[1], keys.shape[2]
     old = keys[:, :, :S - window]                                              # (B, n_kv, S - R, d)
     # $\ell_{ij} = \sum_{h\in g} q_{i,h}^\top k_j / \sqrt d$: GQA logits summed over the group before the softmax
-    logit = torch.einsum('bkgrd,bksd->bkrs', qwin.view(B, Hk, Hq // Hk, R, d), old) * scaling
+    logit = torch.einsum('bkgrd,bksd->bkrs', qwin.view(B, Hk, Hq // Hk, R, d) * scaling, old)
     A = logit.softmax(-1)                                                      # softmax over older tokens only
     # $s_j = \sum_i A_{ij}$ or $\max_i A_{ij}$
     s = A.sum(2) if aggregate == 'sum' else A.amax(2)                          # (B, n_kv, S - R)
     return recent_topk(s, budget - window, window)
 
 # %% ../../nbs/inference/20_morphkv.ipynb #39565c81
-POLICIES = ('full', 'streamingllm', 'h2o', 'tova', 'snapkv', 'morphkv-sum', 'morphkv-max')
+POLICIES = ('full', 'streamingllm', 'h2o', 'h2o-r', 'tova', 'snapkv', 'morphkv-sum', 'morphkv-max')
 
-def make_policy(name: str, budget: int, window: int=16) -> PolicyCache:
-    "A fresh cache for policy `name` (one of `POLICIES`) with `budget` entries per layer and KV head."
-    if name not in POLICIES: raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+def make_policy(name: str, budget: int, window: int=16, n_sink: int=4, snapkv_window: int|None=None) -> PolicyCache:
+    "A fresh cache for policy `name` (one of `POLICIES`) keeping `budget` entries per layer and KV head."
+    check_choice('policy', name, POLICIES)
     if name == 'full': return PolicyCache()
-    if name == 'streamingllm': return StreamingLLMCache(budget, n_sink=min(4, budget - 1))
+    if name == 'streamingllm': return StreamingLLMCache(budget, n_sink=min(n_sink, budget - 1))
     if name == 'tova': return TOVACache(budget)
-    if name == 'h2o': return H2OCache(budget, window)
-    if name == 'snapkv': return SnapKVCache(budget, window)
+    if name == 'h2o': return H2OCache(budget, max(1, budget // 2))              # H2O's usual split: recent = half the budget
+    if name == 'h2o-r': return H2OCache(budget, window)
+    if name == 'snapkv': return SnapKVCache(budget, min(snapkv_window or window, budget), kernel=5, pool='avg')
     return MorphKVCache(budget, window, name.split('-')[1])
+
+def policy_entries(name: str, budget: int, window: int, config) -> int:
+    "Entries policy `name` may keep within a byte budget of `budget` entries once its own state is paid for (model `config`)."
+    check_int('budget', budget, lo=1); check_int('window', window, lo=1)
+    n_q, n_kv = config.num_attention_heads, config.num_key_value_heads
+    if name.startswith('morphkv'): return budget - math.ceil(window * n_q / (2 * n_kv))       # R cached queries
+    if name.startswith('kvpress-') and name != 'kvpress-snapkv':                              # R-1 buffered hidden states
+        return budget - math.ceil((window - 1) * (1 + config.hidden_size / (2 * n_kv * (config.hidden_size // n_q))))
+    return budget
 
 # %% ../../nbs/inference/20_morphkv.ipynb #76650605
 KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm')
 
-def make_press(name: str, budget: int, prompt_len: int, window: int=16):
-    "A kvpress press matched to our budget (see above); `name` is one of `KVPRESS_PEERS`."
-    if name not in KVPRESS_PEERS: raise ValueError(f"unknown kvpress peer {name!r}; known: {', '.join(KVPRESS_PEERS)}")
-    check_int('budget', budget, lo=1); check_int('prompt_len', prompt_len, lo=1); check_int('window', window, lo=1)
-    if window >= budget: raise ValueError(f"window ({window}) must be < budget ({budget}): decoding presses compress to budget - window")
-    import kvpress       # lazily: importing kvpress wraps every registered attention function
-    if name == 'kvpress-snapkv':
-        return kvpress.SnapKVPress(compression_ratio=max(0.0, 1 - budget / prompt_len), window_size=min(window, prompt_len))
-    base = {'kvpress-streamingllm': lambda: kvpress.StreamingLLMPress(n_sink=min(4, budget - window - 1)), 'kvpress-expected-attention': kvpress.ExpectedAttentionPress,
-            'kvpress-tova': kvpress.TOVAPress, 'kvpress-knorm': kvpress.KnormPress}[name]()
-    return kvpress.DecodingPress(base_press=base, compression_interval=window, target_size=budget - window)
+def _rows_of(v, sl, B):
+    "Batch rows `sl` of a tensor (or a tuple of tensors) whose first dim is the batch `B`; anything else as is."
+    if torch.is_tensor(v) and v.ndim and v.shape[0] == B: return v[sl]
+    if isinstance(v, tuple) and v and all(torch.is_tensor(x) for x in v): return tuple(_rows_of(x, sl, B) for x in v)
+    return v
 
-def press_decode(model, input_ids, press, max_new_tokens: int, teacher=None) -> DecodeTrace:
-    "`decode` with a kvpress press hooked into `model`, on a plain `DynamicCache`."
-    with press(model): return decode(model, input_ids, DynamicCache(), max_new_tokens, teacher=teacher)
+@functools.cache
+def _stacked_press_class():
+    import kvpress                                  # lazily: importing kvpress wraps every registered attention function
+    from kvpress.utils import compute_n_kept
+    @dataclass
+    class StackedPress(kvpress.ScorerPress):
+        "kvpress scorers, press m on batch rows m*rows .. (m+1)*rows-1 (rows=None: one press, all rows), keeping entries in time order."
+        presses: tuple = ()
+        rows: int|None = None
+        def post_init_from_model(self, model):
+            for p in self.presses: p.post_init_from_model(model)
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            B = keys.shape[0]; P = self.rows or B; out = []
+            for m, p in enumerate(self.presses):
+                sl = slice(m * P, (m + 1) * P); p.compression_ratio = self.compression_ratio
+                kw = {k: _rows_of(v, sl, B) for k, v in kwargs.items()}
+                out.append(p.score(module, hidden_states[sl], keys[sl], values[sl], None if attentions is None else attentions[sl], kw))
+            return torch.cat(out)                                              # (B, n_kv, S)
+        def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+            if self.compression_ratio == 0: return keys, values
+            s = self.score(module, hidden_states, keys, values, attentions, kwargs)
+            idx = s.topk(compute_n_kept(keys.shape[2], self.compression_ratio), -1).indices.sort(-1).values   # in time order
+            idx = idx[..., None].expand(-1, -1, -1, keys.shape[-1])
+            return keys.gather(2, idx).contiguous(), values.gather(2, idx).contiguous()
+    return StackedPress
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0kp001
+def _scorer(name, n_sink=4, snapkv_window=32):
+    import kvpress
+    return {'kvpress-snapkv': lambda: kvpress.SnapKVPress(window_size=snapkv_window, kernel_size=5),
+            'kvpress-streamingllm': lambda: kvpress.StreamingLLMPress(n_sink=n_sink),
+            'kvpress-expected-attention': kvpress.ExpectedAttentionPress, 'kvpress-tova': kvpress.TOVAPress,
+            'kvpress-knorm': kvpress.KnormPress}[name]()
+
+def make_press(names, budget: int, prompt_len: int, window: int=16, rows: int|None=None, n_sink: int=4,
+               snapkv_window: int=32, in_order: bool=True, target: int|None=None):
+    "A kvpress press for `names` (one of `KVPRESS_PEERS`, or several decoding presses on blocks of `rows` batch rows) at `budget` entries."
+    names = (names,) if isinstance(names, str) else tuple(names)
+    for k in names: check_choice('kvpress peer', k, KVPRESS_PEERS)
+    check_int('budget', budget, lo=1); check_int('prompt_len', prompt_len, lo=1); check_int('window', window, lo=1)
+    import kvpress
+    Stacked, ratio = _stacked_press_class(), lambda keep: max(0.0, 1 - keep / prompt_len)
+    if names == ('kvpress-snapkv',):
+        return Stacked(presses=(_scorer(names[0], n_sink, min(snapkv_window, prompt_len - 1)),), rows=rows, compression_ratio=ratio(budget))
+    if 'kvpress-snapkv' in names: raise ValueError("kvpress-snapkv compresses only the prompt: it cannot share a batch with decoding presses")
+    target = target or budget - window
+    if target < n_sink + 1: raise ValueError(f"target ({target}) must be > n_sink ({n_sink}): the budget is too small for window {window}")
+    scorers = tuple(_scorer(k, n_sink) for k in names)
+    pre = Stacked(presses=scorers, rows=rows, compression_ratio=ratio(target))
+    dec = Stacked(presses=scorers, rows=rows) if in_order else scorers[0]
+    return kvpress.PrefillDecodingPress(prefilling_press=pre if in_order else None,
+                                        decoding_press=kvpress.DecodingPress(base_press=dec, compression_interval=window, target_size=target))
+
+def press_state_bytes(press) -> int:
+    "Bytes of a press's buffered hidden states (kvpress's `DecodingPress` keeps those of the steps since the last compression)."
+    dec = getattr(press, 'decoding_press', None)
+    return 0 if dec is None else held_bytes(t for buf in dec.hidden_states_buffer.values() for t in buf)
+
+def press_decode(model, input_ids, press, max_new_tokens: int, teacher=None, reference=None, keep_logits=True, on_step=None, copies=1) -> list:
+    "`decode_batch` with a kvpress press hooked into `model`, on a plain `DynamicCache` (`copies`: one per press of a stack): `state_bytes` the press's."
+    state = []
+    def step(i, cache):
+        state.append(press_state_bytes(press) / (copies * input_ids.shape[0]))
+        if on_step: on_step(i, cache)
+    with press(model): trs = decode_batch(model, input_ids, DynamicCache(), max_new_tokens, teacher, reference=reference, keep_logits=keep_logits,
+                                          on_step=step, copies=copies)
+    for tr in trs: tr.state_bytes = list(state)
+    return trs
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr002
+_FACTS = {  # the prompt's facts a response should reuse (continuations: found in the passage, see `prompt_facts`)
+    'list-market': ('Copper Ladle', 'Odalys Fenwright', 'Bramblecote', 'Tamsin Orrell', 'Tidewright', 'Joachim Pellery', 'Saltmarrow',
+                    'Ysolde Grint', 'Lantern Loom', 'Meralda Voss', 'Quillon', 'Bastien', 'Glass Heron', 'Ottilie Marsh', 'Hollowbrine',
+                    'Caradoc Venn', 'Varrowmere'),
+    'list-inventory': ('KB-114', 'KB-207', 'KB-319', 'KB-402', 'KB-558', 'KB-611', 'KB-736', 'KB-805', 'Halvard', 'Sorrel-4', 'Tesmer',
+                       'Brannoc', 'Kelvaro'),
+    'steps-tea': ('Dunmere', 'Oskana', 'Verrin', 'Felsgard', 'quelberry', 'Tarrow', 'ambrins', 'ambrin'),
+    'story-lighthouse': ('Ilsabet Marrow', 'Torvin Quade', 'Wenna Calloway', 'Skerrow', 'Anselm Rook', 'Saint Orlaith', 'Pellinore',
+                         'Aldermouth', 'Ilsabet', 'Torvin', 'Wenna', 'Anselm'),
+    'story-caravan': ('Dalvi Noor', 'Emrys Tallow', 'Sefa Ondine', 'Greybarrow', 'Kith Amarra', 'Velmorra', 'Lantern of Vosk', 'Ashkar',
+                      'Serreth', 'Dalvi', 'Emrys', 'Sefa'),
+    'code-tests': ('parse_sku_code', 'restock_threshold', 'WarehouseLedger', 'record_shipment', 'record_sale', 'reconcile_counts',
+                   'low_stock_report', 'stockroom', 'safety_days', 'daily_sales', 'lead_days'),
+    'steps-station': ('Orvik-3', 'Brenholt', 'Calder', 'Vantry', 'Mossel', 'TL-90', 'Kestrin'),
+}
+
+_STAGE = {'Enter', 'Alarum', 'Attendants', 'King', 'Queen', 'With', 'Soldier', 'Flourish', 'Exit', 'Exeunt', 'Within', 'Lord', 'Lords', 'Others'}
+
+_PROBES = {  # name: (question, answer from the prompt) asked after the response
+    'list-market': ('Who keeps the Glass Heron?', 'Ottilie Marsh'), 'list-inventory': ('What is the code of the Sorrel-4 diesel generator?', 'KB-319'),
+    'steps-tea': ('Which honey sweetens Dunmere amber tea?', 'Tarrow heather honey'),
+    'story-lighthouse': ('What is the name of the lost island that Wenna Calloway is searching for?', 'Skerrow'),
+    'story-caravan': ('What relic is the Ashkar caravan smuggling?', 'the Lantern of Vosk'),
+    'code-tests': ('Which method of WarehouseLedger compares counted stock with the ledger?', 'reconcile_counts'),
+    'doc-hamlet': ('Who is the Lord Chamberlain?', 'Polonius'), 'doc-code': ('What is the default width of a TextWrapper?', '70'),
+    'steps-station': ('Which data logger does the Orvik-3 station use?', 'TL-90'), 'doc-macbeth': ('Which king enters at the camp near Forres?', 'Duncan'),
+}
+
+def prompt_facts(name: str, text: str) -> list:
+    "The facts of prompt `name` that occur in its (cut) text: listed ones, or a continuation's speaker names / identifiers."
+    if name in _FACTS: fs = _FACTS[name]
+    elif PROMPTS[name][2] == 'shakespeare':                                    # speaker tags, the cast list, who enters
+        fs = set(re.findall(r'^([A-Z][A-Za-z]+(?: [A-Z][A-Za-z]+)?)\.\s*$', text, re.M)) | set(re.findall(r'^([A-Z][a-z]+), (?:[A-Z]|a |the )', text, re.M))
+        fs |= {w for d in re.findall(r'\[(?:Enter|Alarum)[^\]]*\]', text) for w in re.findall(r'\b[A-Z][a-z]{3,}\b', d)} - _STAGE
+    else: fs = {w for w in re.findall(r'\b[A-Za-z_]\w*\b', text) if '_' in w.strip('_') and len(w) > 5}   # snake_case identifiers
+    return sorted({f for f in fs if f in text}, key=lambda f: (-len(f), f))
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr003
+PROMPTS = {  # name: (kind, split, intro, facts block, instruction) for chat prompts; (kind, split, corpus, group, anchor) for continuations
+    'list-market': ('long list', 'eval',
+        "Varrowmere is a fishing town on the northern coast, built around a stone quay that the tide floods twice a day. Every "
+        "evening in summer, when the boats are in and the nets are hung to dry, the traders of the town set up their awnings "
+        "along the quay and light paper lanterns. Visitors come from the inland villages by the late coach, and the ferry from "
+        "the islands waits until midnight so that its passengers can eat and shop before the crossing. The market has no "
+        "fixed plan, but the same families have held the same places for generations, and the harbour master keeps a list.",
+        "The stalls, in order from the harbour gate to the lighthouse:\n1. The Copper Ladle, kept by Odalys Fenwright: fish stew.\n"
+        "2. Bramblecote Honey, kept by Tamsin Orrell: honey and beeswax.\n3. The Tidewright Forge, kept by Joachim Pellery: knives.\n"
+        "4. Saltmarrow Books, kept by Ysolde Grint: old charts and almanacs.\n5. The Lantern Loom, kept by Meralda Voss: woollen shawls.\n"
+        "6. Quillon's Smokehouse, kept by Bastien Quillon: smoked eel.\n7. The Glass Heron, kept by Ottilie Marsh: glass floats.\n"
+        "8. Hollowbrine Cheese, kept by Caradoc Venn: sheep's cheese.",
+        "Write a long visitor's guide to the market: one numbered section per stall, in the order above, each naming the stall and "
+        "its keeper and describing at length what to buy there and what the keeper is like."),
+    'list-inventory': ('long list', 'eval',
+        "Kelvaro Base is a small research station on the edge of the ice shelf. Nine people spend the winter there, cut off from "
+        "supply flights for five months. Before the last plane leaves, the station manager checks every piece of equipment "
+        "against the inventory, because anything that fails in the dark months has to be repaired with what is already on site. "
+        "The inventory codes are painted on each crate and cabinet, and the crew refer to equipment by code on the radio.",
+        "Inventory for the winter crew:\n- KB-114: thermal sleeping bags, twelve, in the east dormitory.\n- KB-207: the Halvard ice-core "
+        "drill and its spare bits.\n- KB-319: the Sorrel-4 diesel generator.\n- KB-402: the VHF radio mast and backup handsets.\n"
+        "- KB-558: the Tesmer weather balloon launcher.\n- KB-611: the medical cabinet and defibrillator.\n- KB-736: snow tractor "
+        "Brannoc and its tracks.\n- KB-805: the greenhouse lamps and seed trays.",
+        "Write a detailed maintenance checklist for the winter crew: one entry per item above, in order, beginning each entry "
+        "with the item's code, and explain at length how to inspect, clean and repair it."),
+    'steps-tea': ('step-by-step', 'eval',
+        "In the hill country of Dunmere, tea is served to guests in a fixed order that every household learns as children. The "
+        "ceremony is not religious, but it is taken seriously: an amber tea that is too bitter or too pale is a small insult to "
+        "the guest. Travellers who stay in the guesthouses of the valley are often asked to prepare a pot themselves on their "
+        "last evening, and the hosts watch closely. The water, the leaf and the cups all come from named places in the valley, "
+        "and a careful guest mentions each of them by name while pouring, as a way of thanking the household. Children are "
+        "taught the recipe card by heart long before they are allowed to touch the kettle.",
+        "The recipe card for Dunmere amber tea: use Oskana black leaf, three spoons per pot; heat water from the Verrin spring "
+        "to 87 degrees; warm the Felsgard clay pot first; steep for exactly four minutes; add two slices of dried quelberry; "
+        "sweeten with Tarrow heather honey; serve in the small cups called ambrins, filling each only halfway.",
+        "Explain step by step, in great detail, how to prepare Dunmere amber tea for a group of six guests, using every item on "
+        "the card and naming each ingredient and tool, and explain the reason for every step."),
+    'story-lighthouse': ('story', 'eval',
+        "Pellinore Reach is a ring of rocks and one inhabited island at the mouth of a cold northern bay. Ships heading for the "
+        "port of Aldermouth must pass through the Reach, and in fog they depend on its lighthouse. The island has a single "
+        "harbour, a chapel with a broken bell, and a row of cottages that belonged to fishermen before the fishing failed. "
+        "Supplies come once a fortnight on the ferry, weather allowing, and in winter the island can be cut off for a month. "
+        "The islanders tell stories about an island that appears only in fog, drawn on old charts and missing from the new ones.",
+        "The characters: Ilsabet Marrow, the lighthouse keeper, who has not left the island in eleven years; Torvin Quade, the "
+        "ferryman, who owes her money; Wenna Calloway, a cartographer searching for a lost island called Skerrow; and old "
+        "Father Anselm Rook, who rings the broken bell. The ship: the Saint Orlaith, a schooner overdue from Aldermouth.",
+        "Write a long story in many paragraphs in which all of these characters appear and speak, the Saint Orlaith is lost in "
+        "fog, and Wenna Calloway finds Skerrow. Keep using the characters' full names."),
+    'story-caravan': ('story', 'eval',
+        "The Serreth is a desert of red stone and moving sand between the salt lakes and the mountain cities. Caravans cross it "
+        "in forty days, travelling at night, resting through the heat of the day in the shade of the rock towers. The routes "
+        "are old and the wells are few; a caravan that loses its way rarely finds it again. Each caravan is led by a captain "
+        "who answers to the merchant houses of the mountain cities, and each carries a scout, a healer and more water than "
+        "it expects to need. Bandits watch the wells, and the customs officers of the cities watch the bandits.",
+        "The characters: Captain Dalvi Noor, who leads the Ashkar caravan; the scout Emrys Tallow, who can read the wind; the "
+        "healer Sefa Ondine; and Greybarrow, the oldest camel. The places: the oasis of Kith Amarra and the ruined city of "
+        "Velmorra. The secret: the caravan is smuggling a relic called the Lantern of Vosk.",
+        "Write a long adventure story in many paragraphs about the Ashkar caravan's crossing from Kith Amarra to Velmorra, in "
+        "which every character plays a part and the Lantern of Vosk is discovered. Use the names often."),
+    'code-tests': ('code', 'eval',
+        "Below is a small module from a warehouse application. It is used by the night shift to keep stock counts in step with "
+        "deliveries. The team wants a thorough test suite before it is refactored. The module has no tests at all yet; the "
+        "previous developer left only the signatures and docstrings below, and the behaviour has to be pinned down by tests "
+        "that name each function and method explicitly, so that a failing test says at once which part broke.",
+        "```python\n# stockroom.py\ndef parse_sku_code(text):\n    \"Split 'AB-1234-X' into (prefix, number, suffix).\"\n\n"
+        "def restock_threshold(daily_sales, lead_days, safety_days=3):\n    \"Units to hold before reordering.\"\n\n"
+        "class WarehouseLedger:\n    def record_shipment(self, sku, quantity): ...\n    def record_sale(self, sku, quantity): ...\n"
+        "    def reconcile_counts(self, counted): ...\n    def low_stock_report(self, thresholds): ...\n```",
+        "Write a long pytest test file for stockroom.py: several test functions for parse_sku_code, restock_threshold and "
+        "every method of WarehouseLedger, with a comment above each test explaining what it checks."),
+    'doc-hamlet': ('continuation', 'eval', 'shakespeare', 'shakespeare/hamlet', 'Hamlet, Son to the former'),
+    'doc-code': ('continuation', 'eval', 'code', 'stdlib/textwrap.py', 'class TextWrapper'),
+    'steps-station': ('step-by-step', 'heldout',
+        "The Orvik-3 is a portable weather station used by mountain huts. It is shipped in two cases and has to be assembled "
+        "on site by the hut warden, usually alone and often in wind. The manual is short and assumes the warden knows what "
+        "each part is for. The station reports to the valley rescue service by radio, and a station that stops logging in a "
+        "storm can cost lives, so the rescue service asks every warden to practise the assembly before the season starts. "
+        "Parts are labelled with their maker's names, and the spare parts list uses the same names. Most failures in past "
+        "seasons came from a tripod set on soft snow, a battery left uncharged, or a radio link pointed the wrong way.",
+        "The parts: the Brenholt tripod with three ground spikes; the Orvik-3 sensor head with the Calder anemometer cups; the "
+        "Vantry solar panel; the Mossel battery pack; the TL-90 data logger; and the Kestrin radio link. The station must face "
+        "north, stand at least 2 metres high, and log every 10 minutes.",
+        "Explain step by step, in great detail, how to assemble and test the Orvik-3 station, naming every part, and explain "
+        "what to do if a step goes wrong."),
+    'doc-macbeth': ('continuation', 'heldout', 'shakespeare', 'shakespeare/macbeth', 'SCENE II. A Camp near Forres'),
+}
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr004
+@functools.cache
+def _corpus_text(corpus, group, anchor):
+    "The text of the first document of `group` in `corpus` that holds `anchor`, from the anchor on."
+    t = next((d['text'] for d in load_corpus(corpus) if d['group'] == group and anchor in d['text']), None)
+    if t is None: raise ValueError(f"no document of {group!r} in corpus {corpus!r} holds {anchor!r}")
+    return t[t.find(anchor):]
+
+def build_prompt(tok, name: str, T: int) -> dict:
+    "Prompt `name` as exactly `T` tokens: dict(name, kind, split, ids (T,), text, facts)."
+    check_choice('prompt', name, tuple(PROMPTS)); check_int('T', T, lo=8)
+    kind, split, *spec = PROMPTS[name]
+    if kind == 'continuation':                                                 # raw text, no chat template
+        ids = tok(_corpus_text(*spec)[:12 * T], add_special_tokens=False).input_ids[:T]
+    else:
+        intro, facts, instruction = spec
+        pre, post = tok.apply_chat_template([dict(role='user', content='\x00')], add_generation_prompt=True, tokenize=False).split('\x00')
+        head, body = tok(pre, add_special_tokens=False).input_ids, tok(intro + '\n\n' + facts, add_special_tokens=False).input_ids
+        tail = tok('\n\n' + instruction + post, add_special_tokens=False).input_ids
+        k = T - len(head) - len(tail)                                          # the filler at the start of the body gives way
+        if k < 1 or k > len(body): raise ValueError(f"prompt {name!r} cannot be cut to {T} tokens (head {len(head)}, body {len(body)}, tail {len(tail)})")
+        ids = head + body[-k:] + tail
+    if len(ids) != T: raise ValueError(f"prompt {name!r} has {len(ids)} tokens, fewer than T={T}")
+    text = tok.decode(ids)
+    return dict(name=name, kind=kind, split=split, ids=torch.tensor(ids), text=text, facts=prompt_facts(name, text), probe=_PROBES[name])
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr006
+def probe_tokens(tok, probes) -> tuple:
+    "Question-answer probes as one (P, L) token tensor (left-padded with newlines) and the answer's positions in each row."
+    nl = tok('\n', add_special_tokens=False).input_ids[0]
+    rows = [(tok(f'\n\nQuestion: {q}\nAnswer:', add_special_tokens=False).input_ids, tok(' ' + a, add_special_tokens=False).input_ids) for q, a in probes]
+    L = max(len(q) + len(a) for q, a in rows)
+    return (torch.tensor([[nl] * (L - len(q) - len(a)) + q + a for q, a in rows]), [list(range(L - len(a), L)) for q, a in rows])
+
+def distinct_n(tokens, n: int) -> float:
+    "Distinct n-grams over all n-grams of a token sequence (1: no repetition)."
+    t = [int(x) for x in tokens]; grams = [tuple(t[i:i + n]) for i in range(len(t) - n + 1)]
+    if not grams: raise ValueError(f"need at least {n} tokens, got {len(t)}")
+    return len(set(grams)) / len(grams)
+
+def fact_positions(tok, tokens, facts, after: int=0) -> list:
+    "Response positions to score: every token but the first of each occurrence of a fact that starts at token >= `after`."
+    pieces = [tok.decode([int(t)]) for t in tokens]
+    starts = np.cumsum([0] + [len(p) for p in pieces])[:-1]; text = ''.join(pieces); out = set()
+    for f in facts:
+        for m in re.finditer(re.escape(f), text):
+            span = [i for i, (s, p) in enumerate(zip(starts, pieces)) if s < m.end() and s + len(p) > m.start()]
+            if span and span[0] >= after: out |= set(span[1:])
+    return sorted(out)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0fr002
+BYTES_TOL = 0.02   # a policy whose fewest bytes exceed the target by more than this share cannot be compared there
+
+def at_bytes(df: pd.DataFrame, policy: str, target: float, metric: str) -> pd.Series|None:
+    "Per-prompt `metric` of `policy` at `target` peak bytes, read off its budgets (log-linear for 'kl'); None if it cannot be held to `target`."
+    d = df[df.policy == policy]
+    if d.empty: return None
+    b = d.groupby('fraction').peak_bytes.mean().sort_values()                   # its budgets, by measured bytes
+    if target < b.iloc[0] * (1 - BYTES_TOL) or target > b.iloc[-1] * (1 + BYTES_TOL): return None
+    v = d.pivot_table(index='prompt', columns='fraction', values=metric)[b.index]   # (prompts, budgets)
+    t = min(max(target, b.iloc[0]), b.iloc[-1])
+    f = (lambda r: math.exp(np.interp(t, b.values, np.log(np.maximum(r, 1e-12))))) if metric == 'kl' else (lambda r: np.interp(t, b.values, r))
+    return v.apply(lambda r: f(r.values) if r.notna().all() else np.nan, axis=1)
+
+def best_other(df, target, metric, exclude=('full', 'no-prompt', 'morphkv-sum', 'morphkv-max')):
+    "The other policy with the best mean `metric` at `target` bytes, and its per-prompt values (lower is better for 'kl')."
+    cands = {p: s for p in sorted(set(df.policy) - set(exclude)) if (s := at_bytes(df, p, target, metric)) is not None and s.notna().any()}
+    if not cands: return None, None
+    key = (lambda p: cands[p].mean()) if metric == 'kl' else (lambda p: -cands[p].mean())
+    p = min(cands, key=key); return p, cands[p]
+
+# %% ../../nbs/inference/20_morphkv.ipynb #15aa9ab6
+@dataclass
+class MorphKVConfig(ExperimentConfig):
+    "Long-response replays of SmolLM2-135M under every KV-cache policy at several byte budgets."
+    prompts: tuple = size(quick=('doc-hamlet', 'doc-code', 'doc-macbeth'), full=tuple(PROMPTS))  # prompt names (their split: see PROMPTS)
+    prompt_tokens: int = size(quick=48, full=128)              # T: every prompt is cut to this many tokens (one batch)
+    response_tokens: int = size(quick=8, full=128)             # n: tokens of each sampled reference response
+    fractions: tuple = size(quick=(0.25, 0.5), full=(0.0625, 0.125, 0.25, 0.5, 0.75))  # budgets (entries kept), shares of the full cache's final size; the last is a baseline point only
+    windows: tuple = size(quick=(2, 4), full=(8, 16, 32))      # MorphKV windows R swept on the held-out prompts
+    snapkv_window: int = size(quick=8, full=32)                # SnapKV's observation window W (the published default is 32)
+    n_sink: int = 4                                            # StreamingLLM's (ours and kvpress's) sink tokens
+    presses: tuple = size(quick=('kvpress-snapkv', 'kvpress-streamingllm'), full=())  # the kvpress peers replayed (full: none, CPU time)
+    temperature: float = 0.7                                   # sampling temperature of the references (0: greedy)
+    fact_after: int = size(quick=2, full=64)                   # the fact-use task scores facts written from this response token on
+    speed_fraction: float = size(quick=0.25, full=0.5)         # a judged budget at which decoding is timed (and the keep-set raster recorded)
+    speed_steps: int = size(quick=2, full=8)                   # m: decode steps per timed call
+    speed_repeats: int = size(quick=2, full=3)                 # interleaved timing rounds per policy
+    speed_policies: tuple = size(quick=('morphkv-sum',), full=('streamingllm', 'h2o', 'morphkv-sum'))  # policies timed against the full cache
+    kept_every: int = size(quick=2, full=8)                    # keep-set raster: every this many steps
+    heldout_tokens: int = size(quick=8, full=32)               # response tokens replayed on the held-out prompts to choose R
+    threads: int = 1                                           # torch CPU threads during the run (0: as set); one does not oversubscribe 2 shared cores
+    unit_fields: ClassVar[tuple] = ('fractions', 'windows', 'presses', 'speed_policies', 'speed_steps', 'speed_repeats', 'kept_every')
+    cache_version: ClassVar[int] = 1
+    def validate(self):
+        for p in self.prompts: check_choice('prompt', p, tuple(PROMPTS))
+        if len(set(self.prompts)) != len(self.prompts): raise ValueError(f"prompts must be distinct, got {self.prompts}")
+        for s in ('eval', 'heldout'):
+            if sum(PROMPTS[p][1] == s for p in self.prompts) < (2 if s == 'eval' else 1): raise ValueError(f"prompts need at least {2 if s == 'eval' else 1} of split {s!r}, got {self.prompts}")
+        check_int('prompt_tokens', self.prompt_tokens, lo=16); check_int('response_tokens', self.response_tokens, lo=4)
+        if len(self.fractions) < 2 or list(self.fractions) != sorted(set(self.fractions)): raise ValueError(f"fractions must be at least two, increasing and distinct, got {self.fractions}")
+        for f in self.fractions: check_num('fraction', f, 0, 1, lo_open=True, hi_open=True)
+        if not self.windows: raise ValueError("windows must name at least one window R")
+        for r in self.windows: check_int('window', r, lo=1)
+        check_int('snapkv_window', self.snapkv_window, lo=1); check_int('n_sink', self.n_sink, lo=0)
+        for p in self.presses: check_choice('press', p, KVPRESS_PEERS)
+        check_num('temperature', self.temperature, lo=0); check_int('fact_after', self.fact_after, 0, self.response_tokens - 1)
+        check_choice('speed_fraction', self.speed_fraction, self.fractions[:-1])
+        check_int('speed_steps', self.speed_steps, 1, self.response_tokens - 1); check_int('speed_repeats', self.speed_repeats, lo=2)
+        for p in self.speed_policies: check_choice('speed policy', p, POLICIES[1:] + tuple(self.presses))
+        check_int('kept_every', self.kept_every, lo=1); check_int('heldout_tokens', self.heldout_tokens, 2, self.response_tokens)
+        check_int('threads', self.threads, lo=0)
+    @property
+    def prompt_names(self) -> list:
+        "The evaluated prompts, then the held-out ones."
+        return [p for p in self.prompts if PROMPTS[p][1] == 'eval'] + [p for p in self.prompts if PROMPTS[p][1] == 'heldout']
+    def budget(self, fraction) -> int:
+        "The budget at `fraction`: entries kept per layer and KV head, a share of the full cache's final size."
+        return max(1, round(fraction * (self.prompt_tokens + self.response_tokens)))
+    @property
+    def judged(self) -> tuple:
+        "The budgets at which MorphKV is judged: all but the last, whose baselines only bound the frontier from above."
+        return tuple(self.fractions[:-1])
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex001
+@functools.cache
+def _model(): return load_model('smollm2-135m', attn='sdpa')
+
+class _NoSpecial(torch.nn.Module):
+    "A causal LM that never emits the `banned` token ids (so that every sampled response runs its full length)."
+    def __init__(self, model, banned): super().__init__(); self.model, self.banned = model, list(banned)
+    def forward(self, **kw):
+        out = self.model(**kw); out.logits[..., self.banned] = float('-inf'); return out
+
+def _references(model, tok, ids, cfg) -> dict:
+    "Responses (P, n) sampled from the full-cache model for prompts `ids` (P, T)."
+    out = generate_ids(_NoSpecial(model, [i for i in tok.all_special_ids if i < model.config.vocab_size]), ids, cfg.response_tokens, greedy=cfg.temperature == 0,
+                       temperature=cfg.temperature or 1.0, seed=cfg.seed)
+    return dict(tokens=out[:, ids.shape[1]:].tolist())
+
+def _peak(tr) -> float: return max(k + s for k, s in zip(tr.kv_bytes, tr.state_bytes))
+
+def _rows(traces, names, ctx, fraction, entries, windows, split) -> list:
+    "One row per trace (member-major over `names`, prompts in `ctx['names']`): fidelity, fact use and measured peak bytes; `entries`, `windows` per member."
+    P, out = len(ctx['names']), []
+    for k, tr in enumerate(traces):
+        m, i = k // P, k % P; p = names[m]; nr = min(ctx['n'], len(tr.pred))   # response positions (the probe follows)
+        acc = lambda pos: float((tr.pred[pos] == ctx['resp'][i][pos]).float().mean()) if pos else None
+        pos, probe = [j for j in ctx['fpos'][i] if j < nr], [j for j in ctx['ppos'][i] if j < len(tr.pred)]
+        out.append(dict(split=split, prompt=ctx['names'][i], policy=p, fraction=fraction, entries=entries[m], window=windows[m],
+                        kl=float(tr.kl[:nr].mean()), top1=float(tr.top1[:nr].float().mean()), fact_acc=acc(pos), fact_n=len(pos),
+                        probe_acc=acc(probe), peak_bytes=_peak(tr), peak_kv=max(tr.kv_bytes), peak_state=max(tr.state_bytes)))
+    return out
+
+def _curves(traces, names, P, fraction, n, bins=16) -> list:
+    "KL along the response (its first `n` positions), mean over prompts, in `bins` equal bins, per policy."
+    out = []
+    for m, p in enumerate(names):
+        kl = torch.stack([traces[m * P + i].kl[:n] for i in range(P)]).mean(0)  # (n,)
+        out.append(dict(policy=p, fraction=fraction, bin_tokens=len(kl) // bins, kl=[round(float(x), 6) for x in kl[:len(kl) // bins * bins].view(bins, -1).mean(1)]))
+    return out
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex002
+def _kept_recorder(names, P, layer, every, store):
+    "An `on_step` that records which positions layer `layer`, KV head 0 keeps for prompt 0 under each member, every `every` steps."
+    def rec(i, cache):
+        if i % every: return
+        for m, p in enumerate(names): store.append(dict(policy=p, step=i, layer=layer, kept=cache.layers[layer].pos[m * P, 0].tolist()))
+    return rec
+
+def _replay_unit(model, ctx, cfg, f, group, R) -> dict:
+    "Replay the evaluation prompts under one group of policies at budget fraction `f`: rows, KL curves and (at the speed budget) kept sets."
+    C, P, T = cfg.budget(f), len(ctx['names']), cfg.prompt_tokens
+    n = ctx['resp'].shape[1]                                                   # the response and the probe
+    kw = dict(teacher=ctx['resp'][:, :n], reference=ctx['lp']()[:, :n], keep_logits=False)
+    kept, L = [], model.config.num_hidden_layers // 2
+    record = f == cfg.speed_fraction and not group[0].startswith('kvpress') and group != ['snapkv']  # stacks only
+    rec = _kept_recorder(group, P, L, cfg.kept_every, kept) if record else None
+    ent = {p: policy_entries(p, C, R, model.config) if p.startswith('kvpress') else C for p in group}   # our policies: C entries, state on top
+    if group in (['snapkv'], ['kvpress-snapkv']):                              # prompt-only compression: replayed in one pass
+        press = make_press(group, C, T, snapkv_window=cfg.snapkv_window) if group[0].startswith('kvpress') else None
+        cache = DynamicCache() if press else make_policy('snapkv', C, R, cfg.n_sink, cfg.snapkv_window)
+        trs = replay_after_prefill(model, ctx['ids'], cache, kw['teacher'], kw['reference'], prefill=press(model) if press else None)
+    elif group[0].startswith('kvpress'):
+        press = make_press(group, C, T, R, rows=P, n_sink=cfg.n_sink, snapkv_window=cfg.snapkv_window, target=ent[group[0]])
+        trs = press_decode(model, ctx['ids'], press, n, copies=len(group), **kw)
+    else:
+        trs = decode_stacked(model, ctx['ids'], [make_policy(p, ent[p], R, cfg.n_sink) for p in group], n, on_step=rec, **kw)
+    win = {p: R for p in group if p in ('h2o-r', 'morphkv-sum', 'morphkv-max') or (p.startswith('kvpress') and p != 'kvpress-snapkv')}
+    win |= {p: cfg.snapkv_window for p in group if p in ('snapkv', 'kvpress-snapkv')} | {p: ent[p] // 2 for p in group if p == 'h2o'}
+    rows = _rows(trs, group, ctx, f, [ent[p] for p in group], [win.get(p) for p in group], 'eval')
+    return dict(rows=rows, curves=_curves(trs, group, P, f, min(n, ctx['n'])), kept=[dict(k, fraction=f) for k in kept])
+
+def _heldout_unit(model, ctx, cfg, f, windows) -> dict:
+    "MorphKV-sum and -max with every window R in `windows` (one stacked batch) on the held-out prompts' first `heldout_tokens` response tokens."
+    C, P, n = cfg.budget(f), len(ctx['names']), cfg.heldout_tokens
+    members = [(a, R) for R in windows for a in ('sum', 'max')]
+    trs = decode_stacked(model, ctx['ids'], [MorphKVCache(C, R, a) for a, R in members], n, teacher=ctx['resp'][:, :n],
+                         reference=ctx['lp']()[:, :n], keep_logits=False)
+    return dict(rows=_rows(trs, [f'morphkv-{a}' for a, R in members], dict(ctx, n=n), f, [C] * len(members), [R for a, R in members], 'heldout'))
+
+def choose_window(df: pd.DataFrame) -> dict:
+    "Per budget fraction: the MorphKV (policy, window) with the lowest mean KL over the held-out prompts."
+    h = df[df.split == 'heldout'].groupby(['fraction', 'policy', 'window']).kl.mean()
+    return {f: h.loc[f].idxmin() for f in sorted(h.index.get_level_values(0).unique())}
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex003
+def _speed_unit(model, ctx, cfg, p, C, R) -> dict:
+    "Decode time per token of policy `p` relative to the full cache: m teacher-forced steps after a long prefill, interleaved."
+    m, T = cfg.speed_steps, cfg.prompt_tokens; n = cfg.response_tokens
+    prompt = torch.cat([ctx['ids'][0], ctx['resp'][0][:n - m]])[None]; toks = ctx['resp'][0][n - m:n]
+    def prepared(make, press=None):
+        cache = make()
+        with (press(model) if press else contextlib.nullcontext()): decode(model, prompt, cache, 1)      # the prefill, untimed
+        copies = [copy.deepcopy(cache) for _ in range(cfg.speed_repeats + 1)]
+        def run():
+            with (press(model) if press else contextlib.nullcontext()): decode_more(model, copies.pop(), toks, prompt.shape[1])
+        return run
+    e = policy_entries(p, C, R, model.config) if p.startswith('kvpress') else C
+    if p.startswith('kvpress'):
+        press = make_press(p, C, prompt.shape[1], R, n_sink=cfg.n_sink, snapkv_window=cfg.snapkv_window, target=e)
+        cand = prepared(DynamicCache, press)
+    else: cand = prepared(lambda: make_policy(p, e, R, cfg.n_sink, cfg.snapkv_window))
+    r = compare_speed(prepared(PolicyCache), cand, repeats=cfg.speed_repeats, warmup=1)
+    return dict(policy=p, fraction=cfg.speed_fraction, entries=e, steps=m, ratio=r.ratio, lo=r.lo, hi=r.hi,
+                t_full=[round(t, 4) for t in r.t_baseline], t_policy=[round(t, 4) for t in r.t_candidate])
+
+def _controls(model, ctx, cfg) -> list:
+    "The full cache's own rows (its fact scores, its measured peak bytes) and the no-prompt control's fact scores, per prompt."
+    out, lp = [], ctx['lp']()
+    with torch.no_grad():
+        n = ctx['n']; full = model(torch.cat([ctx['ids'][0], ctx['resp'][0][:n - 1]])[None], use_cache=True).past_key_values
+        for i, name in enumerate(ctx['names']):
+            y = ctx['resp'][i]                                                 # response and probe
+            alone = model(y[None, :-1]).logits[0].argmax(-1)                   # predicts y[1:] from the response alone
+            acc = lambda pred, pos: float((pred[pos] == y[pos]).float().mean()) if pos else None
+            own, ctl = lp[i].argmax(-1), torch.cat([alone[:1], alone])
+            out.append(dict(split='eval', prompt=name, policy='full', fraction=1.0, entries=cfg.prompt_tokens + n - 1, kl=0.0, top1=1.0,
+                            fact_acc=acc(own, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]), probe_acc=acc(own, ctx['ppos'][i]),
+                            peak_bytes=cache_bytes(full), peak_kv=cache_bytes(full), peak_state=0))
+            out.append(dict(split='eval', prompt=name, policy='no-prompt', fact_acc=acc(ctl, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]),
+                            probe_acc=acc(ctl, ctx['ppos'][i])))
+    return out
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex004
+def _context(model, tok, cfg, prompts, refs, split) -> dict:
+    "What every replay of one split needs: names, ids (P, T), responses (P, n), fact positions, and the reference log-probs (lazily)."
+    sel = [i for i, p in enumerate(prompts) if p['split'] == split]
+    ids = torch.stack([prompts[i]['ids'] for i in sel]); resp = torch.tensor([refs[i] for i in sel]); n = resp.shape[1]
+    fpos = [fact_positions(tok, resp[j], prompts[i]['facts'], cfg.fact_after) for j, i in enumerate(sel)]
+    probe, ans = probe_tokens(tok, [prompts[i]['probe'] for i in sel]); teach = torch.cat([resp, probe], 1)   # (P, n + L)
+    return dict(names=[prompts[i]['name'] for i in sel], ids=ids, resp=teach, n=n, fpos=fpos, ppos=[[n + a for a in r] for r in ans],
+                split=split, lp=functools.cache(lambda: reference_logprobs(model, ids, teach)))
+
+def _prompt_table(tok, prompts, refs, ctxs) -> list:
+    fp = {n: f for c in ctxs for n, f in zip(c['names'], c['fpos'])}
+    return [dict(prompt=p['name'], kind=p['kind'], split=p['split'], tokens=len(p['ids']), facts=p['facts'], fact_n=len(fp[p['name']]),
+                 question=p['probe'][0], answer=p['probe'][1], **{f'distinct_{k}': round(distinct_n(r, k), 4) for k in (2, 3, 4)},
+                 start=tok.decode(r[:60]), end=tok.decode(r[-40:])) for p, r in zip(prompts, refs)]
+
+def _log(cfg, msg):
+    if cfg.mode == 'full' and not in_test(): print(f'morphkv: {msg}', flush=True)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex005
+def run_experiment(cfg: MorphKVConfig) -> Results:
+    "References, the held-out choice of R, replays of every policy at every budget, controls and speed: rows per prompt x policy x budget."
+    threads = torch.get_num_threads()
+    if cfg.threads: torch.set_num_threads(cfg.threads)
+    try: return _run(cfg)
+    finally: torch.set_num_threads(threads)
+
+def _run(cfg):
+    t0 = time.perf_counter(); model, tok = _model(), load_tokenizer('smollm2-135m')
+    prompts = [build_prompt(tok, k, cfg.prompt_tokens) for k in cfg.prompt_names]
+    unit = lambda key, fn: cached_unit('morphkv', cfg, key, fn)
+    refs = unit(dict(unit='references'), lambda: _references(model, tok, torch.stack([p['ids'] for p in prompts]), cfg))['tokens']
+    ho, ev = (_context(model, tok, cfg, prompts, refs, s) for s in ('heldout', 'eval'))
+    rows, curves, kept, speed = [], [], [], []
+    for f in progress(cfg.judged, 'held-out windows'):                        # 1. choose R on the held-out prompts
+        Rs = [R for R in cfg.windows if R < cfg.budget(f)]                     # the windows that fit this budget
+        if not Rs: raise ValueError(f"no window in {cfg.windows} fits the budget {cfg.budget(f)} at fraction {f}")
+        rows += unit(dict(unit='heldout', fraction=f, windows=Rs), lambda: _heldout_unit(model, ho, cfg, f, Rs))['rows']
+        _log(cfg, f'held-out f={f} R={Rs} ({time.perf_counter() - t0:.0f} s)')
+    choice = choose_window(pd.DataFrame(rows)); choice[cfg.fractions[-1]] = (None, choice[cfg.judged[-1]][1])  # the top budget: baselines only
+    groups = [['streamingllm', 'tova', 'h2o', 'h2o-r', 'morphkv-sum', 'morphkv-max'], ['snapkv']]
+    groups += [[p] for p in cfg.presses if p == 'kvpress-snapkv'] + [[p for p in cfg.presses if p != 'kvpress-snapkv']]
+    todo = [(f, [p for p in g if f in cfg.judged or not p.startswith('morphkv')]) for f in cfg.fractions for g in groups]
+    for f, g in progress([(f, g) for f, g in todo if g], 'replays'):        # 2. every policy at every budget
+        pol, R = choice[f]
+        u = unit(dict(unit='replay', fraction=f, group=g, window=R, kept_every=cfg.kept_every), lambda: _replay_unit(model, ev, cfg, f, g, R))
+        rows += [dict(r, chosen=r['policy'] == pol) for r in u['rows']]; curves += u['curves']; kept += u['kept']
+        _log(cfg, f'replay f={f} {g} ({time.perf_counter() - t0:.0f} s)')
+    rows += unit(dict(unit='controls'), lambda: dict(rows=_controls(model, ev, cfg)))['rows']   # 3. the full cache and the no-prompt control
+    C, R = cfg.budget(cfg.speed_fraction), choice[cfg.speed_fraction][1]
+    for p in progress(cfg.speed_policies, 'speed'):                              # 4. decode time per token vs the full cache
+        speed.append(unit(dict(unit='speed', policy=p, steps=cfg.speed_steps, repeats=cfg.speed_repeats, window=R), lambda: _speed_unit(model, ev, cfg, p, C, R)))
+        _log(cfg, f'speed {p}: {speed[-1]["ratio"]:.3f}x ({time.perf_counter() - t0:.0f} s)')
+    tables = dict(prompts=_prompt_table(tok, prompts, refs, (ho, ev)), curves=curves, kept=kept, speed=speed)
+    res = Results('morphkv', cfg, rows, seeds=[cfg.seed], tables=tables, notes=_notes(cfg, choice), wall_time_s=time.perf_counter() - t0)
+    return res.conclude(verdict, claims(res), headline(res))
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex006
+def _notes(cfg, choice) -> str:
+    ch = '; '.join(f'{f:.1%}: {p} R={R}' for f, (p, R) in choice.items() if p)
+    return (f"SmolLM2-135M-Instruct fp32 on CPU; {sum(PROMPTS[p][1] == 'eval' for p in cfg.prompts)} evaluated and {sum(PROMPTS[p][1] == 'heldout' for p in cfg.prompts)} held-out prompts of {cfg.prompt_tokens} tokens, "
+            f"responses of {cfg.response_tokens} tokens sampled from the full cache (temperature {cfg.temperature}); budgets "
+            f"{', '.join(f'{f:.1%}' for f in cfg.fractions)} of the full cache's final size in entries (the last a baseline point only), each policy's state measured on top and compared on the frontier; "
+            f"MorphKV chosen on the held-out prompts ({ch}, first {cfg.heldout_tokens} response tokens); teacher-forced replays scored "
+            f"against the full cache (KL, top-1), on a fact-recall probe after the response and on late fact use (facts written from "
+            f"response token {cfg.fact_after} on); no free generation, no LLM-judged task accuracy, "
+            f"no fused MorphKV (CPU time); kvpress presses replayed: {', '.join(cfg.presses) or 'none (CPU time)'}; speed on shared CPU cores.")
+
+def claims(results: Results) -> list:
+    "Per judged budget: KL of the best other policy at MorphKV's measured bytes minus MorphKV's, and MorphKV's fact recall after the response minus the best other's."
+    df = results.df; ev = df[(df.split == 'eval') & df.fraction.notna() & (df.fraction < 1)]; out = []
+    for f in results.config['fractions'][:-1]:                                 # the last budget bounds the baselines' range only
+        m = ev[(ev.fraction == f) & (ev.chosen == True)].set_index('prompt')
+        b, name = float(m.peak_bytes.mean()), f"{m.policy.iloc[0]} R={int(m.window.iloc[0])}"
+        p, kl_o = best_other(ev, b, 'kl')
+        if p is None: continue                                                 # no other policy measured at these bytes
+        idx = kl_o.dropna().index.intersection(m.index)
+        out.append(claim(f"{f:.1%} bytes, KL: best other ({p}) − MorphKV ({name})", paired_bootstrap(kl_o[idx], m.kl[idx], unit='prompts'), 'higher'))
+        p, pr_o = best_other(ev, b, 'probe_acc'); mp = m.probe_acc.dropna()
+        idx = [] if pr_o is None else pr_o.dropna().index.intersection(mp.index)
+        if len(idx) < 2: continue                                              # no recall probe to compare
+        out.append(claim(f"{f:.1%} bytes, fact recall after the response: MorphKV ({name}) − best other ({p})", paired_bootstrap(mp[idx], pr_o[idx], unit='prompts'), 'higher'))
+    return out
+
+def verdict(results: Results) -> str:
+    "Reproduced when, at every budget, MorphKV beats the best other policy at its measured bytes on both KL and fact recall after the response (95% paired bootstrap over prompts); partly when at least one of those comparisons shows; else not reproduced."
+    return judge(claims(results))
+
+def headline(results: Results) -> str:
+    "Our measured figure in words: how many budgets MorphKV wins at equal bytes, the speed budget's numbers, and its decode time."
+    cl, df = claims(results), results.df; kl_c, fa_c = [c for c in cl if ', KL:' in c.name], [c for c in cl if 'fact recall' in c.name]
+    k, j, nb = sum(c.shows for c in kl_c), sum(c.shows for c in fa_c), len(kl_c)
+    f = results.config['speed_fraction']; m = df[(df.split == 'eval') & (df.fraction == f) & (df.chosen == True)]
+    p, kl_o = best_other(df[(df.split == 'eval') & df.fraction.notna() & (df.fraction < 1)], float(m.peak_bytes.mean()), 'kl')
+    sp = {s['policy']: s for s in results.tables.get('speed', [])}; mp = m.policy.iloc[0]
+    ms = mp if mp in sp else next((q for q in sp if q.startswith('morphkv')), None)   # the timed MorphKV
+    tail = f"; {ms} decodes at {sp[ms]['ratio']:.2f}x [{sp[ms]['lo']:.2f}, {sp[ms]['hi']:.2f}] the full cache's time per token" if ms else ''
+    vs = f" vs {kl_o.mean():.3g} ({p})" if p else ''
+    return (f"at equal bytes MorphKV beats the best other policy on KL at {k}/{nb} budgets and on fact recall at {j}/{len(fa_c)}; "
+            f"at {f:.0%}: KL {m.kl.mean():.3g} ({mp}){vs}{tail}")
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0vz002
+_METRICS = {'kl': 'KL(p_full || p_policy), nats', 'top1': 'top-1 agreement with the full cache', 'probe_acc': 'fact recall after the response',
+            'fact_acc': 'late fact use in the response'}
+
+def fig_frontier(df: pd.DataFrame, metric: str='kl', prompt: str|None=None, title: str='Memory–fidelity frontier'):
+    "Mean `metric` (over prompts, with 95% t-intervals; or one prompt) against peak bytes as a share of the full cache's, per policy."
+    import plotly.graph_objects as go
+    from workbench.measure import mean_ci
+    check_choice('metric', metric, tuple(_METRICS))
+    d = df[(df.split == 'eval') & df.fraction.notna() & df[metric].notna()]
+    if prompt is not None: d = d[d.prompt == prompt]
+    full = df[df.policy == 'full'].peak_bytes.mean(); fig = go.Figure()
+    for k, (p, g) in enumerate(sorted(d.groupby('policy'), key=lambda x: (x[0] == 'full', x[0]))):
+        s = g.groupby('fraction').agg(b=('peak_bytes', 'mean'), v=(metric, list)).sort_values('b')
+        ci = [mean_ci(v, unit='prompts') if len(v) > 1 else None for v in s.v]
+        y = [float(np.mean(v)) for v in s.v]
+        err = dict(type='data', symmetric=False, array=[c.hi - m if c else 0 for c, m in zip(ci, y)], arrayminus=[m - c.lo if c else 0 for c, m in zip(ci, y)])
+        morph = p.startswith('morphkv')
+        fig.add_trace(go.Scatter(x=s.b / full, y=y, error_y=err, name=p, mode='lines+markers',
+                                 line=dict(width=4 if morph else 1.5, dash=None if not p.startswith('kvpress') else 'dot', color=PALETTE[k % len(PALETTE)])))
+    fig.update_xaxes(title_text='peak bytes held (keys, values, policy state) / full cache')
+    fig.update_yaxes(title_text=_METRICS[metric], type='log' if metric == 'kl' else None)
+    fig.update_layout(title=title + (f' — {prompt}' if prompt else ' — mean over prompts'), height=460, margin=dict(t=60, l=60, r=20))
+    return fig
+
+class FrontierExplorer(Explorer):
+    "Metric and prompt selectors over `fig_frontier`."
+    def __init__(self, df: pd.DataFrame, title='Memory–fidelity frontier'):
+        import ipywidgets as W, plotly.graph_objects as go
+        self.df, self.title = df, title
+        self.metric = W.Dropdown(options=[(v, k) for k, v in _METRICS.items()], value='kl', description='metric')
+        self.prompt = W.Dropdown(options=[('mean over prompts', None)] + [(p, p) for p in sorted(df[df.split == 'eval'].prompt.unique())], description='prompt')
+        self.fig = go.FigureWidget(self.figure())
+        for w in (self.metric, self.prompt): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.metric, self.prompt]), self.fig])
+    def figure(self): return fig_frontier(self.df, self.metric.value, self.prompt.value, self.title)
