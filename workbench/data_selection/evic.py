@@ -390,14 +390,14 @@ METHOD_NAMES = dict(mtl='MTL (random mixing)', sequential='sequential domains', 
 @dataclass
 class EVICConfig(ExperimentConfig):
     "The EVIC experiment: six curricula on three synthetic domains with injected conflicts, several seeds."
-    n_seeds: int = size(quick=2, full=3)                 # seeds (pool, held-out set, batch order); paired across methods
+    n_seeds: int = size(quick=2, full=5)                 # seeds (pool, held-out set, batch order); paired across methods
     n_per_domain: int = size(quick=32, full=200)         # training samples per domain
     n_test: int = size(quick=24, full=100)               # clean held-out samples per domain
     corrupt: float = 0.15                                # share of each domain with a wrong answer
     clash: float = 0.10                                  # share of arithmetic with the clashing (reversed-digits) rule
     methods: tuple = METHODS                             # which curricula to run (must include 'mtl', 'static', 'evic'; 'random' needs 'evic')
     batch_size: int = size(quick=16, full=32)            # rows per update
-    iterations: int = size(quick=3, full=4)              # EVIC rounds (estimate -> select -> train)
+    iterations: int = size(quick=3, full=8)              # EVIC rounds (estimate -> select -> train)
     epochs_per_iteration: int = size(quick=2, full=5)    # passes over S_r per round; baselines get iterations x this many epochs
     warmup_frac: float = 0.05                            # EVIC's warm-up share of the pool (paper: 5%)
     warmup_epochs: int = 4                               # passes over it (LESS: 4; not stated for EVIC)
