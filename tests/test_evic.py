@@ -197,7 +197,7 @@ def test_verdict_rule(gain, frac, static, want, tmp_path):
 
 
 def test_config_sizes_and_seeds(monkeypatch):
-    assert EVICConfig(mode='full').seeds == [0, 1, 2] and EVICConfig(mode='full').budget == 360 and EVICConfig(mode='full').max_steps == 364
+    assert EVICConfig(mode='full').seeds == [0, 1, 2, 3, 4] and EVICConfig(mode='full').budget == 720 and EVICConfig(mode='full').max_steps == 724
     monkeypatch.setenv('WORKBENCH_SEED', '7'); assert EVICConfig(mode='quick').seeds[0] == 7
     with pytest.raises(ValueError, match="'evic'"): EVICConfig(methods=('mtl', 'static'))
     with pytest.raises(ValueError, match='unique'): EVICConfig(methods=('mtl', 'static', 'evic', 'evic'))
