@@ -171,7 +171,6 @@ def test_claims_and_verdict_rule():
 
 def test_recorded_results_recompute():
     r = load_results('bsr')
-    if not isinstance(r, Results): pytest.skip('pre-schema results file')
     assert verdict(r) == r.verdict and len(r.claims) == 5
     assert r.mode == 'full' and len(r.seeds) >= 5
     for c, c2 in zip(r.claims, claims(r)): assert c.name == c2.name and c.estimate == pytest.approx(c2.estimate)

@@ -228,7 +228,6 @@ def test_recorded_verdict_is_recomputed():
     from workbench.core import load_results, Results
     from workbench.inference.morphkv import verdict
     r = load_results('morphkv')
-    if not isinstance(r, Results): pytest.skip('pre-schema record')
     assert verdict(r) == r.verdict and len(r.claims) >= 4
 
 def test_snapkv_matches_kvpress(setup):

@@ -195,7 +195,6 @@ def test_claims_can_pass_and_fail(rmt, want):
 
 def test_recorded_results_reproduce_their_verdict():
     r = load_results('rmt')
-    if not isinstance(r, Results): pytest.skip('pre-schema record')
     assert verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
     main = r.df[r.df.phase == 'main']
     assert main.groupby('model').seed.nunique().min() >= 4                        # >= 4 seeds for every model

@@ -252,7 +252,6 @@ def test_config_sizes_and_checks():
 
 def test_recorded_results_reproduce_their_verdict():
     r = load_results('sae_flow')
-    if not isinstance(r, Results): pytest.skip('pre-schema record')
     assert r.mode == 'full' and verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
     df = r.df
     assert set(df[df.kind == 'sae'].site) == {str(s) for s in SAEFlowConfig(**{k: r.config[k] for k in ('mode', 'first_layer', 'n_layers')}).sites}

@@ -129,9 +129,8 @@ class Size:
         if mode not in ('quick', 'full'): raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
         return self.full if mode == 'full' else self.quick
 
-def size(*legacy_name, quick, full) -> Size:
+def size(*, quick, full) -> Size:
     "The default of a config field that differs between quick mode (tests) and full mode (the committed run)."
-    if legacy_name: return Size(quick, full)()   # transitional: the old `size(name, quick=, full=)` of not-yet-converted notebooks
     return Size(quick, full)
 
 # %% ../nbs/00_core.ipynb #25e9d036
@@ -440,7 +439,6 @@ def load_results(method: str, results_dir=None) -> Results:
         raise FileNotFoundError(f"no results for {method!r} in {p.parent}; recorded: {', '.join(have) or 'none'}")
     try: rec = json.loads(p.read_text())
     except json.JSONDecodeError as e: raise ValueError(f"{p} is not valid JSON: {e}") from None
-    if isinstance(rec, dict) and 'schema_version' not in rec and 'metrics' in rec: return rec   # transitional: a pre-schema record
     return Results(**check_results(rec, str(p)))
 
 # %% ../nbs/00_core.ipynb #a185809b
@@ -522,5 +520,4 @@ def results_to_show(results: Results, results_dir=None) -> Results:
     if results.mode == 'full': return results
     try: saved = load_results(results.method, results_dir)
     except FileNotFoundError: return results
-    if not isinstance(saved, Results): return results                # transitional: a pre-schema record has no rows to draw
     return saved if saved.mode == 'full' else results

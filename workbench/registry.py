@@ -161,8 +161,6 @@ def field_notebooks(nbs_dir=None) -> dict:
     return out
 
 # %% ../nbs/07_registry.ipynb #0a7a7a4c
-def _get(r, k): return r.get(k) if isinstance(r, dict) else getattr(r, k)   # a Results, or a pre-schema record (transitional)
-
 def method_status(slug: str,          # a method slug from `METHODS`
                   results_dir=None,   # default: `data/results`
                   nbs_dir=None,       # default: the notebooks folder
@@ -171,14 +169,14 @@ def method_status(slug: str,          # a method slug from `METHODS`
     m = get_method(slug)
     built = (Path(nbs_dir)/m.notebook).is_file() if nbs_dir else is_built(m)
     r = _results(m.slug, results_dir)
-    v = r and _get(r, 'verdict')
+    v = r and r.verdict
     if r is None: status = 'built, no full run' if built else 'not built yet'
-    elif _get(r, 'mode') != 'full': status = 'built, no full run'   # a quick run's numbers are a smoke test, not evidence
+    elif r.mode != 'full': status = 'built, no full run'   # a quick run's numbers are a smoke test, not evidence
     elif v is None: status = 'ran, no verdict'
     elif v in VERDICTS: status = v
     else: raise ValueError(f"results for {m.slug!r} have verdict {v!r}; allowed: {VERDICTS}")
-    return dict(status=status, built=built, headline=r and _get(r, 'headline'), date=r and (_get(r, 'date') or '')[:10] or None,
-                mode=r and _get(r, 'mode'), verdict=v)
+    return dict(status=status, built=built, headline=r and r.headline, date=r and (r.date or '')[:10] or None,
+                mode=r and r.mode, verdict=v)
 
 # %% ../nbs/07_registry.ipynb #b25f24ed
 def scoreboard(results_dir=None,  # default: `data/results`
