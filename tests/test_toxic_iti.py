@@ -110,7 +110,7 @@ def test_head_activations_and_attribute_rate_on_the_synthetic_language():
 
 def test_seed_setting_changes_the_run(monkeypatch):
     monkeypatch.setenv('WORKBENCH_SEED', '7')
-    assert ToxicITIConfig(mode='full').seeds == [7, 8, 9]
+    assert ToxicITIConfig(mode='full').seeds == [7, 8, 9, 10, 11]
 
 
 def _fake(prefix_clean, seeds=(0, 1, 2)):

@@ -402,10 +402,10 @@ def unembedding_entanglement(model, tok: WordTokenizer, words) -> float:
 @dataclass
 class ToxicITIConfig(ExperimentConfig):
     "Synthetic attribute share × ITI: tiny models pre-trained at several shares, probes, entanglement, ITI sweeps, and the two toys."
-    shares: tuple = size(quick=(0.005, 0.10), full=(0.005, 0.02, 0.10, 0.20))   # marked share of training sentences, one model each
+    shares: tuple = size(quick=(0.005, 0.10), full=(0.005, 0.02, 0.05, 0.10, 0.20))   # marked share of training sentences, one model each
     clean_share: float = 0.005        # the "clean" corpus's natural share: the baseline model
     claim_share: float = 0.10         # the share the claims set against the clean one (paper: about 10% is best)
-    n_seeds: int = size(quick=1, full=3)   # seeds per share (initialisation, documents, data order, probes, sampling)
+    n_seeds: int = size(quick=1, full=5)   # seeds per share (initialisation, documents, data order, probes, sampling)
     n_layers: int = 3                 # transformer blocks
     d_model: int = 64                 # residual width
     n_heads: int = 4                  # heads per block (d_head = d_model / n_heads)
