@@ -9,7 +9,8 @@ from workbench.core import Results, save_results, load_results
 from workbench.alignment.tgdpo import (dpo_loss, simpo_loss, tgdpo_loss, tgdpo_weights, token_rewards, token_logps,
     DigitRuleTask, gold_reward, gold_token_reward, gold_guidance, make_policy, make_pairs, pair_rows, PreferenceLoss,
     train_preference, sample_from, reference_rewards, evaluate_policy, seq_and_labels, TGDPOConfig, fig_token_strip,
-    frontier_win, matched_kl, claims, verdict, headline, gains_table, variant_label, BASELINE, RECIPE, one_thread)
+    frontier_win, matched_kl, claims, verdict, headline, gains_table, variant_label, BASELINE, RECIPE)
+from workbench.measure import torch_threads
 
 
 def _tok(seed=0, B=5, T=7):
@@ -170,9 +171,9 @@ def test_sampling_uses_the_shared_decode_loop():
     assert not torch.equal(y, sample_from(m, task, P, seed=8))
 
 
-def test_one_thread_restores_the_thread_count():
+def test_torch_threads_restores_the_thread_count():
     n = torch.get_num_threads()
-    with one_thread(): assert torch.get_num_threads() == 1
+    with torch_threads(1): assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == n
 
 

@@ -7,6 +7,7 @@ Docs: https://workbench-dev.github.io/workbench/measure.html.md"""
 # %% ../nbs/09_measure.ipynb #ms000003
 from __future__ import annotations
 import math, os, threading, time
+from contextlib import contextmanager
 from dataclasses import dataclass
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from .core import Claim
 # %% auto #0
 __all__ = ['check_int', 'check_num', 'check_choice', 'check_tensor', 'check_same_shape', 'PeakRSS', 'PeakTensorMemory',
            'kl_from_logits', 'Interval', 'mean_ci', 'paired_t', 'bootstrap', 'paired_bootstrap', 'claim',
-           'kendall_tau_b', 'SpeedRatio', 'compare_speed']
+           'kendall_tau_b', 'SpeedRatio', 'compare_speed', 'torch_threads']
 
 # %% ../nbs/09_measure.ipynb #ms000006
 def _kind(v): return type(v).__name__
@@ -217,3 +218,11 @@ def compare_speed(baseline, candidate, repeats: int=10, warmup: int=1, n_boot: i
     idx = np.random.default_rng(seed).integers(0, repeats, size=(n_boot, repeats))
     lo, hi = np.quantile(b[idx].mean(1) / a[idx].mean(1), [0.025, 0.975])
     return SpeedRatio(float(b.mean() / a.mean()), float(lo), float(hi), ta, tb)
+
+# %% ../nbs/09_measure.ipynb #ms000032
+@contextmanager
+def torch_threads(n: int=1):
+    "Run the block (or decorated function) with `n` torch CPU threads, then restore the previous number."
+    old = torch.get_num_threads(); torch.set_num_threads(check_int('n', n, lo=1))
+    try: yield
+    finally: torch.set_num_threads(old)

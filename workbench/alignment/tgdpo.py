@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
-from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kl_from_logits, mean_ci, paired_t, claim
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, kl_from_logits, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids
 from ..viz import PALETTE, Explorer
@@ -26,12 +26,11 @@ from ..viz import PALETTE, Explorer
 # %% auto #0
 __all__ = ['BOS', 'SEP', 'GOLD_GUIDES', 'LOSS_KINDS', 'GUIDES', 'BASELINE', 'RECIPE', 'QUICK_VARIANTS', 'FULL_VARIANTS',
            'dpo_loss', 'simpo_loss', 'token_rewards', 'tgdpo_weights', 'tgdpo_loss', 'token_logps', 'DigitRuleTask',
-           'gold_token_reward', 'gold_reward', 'noisy_responses', 'gold_guidance', 'one_thread', 'make_policy',
-           'seq_and_labels', 'sample_from', 'sft_reference', 'make_pairs', 'pair_rows', 'PreferenceLoss',
-           'train_preference', 'reference_rewards', 'evaluate_policy', 'frontier_win', 'matched_kl', 'variant_label',
-           'TGDPOConfig', 'reference_policy', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline',
-           'gains_table', 'fig_frontier', 'FrontierExplorer', 'fig_alpha_sweep', 'fig_token_strip',
-           'TokenRewardExplorer']
+           'gold_token_reward', 'gold_reward', 'noisy_responses', 'gold_guidance', 'make_policy', 'seq_and_labels',
+           'sample_from', 'sft_reference', 'make_pairs', 'pair_rows', 'PreferenceLoss', 'train_preference',
+           'reference_rewards', 'evaluate_policy', 'frontier_win', 'matched_kl', 'variant_label', 'TGDPOConfig',
+           'reference_policy', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline', 'gains_table',
+           'fig_frontier', 'FrontierExplorer', 'fig_alpha_sweep', 'fig_token_strip', 'TokenRewardExplorer']
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #acd2fed7
 def _check_seq(**ts):
@@ -192,13 +191,6 @@ def gold_guidance(task, prompts, chosen, rejected,   # a pair set: (n, L+2) prom
     return beta * (rc - rbar), beta * (rr - rbar)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #6aa3a47b
-@contextlib.contextmanager
-def one_thread():
-    "Run torch on one intra-op thread inside the block (also a decorator): a 98k-parameter model gains nothing from more, and on a shared CPU they spin against each other."
-    n = torch.get_num_threads(); torch.set_num_threads(1)
-    try: yield
-    finally: torch.set_num_threads(n)
-
 def make_policy(task: DigitRuleTask, n_layers: int=2, d_model: int=64, n_heads: int=4, seed: int=0):
     "A tiny Llama over the task's vocabulary."
     return tiny_llama(vocab_size=task.vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=32, seed=seed)
@@ -214,7 +206,7 @@ def sample_from(model, task, prompts: torch.Tensor, seed: int=0) -> torch.Tensor
 
 _SFT_MEMO = {}   # one SFT per process and setting: the demos and the experiment share it
 
-@one_thread()
+@torch_threads(1)
 def sft_reference(task, steps: int=300, n: int=4096, p_correct: float=0.3, lr: float=3e-3, seed: int=0, **model_kw):
     "The reference policy: SFT on noisy rule-following responses; returned frozen, in eval mode (memoised in-process)."
     key = (repr(task), steps, n, p_correct, lr, seed, tuple(sorted(model_kw.items())))
@@ -226,7 +218,7 @@ def sft_reference(task, steps: int=300, n: int=4096, p_correct: float=0.3, lr: f
     return copy.deepcopy(_SFT_MEMO[key])
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #0a5b4836
-@one_thread()
+@torch_threads(1)
 def make_pairs(task, ref, n: int, temperature: float=0.5, seed: int=0) -> dict:
     "n prompts with two reference samples each, ordered by a BT draw on the gold reward: {prompts, chosen, rejected}."
     check_num('temperature', temperature, lo=0, lo_open=True)
@@ -284,7 +276,7 @@ class PreferenceLoss:
         return loss
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e005
-@one_thread()
+@torch_threads(1)
 def train_preference(ref, rows: list, loss: PreferenceLoss, steps: int, batch_size: int=32, lr: float=1e-3, seed: int=0,
                      evaluate=None,    # `evaluate(policy) -> dict`, called at `eval_steps`
                      eval_steps=(),    # update numbers (1-based) at which to evaluate
@@ -306,7 +298,7 @@ def reference_rewards(task, ref, prompts: torch.Tensor, k: int=16, seed: int=0) 
     return gold_reward(task, P, sample_from(ref, task, P, seed=seed)).view(len(prompts), k)
 
 @torch.no_grad()
-@one_thread()
+@torch_threads(1)
 def evaluate_policy(task, policy, ref, prompts: torch.Tensor, ref_rewards: torch.Tensor, seed: int=0) -> dict:
     "Gold win rate vs the reference samples (and its standard error), gold reward, KL(π‖π_ref) and mass on special tokens."
     check_tensor('ref_rewards', ref_rewards, shape=(len(prompts), None), floating=True)
@@ -497,7 +489,7 @@ def _tables(cfg, setup, units) -> dict:
     return dict(weights=weights, logs=logs, tokens=toks)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e014
-@one_thread()
+@torch_threads(1)
 def run_experiment(cfg: TGDPOConfig|None=None) -> Results:
     "Every variant on every (size, seed), evaluated along training; rows, tables, claims and the verdict."
     cfg = cfg or TGDPOConfig()

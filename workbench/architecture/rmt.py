@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer
-from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, mean_ci
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, mean_ci
 from ..data import workbench_bpe, lm_dataset
 from ..hooks import run_with_cache
 from ..train import TrainConfig, train
@@ -29,10 +29,10 @@ __all__ = ['ARCHS', 'XAXES', 'FRONTIER_X', 'PAPER', 'store', 'retrieve', 'orthon
            'causal_attention', 'KVCache', 'Retrieve', 'Store', 'Attention', 'RMTAttention', 'MLP', 'RMTFeedForward',
            'Block', 'LMOutput', 'CausalLM', 'StandardTransformer', 'ResidualMatrixTransformer', 'build_lm',
            'param_count', 'non_embedding_params', 'flops_per_token', 'measured_flops', 'moment_propagation',
-           'init_moments', 'tokens_to_reach', 'train_curve', 'torch_threads', 'residual_norms', 'RMTConfig',
-           'load_data', 'train_unit', 'unit', 'run_units', 'sweep_todo', 'run_sweeps', 'run_experiment', 'curve_arrays',
-           'to_target', 'savings', 'claims', 'verdict', 'headline', 'fig_lr_sweep', 'curves_by_model',
-           'fig_loss_curves', 'LossCurvesExplorer', 'fig_frontier', 'fig_depth_moments', 'savings_table']
+           'init_moments', 'tokens_to_reach', 'train_curve', 'residual_norms', 'RMTConfig', 'load_data', 'train_unit',
+           'unit', 'run_units', 'sweep_todo', 'run_sweeps', 'run_experiment', 'curve_arrays', 'to_target', 'savings',
+           'claims', 'verdict', 'headline', 'fig_lr_sweep', 'curves_by_model', 'fig_loss_curves', 'LossCurvesExplorer',
+           'fig_frontier', 'fig_depth_moments', 'savings_table']
 
 # %% ../../nbs/architecture/50_rmt.ipynb #76ab3bb3
 def store(data: Tensor, keys: Tensor) -> Tensor:
@@ -369,13 +369,6 @@ def train_curve(c: LMConfig,              # the model (its `seed` is replaced by
     tok = [s * batch_size * T for s in h.eval_step]
     fpt = flops_per_token(c, T)['train']
     return dict(tokens=tok, flops=[t * fpt for t in tok], time_s=[float(busy[s - 1]) for s in h.eval_step], val_loss=list(h.eval_loss)), model.eval()
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    "Run the block with `n` torch CPU threads, then restore the previous number (tiny models on shared cores run fastest on one)."
-    old = torch.get_num_threads(); torch.set_num_threads(check_int('n', n, lo=1))
-    try: yield
-    finally: torch.set_num_threads(old)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #1f00e09a
 @torch.no_grad()

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from ..core import ExperimentConfig, Results, size, cached_unit, progress, judge, Timer, atomic_dir, atomic_write_json, get_device
-from ..measure import (check_int, check_num, check_choice, check_tensor, check_same_shape, PeakRSS, PeakTensorMemory,
+from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, PeakRSS, PeakTensorMemory,
                                bootstrap, paired_bootstrap, claim)
 from ..hooks import decoder_layers, hooks, run_with_cache
 from ..models import load_model, load_tokenizer
@@ -30,11 +30,11 @@ from ..viz import PALETTE, Explorer
 # %% auto #0
 __all__ = ['TARGETS', 'CHILD_FILE', 'BASELINES', 'keep_top', 'score_mask', 'magnitude_mask', 'wanda_score', 'wanda_mask',
            'matched_mask', 'truncated_svd', 'rank_schedule', 'TLRResult', 'zero_shot_svd', 'tlr_refine',
-           'SparseLowRankLinear', 'one_core', 'input_norms', 'sequential_wanda', 'make_masks', 'matched_masks',
-           'prune_and_refine', 'pruned', 'count_parameters', 'save_child', 'load_child', 'sequence_nll',
-           'measure_procedure', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra', 'SpectrumExplorer', 'TLRConfig',
-           'grid_points', 'claims', 'verdict', 'headline', 'run_experiment', 'fig_tlr_errors', 'TLRExplorer',
-           'error_runs', 'fig_ppl_params', 'TradeoffExplorer', 'fig_claims']
+           'SparseLowRankLinear', 'input_norms', 'sequential_wanda', 'make_masks', 'matched_masks', 'prune_and_refine',
+           'pruned', 'count_parameters', 'save_child', 'load_child', 'sequence_nll', 'measure_procedure',
+           'parse_pattern', 'gap_spectrum', 'fig_gap_spectra', 'SpectrumExplorer', 'TLRConfig', 'grid_points', 'claims',
+           'verdict', 'headline', 'run_experiment', 'fig_tlr_errors', 'TLRExplorer', 'error_runs', 'fig_ppl_params',
+           'TradeoffExplorer', 'fig_claims']
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #19a76d90
 def _check_weight(w, name='weight') -> Tensor: return check_tensor(name, w, ndim=2, floating=True)
@@ -201,17 +201,10 @@ class SparseLowRankLinear(nn.Module):
         return dict(sparse=int((self.weight != 0).sum()), lowrank=self.B.numel() + self.A.numel(), dense=self.weight.numel())
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #e3a9f611
-@contextlib.contextmanager
-def one_core():
-    "Context: torch computes on one thread inside (its thread count is restored after)."
-    n = torch.get_num_threads(); torch.set_num_threads(1)
-    try: yield
-    finally: torch.set_num_threads(n)
-
 def _threaded(fn, jobs: list, workers: int=1) -> list:
     "`[fn(j) for j in jobs]` on `workers` threads of one core each (one worker: the calling thread, on one core)."
     if check_int('workers', workers, lo=1) == 1:
-        with one_core(): return [fn(j) for j in jobs]
+        with torch_threads(1): return [fn(j) for j in jobs]
     def one(j): torch.set_num_threads(1); return fn(j)
     n = torch.get_num_threads()
     try:
@@ -431,7 +424,7 @@ class SpectrumExplorer(Explorer):
     def spectra(self) -> dict:
         sp, nm = parse_pattern(self.pattern.value); i = self.block.value
         ms = make_masks(self.model, self.mask.value, sp, nm, self.norms, [i])
-        with one_core(): return {_short(t): gap_spectrum(_weight(self.model, i, t), P) for (_, t), P in ms.items()}
+        with torch_threads(1): return {_short(t): gap_spectrum(_weight(self.model, i, t), P) for (_, t), P in ms.items()}
     def figure(self): return fig_gap_spectra(self.spectra(), self.rank, f'Gap spectra, block {self.block.value}, {self.mask.value} {self.pattern.value}')
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #3f7a53de
@@ -525,7 +518,7 @@ def _memory(dense: nn.Module, masks_of, cfg: TLRConfig) -> list:
     mk, pat, k, T = _probe_point(cfg); masks, norms = masks_of(mk, pat); t = 'mlp.down_proj'
     w, P = _weight(dense, 0, t), masks[0, t]
     Pm = matched_masks(dense, {(0, t): P}, k, None if norms is None else {(0, t): norms[0, t]})[0, t]
-    with one_core():
+    with torch_threads(1):
         return [dict(mask=mk, pattern=pat, rank=k, n_iter=T, target=t, **measure_procedure(w, P, r, k, T, cfg.svd, Pm))
                 for r in ('none', 'svd', 'tlr', 'matched')]
 

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from ..core import ExperimentConfig, Results, Claim, size, cached_unit, progress, judge, Timer
-from ..measure import check_int, check_num, check_choice, check_tensor, Interval, mean_ci, paired_t, paired_bootstrap, claim, compare_speed
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, Interval, mean_ci, paired_t, paired_bootstrap, claim, compare_speed
 from ..hooks import decoder_layers, hooks, run_with_cache
 from ..models import load_model, load_tokenizer, tiny_llama
 from ..data import lm_dataset, load_corpus, split_groups
@@ -28,12 +28,12 @@ from ..viz import PALETTE, Explorer
 
 # %% auto #0
 __all__ = ['RULES', 'MEASURES', 'mlp_post_name', 'down_weights', 'neuron_output_norms', 'cett', 'LayerCETT', 'ffn_mask_hooks',
-           'torch_threads', 'token_nll', 'masked_nll', 'check_target', 'bisect_strength', 'DenseRun', 'dense_run',
-           'CETTProbe', 'SparsityResult', 'find_cett_for_ppl', 'find_baseline_for_ppl', 'FFNWeights', 'ffn_dense',
-           'ffn_active_down', 'ffn_predicted', 'time_decode_ffn', 'byte_blocks', 'tiny_lm', 'log_steps',
-           'train_with_snapshots', 'cett_for_checkpoints', 'sparsity_law', 'fit_sparsity_law', 'SparsityLawConfig',
-           'time_predicted_at', 'run_experiment', 'claims', 'verdict', 'width_depth', 'headline', 'fig_cett_heatmap',
-           'CETTExplorer', 'fig_frontier', 'fig_layers', 'fig_sparsity_law', 'LawExplorer', 'fig_speed']
+           'token_nll', 'masked_nll', 'check_target', 'bisect_strength', 'DenseRun', 'dense_run', 'CETTProbe',
+           'SparsityResult', 'find_cett_for_ppl', 'find_baseline_for_ppl', 'FFNWeights', 'ffn_dense', 'ffn_active_down',
+           'ffn_predicted', 'time_decode_ffn', 'byte_blocks', 'tiny_lm', 'log_steps', 'train_with_snapshots',
+           'cett_for_checkpoints', 'sparsity_law', 'fit_sparsity_law', 'SparsityLawConfig', 'time_predicted_at',
+           'run_experiment', 'claims', 'verdict', 'width_depth', 'headline', 'fig_cett_heatmap', 'CETTExplorer',
+           'fig_frontier', 'fig_layers', 'fig_sparsity_law', 'LawExplorer', 'fig_speed']
 
 # %% ../../nbs/compression/41_sparsity_law.ipynb #sl000011
 def mlp_post_name(layer: int) -> str:
@@ -147,13 +147,6 @@ def ffn_mask_hooks(model: nn.Module, rule: str, param, kept: dict) -> list:
     return [('blocks.*.hook_mlp_post', mask)] + ([] if rule == 'cett' else [('blocks.*.hook_mlp_in', save_in)])
 
 # %% ../../nbs/compression/41_sparsity_law.ipynb #sl000022
-@contextlib.contextmanager
-def torch_threads(n: int):
-    "Run the block with `n` torch CPU threads, then restore the previous number."
-    old = torch.get_num_threads(); torch.set_num_threads(check_int('n', n, lo=1))
-    try: yield
-    finally: torch.set_num_threads(old)
-
 def token_nll(logits: Tensor, ids: Tensor) -> Tensor:
     "Mean next-token negative log-likelihood of `ids` (B, T) under `logits` (B, T, V)."
     # $\mathcal L = -\frac{1}{B(T-1)}\sum_{b,t}\log p(x_{b,t+1}\mid x_{b,\le t})$

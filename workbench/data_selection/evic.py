@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
-from ..measure import check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, lr_at, param_groups, collate, lm_loss
 from ..viz import PALETTE, Explorer
@@ -31,10 +31,10 @@ __all__ = ['TOK', 'DOMAINS', 'KINDS', 'UPDATES', 'METHODS', 'BASELINES', 'METHOD
            'pretrained_state', 'sample_losses', 'evaluate', 'lm_row_loss', 'trainable', 'per_sample_grads',
            'summed_grad', 'adam_state', 'adam_preconditioned', 'real_interactions', 'RandomProjector',
            'interaction_matrix', 'net_influence', 'select_positive', 'passes', 'train_curriculum', 'mixing_plan',
-           'sequential_plan', 'evic_plan', 'EVICConfig', 'round_stats', 'run_unit', 'steps_to', 'torch_threads',
-           'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'headline', 'fig_interactions',
-           'InteractionExplorer', 'fig_snapshots', 'fig_domain_curves', 'CurvesExplorer', 'fig_rounds', 'evic_trace',
-           'fig_trace', 'EVICTraceExplorer']
+           'sequential_plan', 'evic_plan', 'EVICConfig', 'round_stats', 'run_unit', 'steps_to', 'run_experiment',
+           'strongest_baseline', 'claims', 'verdict', 'headline', 'fig_interactions', 'InteractionExplorer',
+           'fig_snapshots', 'fig_domain_curves', 'CurvesExplorer', 'fig_rounds', 'evic_trace', 'fig_trace',
+           'EVICTraceExplorer']
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000008
 class CharTokenizer:
@@ -558,13 +558,6 @@ def _tables(cfg: EVICConfig, units: dict) -> dict:
     return dict(curves=curves, rounds=rounds, snapshots=snaps, pool=meta)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000071
-@contextlib.contextmanager
-def torch_threads(n: int=1):
-    "Run the block with `n` torch CPU threads (tiny models on shared cores run fastest on one), then restore the previous number."
-    old = torch.get_num_threads(); torch.set_num_threads(check_int('n', n, lo=1))
-    try: yield
-    finally: torch.set_num_threads(old)
-
 def run_experiment(cfg: EVICConfig|None=None) -> Results:
     "Every method on every seed (cached units); rows, tables, claims and the verdict."
     cfg = cfg or EVICConfig()

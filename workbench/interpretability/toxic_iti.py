@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer
-from ..measure import check_int, check_num, check_choice, check_tensor, paired_t, mean_ci, claim
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, paired_t, mean_ci, claim
 from ..hooks import hooks, run_with_cache, decoder_layers
 from ..models import tiny_llama
 from ..train import TrainConfig, train, perplexity, generate_ids
@@ -522,12 +522,6 @@ def sample_continuations(model, tok, cfg, pr: dict, prompts: list, seed: int) ->
     return out
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000101
-@contextlib.contextmanager
-def _threads(n: int):
-    old = torch.get_num_threads(); torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(old)
-
 def superposition_unit(cfg: ToxicITIConfig) -> dict:
     "The superposition toy: every focal frequency x seed at once; entanglement, norm and chance level per run."
     fr = [float(f) for f in cfg.toy_freqs for _ in range(cfg.n_toy_seeds)]               # (R,) focal feature 0's frequency
@@ -558,7 +552,7 @@ def _lm_row(share, seed, u, cfg) -> dict:
 def run_experiment(cfg: ToxicITIConfig) -> Results:
     "Both toys, then one model per (share, seed): probes, entanglement, base rates, ITI sweeps; rows, tables, claims, verdict."
     if not isinstance(cfg, ToxicITIConfig): raise TypeError(f"cfg must be a ToxicITIConfig, got {type(cfg).__name__}")
-    with Timer() as tm, _threads(cfg.threads):
+    with Timer() as tm, torch_threads(cfg.threads):
         sup = cached_unit('toxic_iti', cfg, dict(kind='toy_superposition'), lambda: superposition_unit(cfg))
         mk = {(s, sd): cached_unit('toxic_iti', cfg, dict(kind='toy_markov', share0=s, seed=sd), lambda: train_markov_toy(s, sd, cfg.markov_steps))
               for s, sd in progress([(s, sd) for s in cfg.markov_shares for sd in cfg.seed_list(cfg.n_markov_seeds)], 'Markov toy')}

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer
-from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, mean_ci, paired_t, claim
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids
 from ..viz import PALETTE, Explorer
@@ -27,10 +27,9 @@ from ..viz import PALETTE, Explorer
 __all__ = ['LOSSES', 'LOSS_NAMES', 'MarkovTarget', 'TargetLM', 'sequence_log_prob', 'pr_curve', 'pr_divergence',
            'precision_recall', 'sampled_precision_recall', 'token_log_probs', 'nll_loss', 'label_smoothing_loss',
            'loss_truncation', 'reverse_loss_truncation', 'pr_divergence_loss', 'cdiv_loss', 'loss_fn', 'parse_setting',
-           'setting_label', 'empirical_log_prob', 'torch_threads', 'train_toy_lm', 'PRLossConfig', 'train_unit',
-           'unit_rows', 'unit_tables', 'run_experiment', 'recall_at', 'frontier', 'claims', 'verdict', 'headline',
-           'sweep_means', 'fig_pr_plane', 'PRPlaneExplorer', 'fig_pr_curves', 'PRCurveExplorer', 'fig_coverage',
-           'CoverageExplorer']
+           'setting_label', 'empirical_log_prob', 'train_toy_lm', 'PRLossConfig', 'train_unit', 'unit_rows',
+           'unit_tables', 'run_experiment', 'recall_at', 'frontier', 'claims', 'verdict', 'headline', 'sweep_means',
+           'fig_pr_plane', 'PRPlaneExplorer', 'fig_pr_curves', 'PRCurveExplorer', 'fig_coverage', 'CoverageExplorer']
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000008
 class MarkovTarget:
@@ -233,13 +232,6 @@ def empirical_log_prob(data: Tensor) -> Tensor:
     check_tensor('data', data, ndim=2, floating=False)
     _, inv, cnt = torch.unique(data, dim=0, return_inverse=True, return_counts=True)
     return (cnt[inv].double() / len(data)).log()
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    "Run the block with `n` torch CPU threads (tiny models on shared cores run fastest on one), then restore."
-    old = torch.get_num_threads(); torch.set_num_threads(check_int('n', n, lo=1))
-    try: yield
-    finally: torch.set_num_threads(old)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000039
 def train_toy_lm(data: Tensor, setting: str, vocab: int, seed: int=0, steps: int=1000, batch_size: int=64, lr: float=3e-3,
