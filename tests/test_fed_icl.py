@@ -1,12 +1,13 @@
 "Cross-checks of `workbench.collaboration.fed_icl`: partition, message schema, transport privacy and bytes, protocol reductions, the linear-attention theory, and the verdict (fast, CPU, no LM: a fake scorer copies facts)."
-import json, re
+import json, os, re
 from types import SimpleNamespace
 import numpy as np
 import pytest
 from workbench.core import Results, save_results, load_results
 from workbench.collaboration.fed_icl import (TOPICS, LETTERS, QAExample, make_fictional_qa, dirichlet_partition, Embeddings, Retriever, format_prompt,
     check_message, InProcessTransport, FedICLClient, FedICLServer, run_fed_icl, lsa_gamma, lsa_predict, linear_fed_icl, linear_theory, linear_case,
-    lora_round_bytes, FedICLConfig, claims, verdict, headline, best_single, _acc)
+    lora_round_bytes, FedICLConfig, claims, verdict, headline, best_single, _acc, ProcessTransport, make_transport, encode_message, decode_message,
+    LMFuser, fusion_comparison)
 
 
 class FakeScorer:
@@ -189,3 +190,74 @@ def test_recorded_results_recompute():
     assert verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
     for c, c2 in zip(r.claims, claims(r)): assert c.estimate == pytest.approx(c2.estimate, nan_ok=True)
     assert set(r.df.method) >= {'zero_shot', 'single', 'gt', 'ub', 'fed'} and r.df.groupby('alpha').seed.nunique().min() == len(r.seeds)
+
+
+def test_process_transport_gives_the_same_answers_and_bytes_from_other_processes():
+    cl, Q, emb, parts = _setup(alpha=1.0)
+    mk = lambda: [FedICLClient(i, p, FakeScorer(), emb, C=1) for i, p in enumerate(parts)]
+    local = run_fed_icl(mk(), FedICLServer(Q, 2), 3, InProcessTransport())
+    remote_clients = mk()
+    with ProcessTransport() as tr:
+        remote = run_fed_icl(remote_clients, FedICLServer(Q, 2), 3, tr)
+        pids, procs = tr.pids, [w[0] for w in tr.workers.values()]
+        assert len(set(pids)) == len(parts) and os.getpid() not in pids            # one OS process per client
+        for s in tr.log:
+            assert not any(e.question in s for e in cl)                              # only schema messages crossed the pipe
+    assert remote == local                                                           # same answers, votes and bytes each round
+    assert all(c.last == {} for c in remote_clients)                                 # the work happened in the client processes
+    assert tr.workers == {} and not any(p.is_alive() for p in procs)                # closed on exit
+    assert isinstance(make_transport('inprocess'), InProcessTransport) and isinstance(make_transport('process'), ProcessTransport)
+    with pytest.raises(ValueError, match='transport'): make_transport('flower')
+
+
+def test_process_transport_reports_client_errors():
+    msg = dict(type='query', round=1, items=[dict(qid=0, question='q', options=['a', 'b', 'c', 'd'], answer='A')])
+    def boom(m): raise KeyError('lost my examples')
+    with ProcessTransport() as tr:
+        with pytest.raises(RuntimeError, match='lost my examples'): tr.send(msg, boom)
+        with pytest.raises(ValueError, match='prob'): tr.send(msg, lambda m: dict(type='answer', round=1, client=0, items=[dict(qid=0, answer='A', prob=1.0)]))
+    assert decode_message(encode_message(msg)) == msg
+    for bad, what in ((b'\xff', 'UTF-8 JSON'), (b'{"type": "query"', 'UTF-8 JSON'), (b'{"type": "weights"}', 'message type')):
+        with pytest.raises(ValueError, match=what): decode_message(bad)
+
+
+def test_fusion_aggregation():
+    cl, Q, emb, parts = _setup()
+    q = Q[0]
+    assert LMFuser(FakeScorer())(q, [(1, 0.9), (2, 0.3)]) == 1                      # the copier follows the most confident client (shown last)
+    same = lambda rule: run_fed_icl([FedICLClient(i, cl, FakeScorer(), emb, C=2) for i in range(3)],
+                                    FedICLServer(Q, 1, rule, LMFuser(FakeScorer()) if rule == 'fuse' else None), 2)
+    v, f = same('vote'), same('fuse')
+    assert [h['table'] for h in f] == [h['vote'] for h in v] and [h['bytes_up'] for h in f] == [h['bytes_up'] for h in v]   # identical clients: fusion = vote
+    rng = np.random.default_rng(0)
+    srv = FedICLServer(Q, 3, 'fuse', fuser=lambda q, g: int(rng.integers(4)))       # a random fuser is kept only when clients back it more
+    for _ in range(5):
+        reps = [dict(client=i, items=[dict(qid=m, answer=LETTERS[int(rng.integers(4))], prob=f"{rng.random():.4f}") for m in range(len(Q))]) for i in range(3)]
+        mass = np.zeros((len(Q), 4))
+        for r in reps:
+            for it in r['items']: mass[it['qid'], LETTERS.index(it['answer'])] += float(it['prob'])
+        before = list(srv.answers); after = srv.aggregate(reps)[0]
+        for m, (a, b, fz) in enumerate(zip(before, after, srv.fused)):
+            assert b == (fz if mass[m, fz] > mass[m, a] else a)
+    with pytest.raises(ValueError, match='fuser'): FedICLServer(Q, 0, 'fuse')
+    with pytest.raises(ValueError, match='rule'): FedICLServer(Q, 0, 'median')
+
+
+def test_config_aggregations_transport_and_alphas():
+    full = FedICLConfig(mode='full')
+    assert 1.0 in full.alphas and min(full.alphas) < 1 < max(full.alphas)            # high, medium and low heterogeneity
+    assert full.transport == 'inprocess' and 'fuse' in full.aggregations
+    for kw, msg in ((dict(aggregations=('fuse',)), 'aggregations'), (dict(aggregations=('vote', 'mean')), 'aggregations'), (dict(transport='grpc'), 'transport')):
+        with pytest.raises(ValueError, match=msg): FedICLConfig(mode='quick', **kw)
+    from workbench.core import _unit_config
+    assert _unit_config(FedICLConfig(mode='full', transport='process', aggregations=('vote',))) == _unit_config(full)   # cached units are shared
+
+
+def test_fusion_is_reported_beside_the_claims_not_in_them():
+    r = _fake(0.0)
+    assert fusion_comparison(r) == []
+    extra = [dict(row, method='fuse') for row in r.rows if row['method'] == 'fed']
+    r2 = Results('fed_icl', FedICLConfig(mode='quick'), r.rows + extra, seeds=r.seeds, tables=dict(comm=r.table('comm').to_dict('records'), units=r.table('units').to_dict('records')))
+    fc = fusion_comparison(r2)
+    assert len(fc) == 4 and fc[0].estimate == pytest.approx(0.0)                    # fusion == vote here
+    assert [c.name for c in claims(r2)] == [c.name for c in claims(r)] and verdict(r2) == verdict(r)

@@ -6,7 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/collaboration/fed_icl.html.md"""
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000003
 from __future__ import annotations
-import json, math, random, functools
+import json, math, os, random, functools, weakref
+import multiprocessing as mp
 from dataclasses import dataclass, field
 from typing import ClassVar
 import numpy as np
@@ -22,11 +23,12 @@ from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
 __all__ = ['TOPICS', 'LETTERS', 'NAMES', 'QAExample', 'make_fictional_qa', 'dirichlet_partition', 'Embeddings', 'Retriever',
-           'format_prompt', 'MCScorer', 'load_scorer', 'check_message', 'InProcessTransport', 'FedICLClient',
-           'FedICLServer', 'run_fed_icl', 'lsa_gamma', 'lsa_predict', 'linear_fed_icl', 'linear_theory', 'linear_case',
-           'FedICLConfig', 'lora_round_bytes', 'run_unit', 'run_experiment', 'linear_curves', 'best_single', 'claims',
-           'verdict', 'headline', 'accuracy_curves', 'fig_rounds', 'RoundsExplorer', 'fig_bytes', 'fig_round_diagram',
-           'RoundInspector']
+           'format_prompt', 'MCScorer', 'load_scorer', 'check_message', 'encode_message', 'decode_message',
+           'InProcessTransport', 'ProcessTransport', 'make_transport', 'FedICLClient', 'LMFuser', 'FedICLServer',
+           'run_fed_icl', 'lsa_gamma', 'lsa_predict', 'linear_fed_icl', 'linear_theory', 'linear_case', 'FedICLConfig',
+           'lora_round_bytes', 'run_unit', 'run_fuse_unit', 'run_experiment', 'linear_curves', 'best_single', 'claims',
+           'verdict', 'headline', 'fusion_comparison', 'accuracy_curves', 'fig_rounds', 'RoundsExplorer', 'fig_bytes',
+           'fig_round_diagram', 'RoundInspector']
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000007
 # topic -> (client wording, server wording, options); '{}' is the entity name
@@ -177,17 +179,81 @@ def check_message(msg) -> dict:
     return msg
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000022
+def encode_message(msg: dict) -> bytes:
+    "A checked message as compact UTF-8 JSON: the bytes that cross the wire (and are counted)."
+    return json.dumps(check_message(msg), ensure_ascii=False, separators=(',', ':')).encode()
+
+def decode_message(data: bytes) -> dict:
+    "The checked message in `data` (UTF-8 JSON); a ValueError that says what is wrong otherwise."
+    try: msg = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e: raise ValueError(f"a message must be UTF-8 JSON: {e}") from None
+    return check_message(msg)
+
 class InProcessTransport:
     "Delivers checked messages as UTF-8 JSON within this process; counts bytes per direction and logs every message."
     def __init__(self): self.log, self.bytes_down, self.bytes_up = [], 0, 0
     def _wire(self, msg: dict) -> tuple[dict, int]:
-        s = json.dumps(check_message(msg), ensure_ascii=False, separators=(',', ':')); self.log.append(s)
-        return json.loads(s), len(s.encode())
+        b = encode_message(msg); self.log.append(b.decode())
+        return decode_message(b), len(b)
     def send(self, msg: dict, handler) -> dict:
         "Send `msg` to a receiver's `handler` (a callable taking the decoded message) and return its checked reply."
         down, nb = self._wire(msg); self.bytes_down += nb
         up, nb = self._wire(handler(down)); self.bytes_up += nb
         return up
+    def close(self): pass
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000232
+def _serve(conn, handler):
+    "A client process: decode each query, answer it with `handler`, send back the encoded reply; an empty message ends it."
+    while True:
+        data = conn.recv_bytes()
+        if not data: break
+        try: reply = encode_message(handler(decode_message(data)))
+        except Exception as e: reply = b'\x00' + f"{type(e).__name__}\x00{e}".encode()
+        conn.send_bytes(reply)
+    conn.close()
+
+class ProcessTransport(InProcessTransport):
+    "Every client in its own OS process (forked at the first message to it); messages cross a pipe as the same UTF-8 JSON bytes, counted the same way."
+    def __init__(self):
+        super().__init__(); self.workers = {}
+        weakref.finalize(self, ProcessTransport._stop, self.workers)
+    def _worker(self, handler):
+        "(process, connection) of the worker that holds `handler`'s client; started on first use."
+        owner = getattr(handler, '__self__', handler); key = id(owner)
+        if key not in self.workers:
+            os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')     # fast tokenizers must not use threads across a fork
+            ctx = mp.get_context('fork'); here, there = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(there, handler), daemon=True); p.start(); there.close()
+            self.workers[key] = (p, here, owner)
+        return self.workers[key][:2]
+    def send(self, msg: dict, handler) -> dict:
+        "Send `msg` to the process of `handler`'s client and return its checked reply."
+        p, conn = self._worker(handler)
+        b = encode_message(msg); self.log.append(b.decode()); self.bytes_down += len(b)
+        conn.send_bytes(b); r = conn.recv_bytes()
+        if r[:1] == b'\x00':
+            kind, err = r[1:].decode().split('\x00', 1)
+            raise (ValueError if kind == 'ValueError' else RuntimeError)(f"client process {p.pid}: {err}")
+        self.log.append(r.decode()); self.bytes_up += len(r)
+        return decode_message(r)
+    @property
+    def pids(self) -> list[int]: return [w[0].pid for w in self.workers.values()]
+    @staticmethod
+    def _stop(workers: dict):
+        for p, conn, _ in workers.values():
+            try: conn.send_bytes(b''); conn.close()
+            except OSError: pass
+            p.join(timeout=10)
+            if p.is_alive(): p.terminate()
+        workers.clear()
+    def close(self): ProcessTransport._stop(self.workers)
+
+def make_transport(name: str='inprocess') -> InProcessTransport:
+    "A fresh transport by name: 'inprocess' (the default) or 'process' (clients as separate OS processes)."
+    return {'inprocess': InProcessTransport, 'process': ProcessTransport}[check_choice('transport', name, ('inprocess', 'process'))]()
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000025
 class FedICLClient:
@@ -232,39 +298,55 @@ def handle(self, msg: dict) -> dict:
     return dict(type='answer', round=msg['round'], client=self.cid, items=out)
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000027
+class LMFuser:
+    "Fusion at the server by an LM (our stand-in for LLM-Blender's GenFuser): the clients' answers as demonstrations, least confident first, then the question; the LM's calibrated choice."
+    def __init__(self, scorer): self.scorer = scorer
+    def __call__(self, q: QAExample, answers: list[tuple[int, float]]) -> int:
+        "The fused option index for question `q` from the clients' (option index, probability) pairs."
+        demos = [(q.question, q.options[h]) for h, p in sorted(answers, key=lambda t: t[1])]
+        return self.scorer(demos, q)[0] if demos else 0
+
 class FedICLServer:
-    "Holds the questions (no answers) and the current answer table; aggregates client answers by vote."
-    def __init__(self, queries: list[QAExample], seed: int=0):
+    "Holds the questions (no answers) and the current answer table; aggregates client answers by majority vote ('vote') or by a fusion LM ('fuse')."
+    def __init__(self, queries: list[QAExample], seed: int=0, rule: str='vote', fuser=None):
         if not queries: raise ValueError("the server needs at least one question (M >= 1)")
+        self.rule = check_choice('rule', rule, ('vote', 'fuse'))
+        if rule == 'fuse' and fuser is None: raise ValueError("rule='fuse' needs a fuser, e.g. LMFuser(scorer)")
         self.q = [QAExample(e.question, e.options, None, e.topic, e.entity) for e in queries]      # labels never reach the server
         r = random.Random(seed); self.answers = [r.randrange(len(e.options)) for e in self.q]       # $C_1$: random answers
+        self.fuser, self.vote, self.fused = fuser, None, None
     def message(self, k: int) -> dict:
         "The round-k query message: every question with its options and current answer."
         return dict(type='query', round=k, items=[dict(qid=m, question=e.question, options=list(e.options), answer=LETTERS[a])
                                                   for m, (e, a) in enumerate(zip(self.q, self.answers))])
     def aggregate(self, replies: list[dict]) -> tuple[list[int], list[int]]:
-        "(majority vote with ties broken by summed probability, probability-weighted vote); the first becomes the new table."
-        votes, mass = np.zeros((len(self.q), 4)), np.zeros((len(self.q), 4))
+        "(the new answer table, the probability-weighted vote). The table is the majority vote (ties by summed probability) under 'vote'; under 'fuse', the fusion LM's answer where the clients support it more than the current answer, else the current one."
+        votes, mass, given = np.zeros((len(self.q), 4)), np.zeros((len(self.q), 4)), [[] for _ in self.q]
         for rep in replies:
             for it in rep['items']:
                 m = it['qid']; h = LETTERS.index(it['answer'])
                 if not 0 <= m < len(self.q): raise ValueError(f"client {rep['client']} answered an unknown question id {m}")
                 # $\arg\max_h \sum_i \mathbb 1[y^i_m = h]$, ties by $\sum_i p^i_m$
-                votes[m, h] += 1; mass[m, h] += float(it['prob'])
-        self.answers = [int(i) for i in np.argmax(votes + 1e-3 * mass / max(len(replies), 1), 1)]
+                votes[m, h] += 1; mass[m, h] += float(it['prob']); given[m].append((h, float(it['prob'])))
+        self.vote = [int(i) for i in np.argmax(votes + 1e-3 * mass / max(len(replies), 1), 1)]
+        if self.rule == 'vote': self.answers = self.vote
+        else:
+            self.fused = [int(self.fuser(q, g)) for q, g in zip(self.q, given)]
+            # keep the fused answer only if it is "better": more summed client probability than the current answer
+            self.answers = [f if mass[m, f] > mass[m, a] else a for m, (f, a) in enumerate(zip(self.fused, self.answers))]
         return self.answers, [int(i) for i in np.argmax(mass, 1)]
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000028
 def run_fed_icl(clients: list[FedICLClient], server: FedICLServer, rounds: int, transport=None, filter_first: bool=True) -> list[dict]:
-    "Run `rounds` rounds; per round the server answers (vote and weighted vote), every client's answers, and the bytes each way."
+    "Run `rounds` rounds; per round the server's new table, its majority vote and weighted vote, the fusion LM's answers ('fuse' only), every client's answers, and the bytes each way."
     check_int('rounds', rounds, lo=1); tr = transport or InProcessTransport(); hist = []
     if filter_first:
         for c in clients: c.filter([e.question for e in server.q])
     for k in range(1, rounds + 1):
         d0, u0 = tr.bytes_down, tr.bytes_up
         replies = [tr.send(server.message(k), c.handle) for c in clients]
-        vote, wvote = server.aggregate(replies)
-        hist.append(dict(round=k, vote=vote, wvote=wvote, bytes_down=tr.bytes_down - d0, bytes_up=tr.bytes_up - u0,
+        table, wvote = server.aggregate(replies)
+        hist.append(dict(round=k, table=table, vote=server.vote, wvote=wvote, fused=server.fused, bytes_down=tr.bytes_down - d0, bytes_up=tr.bytes_up - u0,
                          clients=[[LETTERS.index(it['answer']) for it in r['items']] for r in replies]))
     return hist
 
@@ -304,7 +386,7 @@ def linear_case(matched: bool, d: int=4, L: int=3, N: int=4000, M: int=4000, T: 
 @dataclass
 class FedICLConfig(ExperimentConfig):
     "Fed-ICL on the fictional encyclopedia with SmolLM2-135M-Instruct as every client's LM."
-    alphas: tuple = size(quick=(1.0,), full=(0.05, 100.0))   # Dirichlet concentrations of the partition (small = heterogeneous)
+    alphas: tuple = size(quick=(1.0,), full=(0.05, 1.0, 100.0))   # Dirichlet concentrations of the partition (small = heterogeneous)
     n_seeds: int = size(quick=1, full=3)                      # seeds per alpha
     n_clients: int = size(quick=2, full=3)                    # L, clients (empty ones after the partition are dropped)
     n_topics: int = size(quick=4, full=8)                     # topics of the encyclopedia
@@ -316,7 +398,9 @@ class FedICLConfig(ExperimentConfig):
     backend: str = 'minilm'                                   # retrieval: 'minilm' (all-MiniLM-L6-v2) or 'tfidf'
     model: str = 'smollm2-135m'                               # client LM (a workbench.models registry name; a GPU user can pick a bigger one)
     lora_rank: int = 8                                        # r of the analytic LoRA FedAvg round
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'alphas')
+    aggregations: tuple = ('vote', 'fuse')                    # server aggregations of Fed-ICL: 'vote' (majority; the paper's rule for multiple choice) and 'fuse' (a fusion LM)
+    transport: str = 'inprocess'                              # 'inprocess', or 'process' (every client in its own OS process; same messages and answers)
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'alphas', 'aggregations', 'transport')   # transport: the answers do not depend on it (checked in the tests)
     cache_version: ClassVar[int] = 1
     def validate(self):
         for a in self.alphas: check_num('alphas', a, lo=0, lo_open=True)
@@ -324,6 +408,8 @@ class FedICLConfig(ExperimentConfig):
         check_choice('backend', self.backend, ('minilm', 'tfidf'))
         if 'fed' not in self.variants or not set(self.variants) <= {'fed', 'free'}: raise ValueError(f"variants must include 'fed' and be drawn from ('fed', 'free'), got {self.variants}")
         if self.n_queries > self.n_topics * self.n_entities: raise ValueError(f"n_queries={self.n_queries} exceeds the {self.n_topics * self.n_entities} facts")
+        if 'vote' not in self.aggregations or not set(self.aggregations) <= {'vote', 'fuse'}: raise ValueError(f"aggregations must include 'vote' and be drawn from ('vote', 'fuse'), got {self.aggregations}")
+        check_choice('transport', self.transport, ('inprocess', 'process'))
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
 
@@ -351,23 +437,27 @@ def _hit_rate(parts, holder, Q, emb) -> float:
     "Share of questions whose nearest example at the client holding the fact is that fact (retrieval quality)."
     return float(np.mean([parts[h][Retriever([e.question for e in parts[h]], emb).topk(q.question, 1)[0]].entity == q.entity for h, q in zip(holder, Q)]))
 
+def _unit_setup(cfg: FedICLConfig, alpha: float, seed: int) -> tuple:
+    "(scorer, client examples, server questions, their true answers, embeddings, non-empty client partitions) of one (alpha, seed) unit."
+    S = load_scorer(cfg.model)
+    cl, sv = make_fictional_qa(cfg.n_topics, cfg.n_entities, seed); qi = _queries(sv, cfg.n_queries, seed)
+    emb = Embeddings(cfg.backend, corpus=[e.question for e in cl + sv])
+    return S, cl, [sv[i] for i in qi], [sv[i].answer for i in qi], emb, [p for p in dirichlet_partition(cl, cfg.n_clients, alpha, seed) if p]
+
 def run_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
     "One (alpha, seed) unit: item rows, bytes per round, the per-question answers of Fed-ICL, and diagnostics."
-    S = load_scorer(cfg.model); n0 = S.n_forward
-    cl, sv = make_fictional_qa(cfg.n_topics, cfg.n_entities, seed); qi = _queries(sv, cfg.n_queries, seed)
-    Q, truth = [sv[i] for i in qi], [sv[i].answer for i in qi]
-    emb = Embeddings(cfg.backend, corpus=[e.question for e in cl + sv])
-    parts = [p for p in dirichlet_partition(cl, cfg.n_clients, alpha, seed) if p]
+    S, cl, Q, truth, emb, parts = _unit_setup(cfg, alpha, seed); n0 = S.n_forward
     holder = [next(i for i, p in enumerate(parts) if any(e.entity == q.entity for e in p)) for q in Q]
     mk = lambda mode: [FedICLClient(i, p, S, emb, cfg.C, mode) for i, p in enumerate(parts)]
     rows = _items('zero_shot', alpha, seed, 0, [S([], q)[0] for q in Q], truth)
-    gt = run_fed_icl(mk('gt'), FedICLServer(Q, seed), 1, filter_first=False)[0]
+    with make_transport(cfg.transport) as tr: gt = run_fed_icl(mk('gt'), FedICLServer(Q, seed), 1, tr, filter_first=False)[0]
     for i, ans in enumerate(gt['clients']): rows += _items('single', alpha, seed, 1, ans, truth, client=i)
     rows += _items('gt', alpha, seed, 1, gt['vote'], truth)
-    rows += _items('ub', alpha, seed, 1, run_fed_icl([FedICLClient(0, cl, S, emb, cfg.C, 'gt')], FedICLServer(Q, seed), 1, filter_first=False)[0]['vote'], truth)
+    with make_transport(cfg.transport) as tr: ub = run_fed_icl([FedICLClient(0, cl, S, emb, cfg.C, 'gt')], FedICLServer(Q, seed), 1, tr, filter_first=False)[0]
+    rows += _items('ub', alpha, seed, 1, ub['vote'], truth)
     comm, hist = [dict(alpha=alpha, seed=seed, method='gt', round=1, bytes_down=gt['bytes_down'], bytes_up=gt['bytes_up'])], {}
     for mode in cfg.variants:
-        hist[mode] = run_fed_icl(mk(mode), FedICLServer(Q, seed), cfg.rounds)
+        with make_transport(cfg.transport) as tr: hist[mode] = run_fed_icl(mk(mode), FedICLServer(Q, seed), cfg.rounds, tr)
         for h in hist[mode]:
             rows += _items(mode, alpha, seed, h['round'], h['vote'], truth) + _items(mode + '_w', alpha, seed, h['round'], h['wvote'], truth)
             comm.append(dict(alpha=alpha, seed=seed, method=mode, round=h['round'], bytes_down=h['bytes_down'], bytes_up=h['bytes_up']))
@@ -379,19 +469,35 @@ def run_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
                 lora_bytes=lora_round_bytes(S.model.config, cfg.lora_rank, len(parts)))
     return dict(rows=rows, comm=comm, answers=answers, unit=unit)
 
+def run_fuse_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
+    "Fed-ICL with the fusion aggregation at one (alpha, seed): rows per round of the adopted table ('fuse') and of the fusion LM's own answers ('fuse_lm'), bytes, and how often the fused answer was kept."
+    S, cl, Q, truth, emb, parts = _unit_setup(cfg, alpha, seed); n0 = S.n_forward
+    with make_transport(cfg.transport) as tr:
+        hist = run_fed_icl([FedICLClient(i, p, S, emb, cfg.C, 'fed') for i, p in enumerate(parts)], FedICLServer(Q, seed, 'fuse', LMFuser(S)), cfg.rounds, tr)
+    rows, comm = [], []
+    for h in hist:
+        rows += _items('fuse', alpha, seed, h['round'], h['table'], truth) + _items('fuse_lm', alpha, seed, h['round'], h['fused'], truth)
+        comm.append(dict(alpha=alpha, seed=seed, method='fuse', round=h['round'], bytes_down=h['bytes_down'], bytes_up=h['bytes_up']))
+    kept = [round(float(np.mean(np.array(h['table']) == np.array(h['fused']))), 3) for h in hist]
+    return dict(rows=rows, comm=comm, unit=dict(alpha=alpha, seed=seed, fused_kept=kept, n_forward=S.n_forward - n0))
+
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000041
 def run_experiment(cfg: FedICLConfig) -> Results:
-    "Every (alpha, seed) unit, cached; rows per question, tables for the figures, claims and verdict."
-    rows, comm, answers, units = [], [], [], []
+    "Every (alpha, seed) unit (and its fusion unit), cached; rows per question, tables for the figures, claims and verdict."
+    rows, comm, answers, units, fusion = [], [], [], [], []
     with Timer() as t:
         for alpha in progress(cfg.alphas, desc='alpha'):
             for seed in progress(cfg.seeds, desc='seed'):
                 u = cached_unit('fed_icl', cfg, dict(alpha=alpha, seed=seed), lambda: run_unit(cfg, alpha, seed))
                 rows += u['rows']; comm += u['comm']; units.append(u['unit'])
                 answers += u['answers'] if seed == cfg.seeds[0] else []
+                if 'fuse' in cfg.aggregations:
+                    f = cached_unit('fed_icl', cfg, dict(alpha=alpha, seed=seed, aggregation='fuse'), lambda: run_fuse_unit(cfg, alpha, seed))
+                    rows += f['rows']; comm += f['comm']; fusion.append(f['unit'])
     notes = ("Accuracy is the server's answer (majority vote, ties by summed probability) against the true option; chance is 0.25. "
+             "'fuse' is Fed-ICL with our fusion aggregation (a fusion LM's answer kept when clients support it more than the current one), reported beside the claims, not in them. "
              "Bytes are UTF-8 JSON messages, both directions, all clients. The task is a copy-the-fact task on invented entities.")
-    res = Results('fed_icl', cfg, rows, seeds=cfg.seeds, tables=dict(comm=comm, answers=answers, units=units, linear=linear_curves()),
+    res = Results('fed_icl', cfg, rows, seeds=cfg.seeds, tables=dict(comm=comm, answers=answers, units=units, fusion=fusion, linear=linear_curves()),
                   notes=notes, wall_time_s=t.s)
     return res.conclude(verdict, claims(res), headline(res))
 
@@ -447,13 +553,23 @@ def headline(results: Results) -> str:
     b = cm[cm.method == 'fed'][['bytes_down', 'bytes_up']].sum(1).mean()
     return f"SmolLM2-135M, accuracy after {int(df[df.method == 'fed']['round'].max())} rounds — " + '; '.join(parts) + f"; {b / 1e3:.1f} kB per round vs {un.lora_bytes.mean() / 1e6:.1f} MB for LoRA FedAvg"
 
+def fusion_comparison(results: Results) -> list[Claim]:
+    "Per alpha: Fed-ICL with the fusion aggregation − with the vote, and − the best single client (last round; paired bootstrap over seed×question). Reported beside the claims, not in the verdict: the paper votes on multiple choice."
+    df, out = results.df, []
+    if 'fuse' not in set(df.method): return out
+    for a in sorted(df.alpha.unique()):
+        fu = _acc(df, 'fuse', a)
+        out.append(claim(f'α={a:g}: Fed-ICL fusion − Fed-ICL vote (accuracy)', paired_bootstrap(fu.values, _acc(df, 'fed', a).values, unit='questions')))
+        out.append(claim(f'α={a:g}: Fed-ICL fusion − best single client (accuracy)', paired_bootstrap(fu.values, best_single(df, a).values, unit='questions')))
+    return out
+
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000051
-NAMES = dict(fed='Fed-ICL', free='Fed-ICL-Free', zero_shot='zero-shot', single='best single client', gt='Fed-ICL-GT (1 round)', ub='centralised ICL (UB)')
+NAMES = dict(fed='Fed-ICL', free='Fed-ICL-Free', fuse='Fed-ICL, fusion aggregation', zero_shot='zero-shot', single='best single client', gt='Fed-ICL-GT (1 round)', ub='centralised ICL (UB)')
 
 def accuracy_curves(R: Results, alpha: float) -> dict:
     "name -> (rounds, mean accuracy over seeds) at `alpha`; one-shot methods repeated over the rounds."
     df = R.df; K = int(df[df.method == 'fed']['round'].max()); ks = list(range(1, K + 1)); out = {}
-    for m in ('fed', 'free'):
+    for m in ('fed', 'free', 'fuse'):
         d = df[(df.method == m) & (df.alpha == alpha)]
         if len(d): out[NAMES[m]] = (ks, [float(d[d['round'] == k].correct.mean()) for k in ks])
     flat = dict(zero_shot=_acc(df, 'zero_shot', alpha).mean(), single=best_single(df, alpha).mean(), gt=_acc(df, 'gt', alpha).mean(), ub=_acc(df, 'ub', alpha).mean())
@@ -482,7 +598,7 @@ def fig_bytes(R: Results) -> go.Figure:
     df, cm, un, fig = R.df, R.table('comm'), R.table('units'), go.Figure()
     for j, a in enumerate(sorted(df.alpha.unique())):
         pts = [('zero-shot', 1, _acc(df, 'zero_shot', a).mean()), ('best single client', 1, best_single(df, a).mean())]
-        for m in ('gt', 'fed', 'free'):
+        for m in ('gt', 'fed', 'free', 'fuse'):
             c = cm[(cm.method == m) & (cm.alpha == a)]
             for k in sorted(c['round'].unique()):
                 b = c[c['round'] <= k].groupby('seed')[['bytes_down', 'bytes_up']].sum().sum(1).mean()
