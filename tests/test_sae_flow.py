@@ -11,7 +11,7 @@ from workbench.train import generate_ids
 from workbench.interpretability.sae_flow import (Site, site, check_sites, TopKSAE, train_sae, sae_stats, sae_loss, match_features,
     predecessors, chance_scores, chance_tau, planted_flow, link_recovery, PLANTED_SITES, origin_groups, build_flow_graph, collect_activations,
     run_block, Intervention, steer, prompt_batch, continuation_nll, keyword_share, steer_settings, deactivation_test, save_sae, load_sae,
-    FlowGraph, SAEFlowConfig, verdict, claims)
+    FlowGraph, SAEFlowConfig, verdict, claims, throughput, TRAIN_TOKENS_FULL)
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
@@ -246,6 +246,8 @@ def test_config_sizes_and_checks():
     full = SAEFlowConfig(mode='full')
     assert full.layers == [6, 7, 8, 9, 10, 11] and len(full.sites) == 18 and full.n_targets >= 100 and full.n_prompts >= 30
     assert SAEFlowConfig(mode='full', seed=1).seed == 1
+    assert full.n_train_tokens == TRAIN_TOKENS_FULL and full.n_train_tokens % (full.batch_windows * (full.seq_len - 1)) == 0   # whole updates
+    assert SAEFlowConfig(mode='full', n_train_tokens=2_000_000).n_train_tokens == 2_000_000                                  # the GPU user's one field
     with pytest.raises(ValueError, match='themes must be one of'): SAEFlowConfig(themes=('jazz',))
     with pytest.raises(ValueError, match='n_layers must be an int'): SAEFlowConfig(n_layers=1)
 
@@ -261,3 +263,20 @@ def test_recorded_results_reproduce_their_verdict():
     assert len([c for c in r.claims if c.name.startswith('R')]) == len(ca[ca.n_targets > 0])
     st = r.table('prompts')
     assert st.groupby(['theme', 'direction', 'method', 'alpha']).prompt.nunique().min() == r.config['n_prompts']
+
+
+def test_flow_explorer_slider_keeps_tau_with_one_edge():
+    from workbench.viz import FeatureGraph, FeatureFlowExplorer as FlowExplorer
+    g = FeatureGraph([(8, 1, 'R8 #1'), (9, 2, 'R9 #2')], [(0, 1, 0.2419)])        # one edge: the platform slider had min = max = 0.2419
+    fe = FlowExplorer(g, threshold=0.18)
+    assert abs(fe.threshold.value - 0.18) < 1e-9 and fe.threshold.min <= 0.0 and fe.threshold.max >= 1.0
+    assert sum(t.mode == 'lines' for t in fe.fig.data) == 1                            # the edge clears tau, so it is drawn
+    fe.threshold.value = 0.25
+    assert sum(t.mode == 'lines' for t in fe.fig.data) == 0                            # and hides above its weight
+    assert abs(FlowExplorer(g, threshold=1.3).threshold.value - 1.3) < 1e-9        # a threshold above every cosine is kept, not clamped
+
+
+def test_throughput_from_a_training_record():
+    t = throughput(dict(tokens=200_000, wall_s=500.0, train_s=490.0, forward_s=150.0, forward_tokens=201_000, n_saes=18, threads=1))
+    assert t['s_per_100k'] == 250.0 and t['sae_s_per_100k'] == 175.0 and t['projected_s'] == 5000 and abs(t['forward_tok_s'] - 1340.0) < 0.1
+    assert 'forward_tok_s' not in throughput(dict(tokens=1000, train_s=10.0))       # an older record without the forward timing

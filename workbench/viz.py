@@ -186,9 +186,14 @@ class FeatureFlowExplorer(Explorer):
     "Threshold slider, feature selector, and an optional steering callback `on_steer(layer, feature, strength) -> str | Figure`."
     def __init__(self, graph: FeatureGraph, on_steer=None, threshold=0.0, title='Feature flow'):
         self.graph, self.on_steer, self.title = graph, on_steer, title
-        ws = [w for *_, w in graph.edges] or [0.0, 1.0]
-        self.threshold = W.FloatSlider(value=threshold, min=min(ws), max=max(ws), step=(max(ws) - min(ws)) / 50 or 0.01,
-                                       description='threshold', continuous_update=False)
+        if not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
+            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
+        # the slider spans [0, 1] (similarity weights) widened to every edge weight and the threshold, so it starts at
+        # `threshold` even when the graph has one edge or none (a range of the edge weights alone would clamp it)
+        ws = [float(w) for *_, w in graph.edges] + [float(threshold)]
+        lo, hi = min(0.0, *ws), max(1.0, *ws)
+        self.threshold = W.FloatSlider(min=lo, max=hi, step=(hi - lo) / 200, description='threshold', continuous_update=False)
+        self.threshold.value = float(threshold)
         self.feature = W.Dropdown(options=[('(none)', None)] + [(graph.key(i), i) for i in range(len(graph.nodes))], description='feature')
         self.fig = go.FigureWidget(self.figure())
         for w in (self.threshold, self.feature): w.observe(self._update, names='value')

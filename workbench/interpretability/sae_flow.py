@@ -19,22 +19,22 @@ from plotly.subplots import make_subplots
 from ..core import (ExperimentConfig, Results, judge, size, cached, cache_path, cached_unit, progress, in_test, Timer, atomic_dir,
                             seed_everything, atomic_write_json)
 from ..hooks import hooks, decoder_layers, add_vector
-from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, paired_bootstrap, claim
-from ..viz import Explorer, FeatureGraph, fig_feature_flow, PALETTE
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, paired_bootstrap, claim
+from ..viz import Explorer, FeatureGraph, FeatureFlowExplorer, fig_feature_flow, PALETTE
 
 # %% auto #0
 __all__ = ['KINDS', 'SAE_CODE_VERSION', 'PLANTED_SITES', 'GROUPS', 'MODES', 'CORPORA', 'THEMES', 'NEUTRAL_PROMPTS', 'MODEL',
-           'HF_NAME', 'DIRECTIONS', 'N_SHOW', 'Site', 'site', 'check_sites', 'SAEOutput', 'TopKSAE', 'fvu', 'sae_loss',
-           'SAEBank', 'train_saes', 'train_sae', 'sae_stats', 'save_sae', 'load_sae', 'match_features', 'predecessors',
-           'chance_scores', 'chance_tau', 'planted_flow', 'link_recovery', 'group_name', 'origin_groups', 'FlowGraph',
-           'build_flow_graph', 'to_feature_graph', 'collect_activations', 'run_block', 'Intervention',
-           'apply_interventions', 'check_interventions', 'steer', 'token_windows', 'prompt_batch', 'continuation_nll',
-           'deactivation_test', 'logit_lens', 'word_ids', 'keyword_share', 'theme_windows', 'theme_prompts',
-           'theme_scores', 'theme_latent', 'SAEFlowConfig', 'sae_key', 'train_flow_saes', 'flow_eval', 'matching_rows',
-           'group_rows', 'split_docs', 'theme_graph', 'steer_unit', 'steer_settings', 'deactivation_row',
-           'prompt_records', 'alpha_star', 'steer_rows', 'top_contexts', 'graph_record', 'run_experiment', 'claims',
-           'verdict', 'headline', 'feature_graph', 'fig_sae_quality', 'fig_scores', 'fig_origin_groups', 'fig_causal',
-           'fig_steering', 'SteeringExplorer']
+           'HF_NAME', 'TRAIN_TOKENS_FULL', 'DIRECTIONS', 'N_SHOW', 'Site', 'site', 'check_sites', 'SAEOutput',
+           'TopKSAE', 'fvu', 'sae_loss', 'SAEBank', 'train_saes', 'train_sae', 'sae_stats', 'save_sae', 'load_sae',
+           'match_features', 'predecessors', 'chance_scores', 'chance_tau', 'planted_flow', 'link_recovery',
+           'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph', 'to_feature_graph', 'collect_activations',
+           'run_block', 'Intervention', 'apply_interventions', 'check_interventions', 'steer', 'token_windows',
+           'prompt_batch', 'continuation_nll', 'deactivation_test', 'logit_lens', 'word_ids', 'keyword_share',
+           'theme_windows', 'theme_prompts', 'theme_scores', 'theme_latent', 'SAEFlowConfig', 'sae_key',
+           'train_flow_saes', 'flow_eval', 'matching_rows', 'group_rows', 'split_docs', 'theme_graph', 'steer_unit',
+           'steer_settings', 'throughput', 'deactivation_row', 'prompt_records', 'alpha_star', 'steer_rows',
+           'top_contexts', 'graph_record', 'run_experiment', 'claims', 'verdict', 'headline', 'feature_graph',
+           'fig_sae_quality', 'fig_scores', 'fig_origin_groups', 'fig_causal', 'fig_steering', 'SteeringExplorer']
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #69e44660
 KINDS = {'resid_post': ('R', 'hook_resid_post'), 'attn_out': ('A', 'hook_attn_out'), 'mlp_out': ('M', 'hook_mlp_out')}
@@ -154,7 +154,7 @@ def train_saes(saes: dict,            # site (any key) -> TopKSAE, trained in pl
         bank.normalize_decoders_(); acts = acts_fn(batch)
         return sum(sae_loss(bank[s], acts[s].float(), dead_after, aux_coef, bf16)[0] for s in saes)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=None, seed=seed,
-                      progress=show_progress, cpu=True, log_every=max(1, steps // 200), ckpt_every=max(1, steps // 8) if ckpt_dir else None, keep_ckpts=1)
+                      progress=show_progress, cpu=None, log_every=max(1, steps // 200), ckpt_every=max(1, steps // 8) if ckpt_dir else None, keep_ckpts=1)
     hist = train(bank, ds, cfg, loss_fn=loss_fn, callbacks=callbacks, ckpt_dir=ckpt_dir)
     bank.normalize_decoders_(); bank.requires_grad_(False).eval()
     return hist
@@ -165,16 +165,9 @@ def train_sae(acts: torch.Tensor, d_sae: int, k: int, steps: int = 300, batch_si
     check_tensor('acts', acts, ndim=2, floating=True); check_int('batch_size', batch_size, lo=1)
     sae, c = TopKSAE(acts.shape[1], d_sae, k, seed), math.gcd(batch_size, 32)      # rows of c tokens: fewer, larger rows for the loader
     x = acts.float()[torch.randperm(len(acts), generator=torch.Generator().manual_seed(seed))][:len(acts) // c * c].view(-1, c, acts.shape[1])
-    with _threads(1):   # small SAEs: one thread is faster than two that wait on each other
+    with torch_threads(1):   # small SAEs: one thread is faster than two that wait on each other
         train_saes({0: sae}, [dict(x=r) for r in x], lambda b: {0: b['x'].flatten(0, 1)}, steps, batch_size // c, lr, dead_after, seed=seed)
     return sae
-
-@contextlib.contextmanager
-def _threads(n: int):
-    "Run the block with `n` torch threads."
-    old = torch.get_num_threads(); torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(old)
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2013
 @torch.no_grad()
@@ -597,6 +590,7 @@ def theme_latent(model, tokenizer, sae: TopKSAE, words, acts=None, mask=None) ->
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42
 MODEL, HF_NAME = 'smollm2-135m', 'HuggingFaceTB/SmolLM2-135M-Instruct'
+TRAIN_TOKENS_FULL = 201_600   # the full run's training tokens per SAE (400 updates of 8 windows): what fits a 20-minute full run on one CPU thread (see the Results); issue 31 asks for 2M
 DIRECTIONS = {'on': 1.0, 'off': -1.0}   # switch a theme on (add its directions) or suppress it (subtract them)
 
 @dataclass
@@ -607,11 +601,11 @@ class SAEFlowConfig(ExperimentConfig):
     train_dtype: str = 'bfloat16'                  # SmolLM2 (and the SAE encoder products) while training the SAEs: ~2.5x faster on this CPU's AMX; analysis runs in float32
     threads: int = 1                               # torch threads for the run (0: torch's default); on the shared 2-core machine a second thread mostly waits
     seq_len: int = 64                              # tokens per window; position 0 (the attention sink) is left out everywhere
-    n_train_tokens: int = size(quick=8_064, full=64_512)  # training tokens per SAE, one pass over a stream (position 0 not counted)
-    batch_windows: int = size(quick=8, full=32)    # windows per update (x seq_len - 1 tokens)
+    n_train_tokens: int = size(quick=8_064, full=TRAIN_TOKENS_FULL)  # training tokens per SAE, one pass over a stream (position 0 not counted); issue 31: 2_000_000 (a GPU run)
+    batch_windows: int = size(quick=4, full=8)     # windows per update (x seq_len - 1 tokens): small batches, many updates (a pilot gained more EV per token at 8 than at 32)
     d_sae: int = size(quick=128, full=1024)        # latents per SAE
     k: int = size(quick=8, full=64)                # active latents per token (TopK)
-    lr: float = size(quick=3e-3, full=3e-3)        # peak AdamW learning rate (warm-up 10% of updates, cosine to lr/10)
+    lr: float = size(quick=3e-3, full=6e-3)        # peak AdamW learning rate (warm-up 10% of updates, cosine to lr/10); the block-9 pilot did better at 6e-3 than 3e-3 with 8 windows per update
     dead_after: int = size(quick=2_000, full=10_000)   # AuxK: a latent is dead after this many training tokens without firing
     n_eval_windows: int = size(quick=24, full=128) # held-out windows: SAE quality, groups, deactivation test, labels
     n_chance: int = 2048                           # random unit directions per chance distribution
@@ -620,6 +614,7 @@ class SAEFlowConfig(ExperimentConfig):
     max_seqs: int = 4                              # windows per deactivation run
     themes: tuple = size(quick=('love',), full=('love', 'files'))   # keys of THEMES
     n_theme_windows: int = size(quick=4, full=32)  # windows around theme words, to pick each theme's feature
+    n_theme_cands: int = size(quick=5, full=10)    # best theme latents tried as each theme's feature; the one whose flow graph spans the most blocks wins
     alphas: tuple = size(quick=(8.0,), full=(4.0, 12.0))   # total push, in units of the theme feature's mean activation
     n_prompts: int = size(quick=3, full=30)        # prompts per theme and direction
     n_new: int = size(quick=6, full=16)            # greedy tokens per generation
@@ -629,7 +624,7 @@ class SAEFlowConfig(ExperimentConfig):
         check_int('first_layer', self.first_layer, lo=1, hi=28); check_int('n_layers', self.n_layers, lo=2, hi=30 - self.first_layer)
         check_choice('train_dtype', self.train_dtype, ('float32', 'bfloat16')); check_int('seq_len', self.seq_len, lo=8, hi=2048); check_int('threads', self.threads, lo=0)
         for f in ('n_train_tokens', 'batch_windows', 'd_sae', 'k', 'dead_after', 'n_eval_windows', 'n_chance', 'n_targets', 'max_seqs',
-                  'n_theme_windows', 'n_prompts', 'n_new'): check_int(f, getattr(self, f), lo=1)
+                  'n_theme_windows', 'n_theme_cands', 'n_prompts', 'n_new'): check_int(f, getattr(self, f), lo=1)
         if self.k > self.d_sae: raise ValueError(f"k={self.k} must be <= d_sae={self.d_sae}")
         if self.n_train_tokens < self.batch_windows * (self.seq_len - 1): raise ValueError("n_train_tokens must cover at least one update")
         check_num('lr', self.lr, lo=0, lo_open=True); check_num('chance_q', self.chance_q, lo=0.5, hi=1, hi_open=True)
@@ -665,13 +660,17 @@ def train_flow_saes(tokenizer, cfg: SAEFlowConfig) -> tuple:
         n_win = cfg.n_train_tokens // (cfg.seq_len - 1); steps = n_win // cfg.batch_windows
         ids = token_windows(tokenizer, steps * cfg.batch_windows, cfg.seq_len, 'train', seed=cfg.seed)
         saes = {s: TopKSAE(d_in, cfg.d_sae, cfg.k, seed=cfg.seed * 1000 + n) for n, s in enumerate(cfg.sites)}
-        def acts_fn(b):   # the batch's activations at every site, position 0 left out: {site: (B (T-1), d)}
-            a = collect_activations(model, b['input_ids'], cfg.sites, batch_size=len(b['input_ids']))
+        fwd = dict(s=0.0, tokens=0)   # time in SmolLM2's forward (stopped after the deepest site's block) and the tokens it fed
+        def acts_fn(b):   # the batch's activations at every site, position 0 left out: {site: (B (T-1), d)}; streamed, one batch at a time
+            with Timer() as t: a = collect_activations(model, b['input_ids'], cfg.sites, batch_size=len(b['input_ids']))
+            fwd['s'] += t.s; fwd['tokens'] += b['input_ids'].shape[0] * (cfg.seq_len - 1)
             return {s: x[:, 1:].reshape(-1, d_in) for s, x in a.items()}
-        hist = train_saes(saes, ids, acts_fn, steps, cfg.batch_windows, cfg.lr, cfg.dead_after, seed=cfg.seed, bf16=cfg.train_dtype == 'bfloat16',
-                          ckpt_dir=cache_path('sae_flow-ckpt', key), show_progress=_show())
+        with Timer() as t:
+            hist = train_saes(saes, ids, acts_fn, steps, cfg.batch_windows, cfg.lr, cfg.dead_after, seed=cfg.seed, bf16=cfg.train_dtype == 'bfloat16',
+                              ckpt_dir=cache_path('sae_flow-ckpt', key), show_progress=_show())
         for s, m in saes.items(): save_sae(m, tmp/str(s), s.hook, HF_NAME, cfg.seq_len, dict(key=key))
-        atomic_write_json(tmp/'training.json', dict(steps=steps, tokens=steps * cfg.batch_windows * (cfg.seq_len - 1), train_s=hist.train_s,
+        atomic_write_json(tmp/'training.json', dict(steps=steps, tokens=steps * cfg.batch_windows * (cfg.seq_len - 1), train_s=hist.train_s, wall_s=t.s,
+                                                    forward_s=fwd['s'], forward_tokens=fwd['tokens'], n_saes=len(saes), threads=torch.get_num_threads(),
                                                     step=hist.step, loss=[round(v, 5) for v in hist.train_loss]))
     d = cached('sae_flow-saes', key, build)
     shutil.rmtree(cache_path('sae_flow-ckpt', key), ignore_errors=True)
@@ -734,8 +733,9 @@ def split_docs(split: str) -> list:
     return out
 
 @torch.no_grad()
-def theme_graph(model, tokenizer, saes: dict, cfg: SAEFlowConfig, theme: str, docs: list, tau: float, n_cand: int = 5) -> tuple:
-    "(latent, FlowGraph) of `theme`'s feature at `cfg.start`: of the `n_cand` best theme latents, the one whose graph reaches the most blocks."
+def theme_graph(model, tokenizer, saes: dict, cfg: SAEFlowConfig, theme: str, docs: list, tau: float) -> tuple:
+    "(latent, FlowGraph) of `theme`'s feature at `cfg.start`: of the `cfg.n_theme_cands` best theme latents, the one whose graph reaches the most blocks."
+    n_cand = cfg.n_theme_cands
     tids, tmask = theme_windows(docs, tokenizer, THEMES[theme], cfg.n_theme_windows, cfg.seq_len, cfg.seed)
     a = collect_activations(model, tids, [cfg.start])[cfg.start]
     sc = theme_scores(model, tokenizer, saes[cfg.start], THEMES[theme], a.reshape(-1, a.shape[-1]), tmask.flatten())
@@ -764,6 +764,15 @@ def steer_settings(saes: dict, start: Site, latent: int, G: FlowGraph, alphas, s
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b01
 def _r(x, n=4): return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), n)
+
+def throughput(training: dict, target_tokens: int = 2_000_000) -> dict:
+    "From a training record: SmolLM2's activation throughput, the SAEs' update cost per 100k tokens, and the projected time for `target_tokens`."
+    tok, wall, fw = training['tokens'], training.get('wall_s', training['train_s']), training.get('forward_s')
+    out = dict(tokens=tok, n_saes=training.get('n_saes'), threads=training.get('threads'), train_wall_s=_r(wall, 1), s_per_100k=_r(wall / tok * 1e5, 1),
+               projected_s=_r(wall / tok * target_tokens, 0), target_tokens=target_tokens)
+    if fw: out.update(forward_s=_r(fw, 1), forward_tok_s=_r(training['forward_tokens'] / fw, 1), sae_s_per_100k=_r((wall - fw) / tok * 1e5, 1),
+                      forward_s_per_100k=_r(fw / training['forward_tokens'] * 1e5, 1))
+    return out
 
 def deactivation_row(layer: int, unit: dict) -> dict:
     "One row per layer: measured and skipped targets, mean off-rates and drops, the paired effect with its CI, how well the control is matched."
@@ -859,7 +868,7 @@ def run_experiment(cfg: SAEFlowConfig) -> Results:
     from workbench.models import load_model, load_tokenizer
     if not isinstance(cfg, SAEFlowConfig): raise TypeError(f"cfg must be a SAEFlowConfig, got {type(cfg).__name__}")
     seed_everything(cfg.seed); times = {}
-    with Timer() as wall, _threads(cfg.threads or torch.get_num_threads()):
+    with Timer() as wall, torch_threads(cfg.threads or torch.get_num_threads()):
         tok = load_tokenizer(MODEL)
         with Timer() as t: saes, training = train_flow_saes(tok, cfg)
         model = load_model(MODEL, dtype='float32')
@@ -884,7 +893,7 @@ def run_experiment(cfg: SAEFlowConfig) -> Results:
             rows += steer_rows(recs)
         times['steering'] = t.s
     tables = dict(causal=causal, prompts=recs, texts=texts, graphs=graphs, scores=hists,
-                  training=[dict(step=training['step'], loss=training['loss'])], timing=[dict(phase=k, seconds=round(v, 1)) for k, v in times.items()])
+                  training=[dict(step=training['step'], loss=training['loss'], **throughput(training))], timing=[dict(phase=k, seconds=round(v, 1)) for k, v in times.items()])
     notes = (f"SmolLM2-135M-Instruct (SAE training in {cfg.train_dtype}, analysis in float32); TopK SAEs ({cfg.d_sae} latents, k={cfg.k}) at {', '.join(map(str, cfg.sites))}, trained with "
              f"workbench.train.train on {training['tokens']:,} streamed tokens ({training['steps']} updates) of {', '.join(CORPORA)}; tau={tau:.3f} "
              f"(the {cfg.chance_q:.0%} quantile of chance); steering: push alpha x the feature's mean activation, single-layer at {cfg.start} or split "
