@@ -1,0 +1,144 @@
+"Cross-checks of `workbench.data_selection.epicoder`: temperature smoothing, subtree sampling limits, evolution frequencies, the sandbox (timeouts, network, writes), metrics, and the recorded verdict (fast, CPU)."
+import math
+import os
+import tempfile
+from pathlib import Path
+import numpy as np
+import pytest
+from workbench.core import load_results
+from workbench.data_selection.epicoder import (FeatureTree, smooth_probs, extract_features, kcenter_greedy, feature_matrix, new_node_frequency,
+    apply_expansion, evolve, StdlibExpander, synthesize, recipe, run_sandboxed, validate, cyclomatic, halstead, jaccard_distance,
+    iter_stdlib_functions, EpiCoderConfig, run_experiment, claims, verdict, headline, tree_from_records, tree_records, extract_code, humaneval_programs)
+
+
+@pytest.fixture(scope='module')
+def corpus():
+    units = list(iter_stdlib_functions(limit_modules=30, seed=3))
+    return [extract_features(u.source) for u in units]
+
+
+@pytest.fixture(scope='module')
+def tree(corpus): return FeatureTree.from_feature_sets(corpus)
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_smoothing_sums_to_one_and_is_identity_at_t1(seed):
+    p = np.random.default_rng(seed).gamma(0.5, size=7) + 1e-6
+    for t in (0.1, 0.5, 1.0, 2.0, 10.0, 99.0, 100.0, 1e4):
+        q = smooth_probs(p, t)
+        assert np.isclose(q.sum(), 1.0) and (q >= 0).all()
+        if t < 100: assert (np.argsort(-q, kind='stable') == np.argsort(-p, kind='stable')).all()   # order kept
+    assert np.allclose(smooth_probs(p, 1.0), p / p.sum(), atol=1e-7)
+    assert np.allclose(smooth_probs(p, 100.0), 1 / 7)
+    assert smooth_probs(p, 0.01).max() > 0.99
+    ent = [-(q * np.log(q)).sum() for q in (smooth_probs(p, t) for t in (0.5, 1, 3, 30))]
+    assert all(a <= b + 1e-12 for a, b in zip(ent, ent[1:]))                      # higher t, flatter
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match='temperature'): smooth_probs(p, bad)
+    with pytest.raises(ValueError): smooth_probs([0.0, 0.0], 1.0)
+
+
+def _breadth(t, d=1, out=None):
+    out = {} if out is None else out
+    for c in t.children.values(): _breadth(c, d + 1, out)
+    out.setdefault(d, []).append(len(t.children)); return out
+
+
+@pytest.mark.parametrize('shape', [(1,), (3, 1), (5, 2, 1), (2, 3, 2), (8, 4, 3)])
+def test_sampled_subtrees_respect_depth_and_breadth(tree, shape):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        s = tree.sample(shape, temperature=float(rng.choice([0.5, 1, 10, 200])), fixed=('workflow',), rng=rng)
+        br = _breadth(s)
+        for d, c in enumerate(shape, 1): assert max(br.get(d, [0])) <= c
+        for d in range(len(shape) + 1, 4):                                          # deeper levels kept whole
+            for p in s.paths():
+                if len(p) >= d: assert set(s.node(p[:d - 1]).children) == set(tree.node(p[:d - 1]).children)
+        assert set(s.paths()) <= set(tree.paths()) and 'workflow' in s.children
+        assert s.depth() <= tree.depth()
+    a, b = tree.sample(shape, 10, rng=7), tree.sample(shape, 10, rng=7)
+    assert sorted(a.paths()) == sorted(b.paths())
+    for bad in ((), (0,), (2, -1), (1.5,), 'ab'):
+        with pytest.raises(ValueError, match='shape'): tree.sample(bad)
+
+
+def test_tree_merge_and_frequencies(corpus):
+    a, b = FeatureTree.from_feature_sets(corpus[:20]), FeatureTree.from_feature_sets(corpus[20:50])
+    ab, ba = a.merge(b), b.merge(a)
+    assert sorted(ab.paths()) == sorted(ba.paths()) and all(ab.frequency(p) == ba.frequency(p) for p in ab.paths())
+    for c, node in ab.children.items(): assert math.isclose(node.frequency(), sum(ab.frequency((c, g)) for g in node.children))
+    T = tree_from_records(tree_records(ab, top=10 ** 6, top_groups=10 ** 6))
+    assert sorted(T.paths()) == sorted(ab.paths())
+
+
+def test_evolution_frequency_rule_and_growth(tree):
+    toy = FeatureTree.from_feature_sets([{('a', 'g', 'x'), ('a', 'g', 'y')}, {('a', 'g', 'x'), ('a', 'h', 'z')}])
+    s = FeatureTree(); s.add_path(('a', 'g', 'x')); s.add_path(('a', 'g', 'y'))
+    assert new_node_frequency(('a', 'g', 'n'), s, toy) == 1.5 and new_node_frequency(('a', 'h', 'n'), s, toy) == 1.0 and new_node_frequency(('q', 'r', 'n'), s, toy) == 1.0
+    T = apply_expansion(FeatureTree().merge(toy), s, [('a', 'g', 'n'), ('a', 'g', 'x')])
+    assert T.frequency(('a', 'g', 'x')) == 2 and T.node(('a', 'g', 'n')).evolved
+    T1, growth = evolve(tree, StdlibExpander(), 15, rng=0)
+    assert set(tree.paths()) <= set(T1.paths()) and len(T1.paths()) > len(tree.paths())
+    assert all(T1.frequency(p) == tree.frequency(p) for p in tree.paths())
+
+
+def test_kcenter_and_extraction(corpus):
+    X, _ = feature_matrix(corpus)
+    S = kcenter_greedy(X, 12, seed=1)
+    assert len(set(S.tolist())) == 12
+    f = extract_features("import collections\ndef f(x):\n    d = collections.deque(x)\n    for i in d: pass")
+    assert {('dependency relations', 'collections', 'deque'), ('workflow', 'loop', 'for')} <= f
+
+
+def test_sandbox_kills_loops_and_refuses_network_and_outside_writes():
+    outside = Path(tempfile.gettempdir()) / f"epicoder-test-outside-{os.getpid()}.txt"
+    progs = ["while True:\n    pass", "import socket\nsocket.socket()", "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:1')",
+             f"open({str(outside)!r}, 'w').write('x')", f"import os\nos.remove({str(outside)!r})", "import os\nos.mkdir('/tmp/epicoder-test-dir-xyz')",
+             "import subprocess\nsubprocess.run(['true'])", "with open('ok.txt', 'w') as f:\n    f.write('fine')\nassert open('ok.txt').read() == 'fine'",
+             "import os\nassert os.listdir('.') == []"]
+    import time; t0 = time.monotonic()
+    rs = run_sandboxed(progs, timeout=1.0)
+    assert time.monotonic() - t0 < 30
+    assert rs[0]['status'] == 'timeout'
+    assert all(r['status'] == 'error' and 'sandbox:' in r['error'] for r in rs[1:7]), rs     # urllib wraps the refusal in a URLError
+    assert 'network' in rs[1]['error'] and 'outside' in rs[3]['error']
+    assert rs[7]['status'] == 'pass' and rs[8]['status'] == 'pass'              # writes inside its own folder work; each program gets a fresh folder
+    assert not outside.exists() and not Path('/tmp/epicoder-test-dir-xyz').exists()
+    assert run_sandboxed(["x = bytearray(1 << 31)"], mem_mb=128)[0]['error'].startswith('MemoryError')
+    assert run_sandboxed(["def f(:"])[0]['status'] == 'compile'
+
+
+def test_validation_repairs_traced_failures():
+    feats = [('workflow', 'loop', 'for'), ('error handling', 'raise', 'UnicodeDecodeError'), ('computation operation', 'arithmetic', 'matmul')]
+    v = validate([synthesize(feats)], timeout=2.0, repair_turns=2)[0]
+    assert v['first'] == 'error' and v['status'] == 'pass' and set(v['dropped']) == set(feats[1:])
+    assert ('workflow', 'loop', 'for') in extract_features(v['task'].code)
+
+
+def test_metrics_by_hand():
+    assert cyclomatic("if x:\n    y = 1") == 2 and cyclomatic("x = 1") == 1
+    assert cyclomatic("while a or b:\n    pass") == 3
+    h = halstead("x = a + 1")
+    assert (h['eta1'], h['eta2'], h['N1'], h['N2']) == (2, 3, 2, 3) and math.isclose(h['volume'], 5 * math.log2(5))
+    assert math.isclose(jaccard_distance([{1, 2}, {2, 3}, {1, 2}]), np.mean([2 / 3, 0, 2 / 3]), rel_tol=1e-6)   # float32 counts
+    assert extract_code("x\n```python\nprint(1)\n```") == 'print(1)'
+
+
+def test_humaneval_reference_passes_in_the_sandbox():
+    ps = humaneval_programs(10)
+    assert len(ps) == 10 and all(r['status'] == 'pass' for r in run_sandboxed([p['code'] for p in ps], timeout=5.0))
+
+
+def test_tiny_end_to_end_run():
+    cfg = EpiCoderConfig(mode='quick', n_modules=12, n_seed_functions=15, evolve_steps=5, n_samples=6, n_seeds=2, n_humaneval=4, shapes=((2, 1, 1),), n_shape_samples=2)
+    res = run_experiment(cfg)
+    assert set(res.df.method) == set(cfg.methods) and (res.df.n == 6).all()
+    assert res.verdict == verdict(res) and len(res.claims) == 4 and 'equal request' in headline(res)
+
+
+def test_recorded_verdict():
+    try: R = load_results('epicoder')
+    except FileNotFoundError: pytest.skip('no full run recorded yet')
+    assert R.mode == 'full' and verdict(R) == R.verdict
+    assert [c.name for c in claims(R)] == [c.name for c in R.claims]
+    assert len(R.seeds) >= 3
