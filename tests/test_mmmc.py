@@ -1,0 +1,144 @@
+"Cross-checks of `workbench.multimodal.mmmc`: scenes and conflicts, the judge, the model's input checks, REINFORCE++ and the experiment API (fast, CPU)."
+import copy
+import numpy as np
+import pytest
+import torch
+from workbench.multimodal.mmmc import (SHAPES, COLOURS, RELATIONS, TYPES, CONFLICTS, EVAL_MIX, Obj, Scene, sample_scene, render_scene,
+    relation_holds, images_to_tensor, check_pixels, make_example, make_dataset, premise_holds, scene_split, judge_answer, rouge_l,
+    verify_questions, TinyVLM, WithImages, lm_row, prompt_ids, sample_responses, response_logprobs, reinforcepp_advantages,
+    group_advantages, policy_loss, rl_train, MMMCConfig, claims, verdict, IMG, EOS, N_IMG, CELL, RGB)
+from workbench.core import load_results
+
+
+def _true_relations(a: Obj, b: Obj) -> set:
+    "Relations read off the grid coordinates directly (independent of `relation_holds`)."
+    out = set()
+    if a.col < b.col: out.add('left of')
+    if a.col > b.col: out.add('right of')
+    if a.row < b.row: out.add('above')
+    if a.row > b.row: out.add('below')
+    return out
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_each_conflict_contradicts_its_scene(seed):
+    rng = np.random.default_rng(seed)
+    for t in TYPES:
+        for _ in range(200):
+            e = make_example(rng, t)
+            w = e.question.rstrip(' ?').split()
+            present = {o.shape: o for o in e.scene.objects}
+            if e.kind == 'colour':                           # what colour is the S ?
+                holds = w[4] in present
+            elif e.kind == 'where':                          # where is the C S ?
+                holds = w[4] in present and present[w[4]].colour == w[3]
+            else:                                            # what colour is the S1 R the S2 ?
+                a, b, rel = w[4], w[-1], ' '.join(w[5:-2])
+                holds = a in present and b in present and rel in _true_relations(present[a], present[b])
+            assert holds == (t == 'none'), (t, e.question, e.scene)
+            assert premise_holds(e.scene, e.question) == holds
+            if t == 'object': assert e.answer == f"no , there is no {e.key_component} ."
+            if t == 'attribute': assert present[w[4]].colour != w[3] and e.answer.endswith(f"is {present[w[4]].colour} .")
+            if t == 'relation': assert ' not ' in e.answer and rel not in _true_relations(present[a], present[b])
+
+
+def test_relation_matches_coordinates():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        s = sample_scene(rng, (2, 3)); a, b = s.objects[:2]
+        assert {r for r in RELATIONS if relation_holds(a, r, b)} == _true_relations(a, b)
+
+
+def test_render_and_split():
+    s = Scene((Obj('circle', 'red', 0, 0), Obj('cross', 'blue', 2, 1)))
+    img = render_scene(s)
+    assert tuple(img[CELL // 2, CELL // 2]) == RGB['red'] and tuple(img[2 * CELL + CELL // 2, CELL + CELL // 2]) == RGB['blue']
+    assert (img[CELL:2 * CELL, 2 * CELL:] == 240).all()                        # an empty cell stays background
+    train_keys = {e.image_id for e in make_dataset(200, seed=0, split='train')}
+    test_keys = {e.image_id for e in make_dataset(200, EVAL_MIX, seed=0, split='test')}
+    assert not train_keys & test_keys                                           # split by scene
+
+
+def test_bad_images_give_clear_errors():
+    img = render_scene(sample_scene(np.random.default_rng(0)))
+    with pytest.raises(ValueError, match='shape'): images_to_tensor(img[:20])
+    with pytest.raises(ValueError, match='channels last'): images_to_tensor(img.transpose(2, 0, 1).copy())
+    with pytest.raises(TypeError, match='uint8'): images_to_tensor(img.astype(float))
+    with pytest.raises(TypeError, match='numpy'): images_to_tensor('image.png')
+    px = images_to_tensor(img)
+    with pytest.raises(ValueError, match=r'\[0, 1\]'): check_pixels(px * 255)
+    with pytest.raises(ValueError, match='NaN'): check_pixels(px * float('nan'))
+    with pytest.raises(TypeError, match='floating'): check_pixels((px * 255).long())
+    m = TinyVLM(seed=0); ids = torch.tensor([[IMG] * N_IMG + [5, 6]])
+    with pytest.raises(ValueError, match='no pixel_values'): m(ids)
+    with pytest.raises(ValueError, match='images for'): m(ids, pixel_values=torch.cat([px, px]))
+    with pytest.raises(ValueError, match='exactly 9'): m(ids[:, 2:], pixel_values=px)
+
+
+def test_judge_and_rouge():
+    e = make_example(np.random.default_rng(1), 'attribute'); s = e.question.split()[4]
+    assert judge_answer(e.answer, e) == 'correct'
+    assert judge_answer(f"the {e.question.split()[3]} {s} is at the top left .", e) == 'hallucinated'
+    assert judge_answer('yes , the ' + s + ' is red .', e) == 'hallucinated'
+    n = make_example(np.random.default_rng(1), 'none')
+    assert judge_answer(n.answer, n) == 'correct' and judge_answer('no , there is no cross .', n) == 'false_conflict'
+    assert rouge_l('a b c d', 'a c d') == pytest.approx(2 * (3 / 4) * 1 / (3 / 4 + 1))
+
+
+def test_mix_errors():
+    with pytest.raises(ValueError, match='unknown conflict_type'): make_dataset(4, dict(none=0.5, ocr=0.5))
+    with pytest.raises(ValueError, match='sum to 1'): make_dataset(4, dict(none=0.5, object=0.2))
+    with pytest.raises(ValueError, match='conflict_type'): make_example(np.random.default_rng(0), 'colour')
+
+
+@pytest.mark.parametrize('beta', [0.0, 0.01, 0.5])
+def test_reinforcepp_advantages_normalised_over_batch(beta):
+    g = torch.Generator().manual_seed(0)
+    R = torch.tensor([1., -1., 1., -1., -1., 1.])
+    mask = (torch.arange(7)[None] < torch.tensor([3, 7, 1, 5, 2, 4])[:, None]).long()
+    logratio = torch.randn(6, 7, generator=g) * 0.3
+    A = reinforcepp_advantages(R, logratio, mask, beta)
+    v = A[mask.bool()]
+    assert v.mean().abs() < 1e-5 and (v.std(unbiased=False) - 1).abs() < 1e-4       # over the whole batch, not per prompt
+    assert (A[~mask.bool()] == 0).all()
+    # the returns before normalisation: G_t = R - beta * sum_{s>=t} logratio_s on response tokens
+    m = mask.float(); G = R[:, None] - beta * (logratio * m).flip(1).cumsum(1).flip(1)
+    Gv = G[mask.bool()]; assert torch.allclose(v, (Gv - Gv.mean()) / Gv.std(unbiased=False), atol=1e-4)
+    # per-prompt means are NOT zero in general (that would be the group-relative estimator)
+    assert (A.sum(1) / m.sum(1)).abs().max() > 0.1
+
+
+def test_group_advantages_and_equal_rewards():
+    a = group_advantages(torch.tensor([1., -1., 1., 1., -1., -1.]), 3)
+    assert torch.allclose(a.view(2, 3).sum(1), torch.zeros(2), atol=1e-6)
+    lp = torch.randn(4, 5, requires_grad=True); m = torch.ones(4, 5)
+    policy_loss(lp, lp.detach(), group_advantages(torch.ones(4), 4)[:, None] * m, m).backward()
+    assert torch.all(lp.grad == 0)
+
+
+def test_kl_term_zero_at_start_of_rl():
+    ref = TinyVLM(seed=3); pol = copy.deepcopy(ref)
+    ex = make_dataset(8, seed=2)
+    b = sample_responses(pol, ex, seed=0)
+    with torch.no_grad():
+        assert torch.equal(response_logprobs(pol, b), response_logprobs(ref, b))
+    log = rl_train(pol, ref, ex, steps=1, batch_size=8, lr=1e-3, seed=0)
+    assert log[0]['kl'] == 0.0
+    A = reinforcepp_advantages(torch.tensor([1., -1.]), torch.zeros(2, 3), torch.ones(2, 3), beta=0.01)
+    assert torch.allclose(A, reinforcepp_advantages(torch.tensor([1., -1.]), torch.zeros(2, 3), torch.ones(2, 3), beta=0.0))
+
+
+def test_labels_mask_image_and_question():
+    e = make_dataset(1, seed=5)[0]
+    r = lm_row(e, images_to_tensor(e.image)[0]); n = len(prompt_ids(e))
+    assert (r['labels'][:n] == -100).all() and (r['labels'][n:] != -100).all() and r['labels'][-1] == EOS
+
+
+def test_config_and_recorded_verdict():
+    with pytest.raises(ValueError, match='group_size'): MMMCConfig(batch_size=30)
+    assert MMMCConfig(mode='full').n_seeds >= 3
+    try: R = load_results('mmmc')
+    except FileNotFoundError: pytest.skip('no committed full run yet')
+    assert R.mode == 'full' and len(R.seeds) >= 3
+    assert verdict(R) == R.verdict
+    assert [c.name for c in claims(R)] == [c.name for c in R.claims]
