@@ -79,3 +79,51 @@ def test_recorded_verdict():
     if not p.is_file(): pytest.skip('no full run recorded yet')
     R = load_results('docks_rag')
     assert R.mode == 'full' and len(R.seeds) >= 3 and verdict(R) == R.verdict
+
+# --- sweeps and the untuned-LLM probe (issue 23: B4, k and tau_eq sweeps) ---
+from workbench.retrieval.docks_rag import (with_k, with_link, exact_link, AliasLinker, alias, split_features, llm_relation_scores,
+                                           probe_prompt, _load_llm, VERBAL, _unit_cfg)
+
+@pytest.fixture(scope='module')
+def prompts(ds, kb):
+    kg = DocKG.from_documents(ds.train, ds.world['types'], epochs=0)
+    d = ds.test[0]
+    P10 = [build_hybrid_prompt(d, h, t, kg, kb, k=10) for h in d['entities'] for t in d['entities'] if h != t]
+    P5 = [build_hybrid_prompt(d, h, t, kg, kb, k=5) for h in d['entities'] for t in d['entities'] if h != t]
+    return kg, P10, P5
+
+def test_k_recut_matches_direct_retrieval_and_k0_is_b1(kb, prompts):
+    kg, P10, P5 = prompts
+    X5, Xr = split_features(P5, kb), split_features(P10, kb, 5)
+    assert all(torch.equal(X5[v], Xr[v]) for v in X5)                    # top-5 is a prefix of top-10
+    assert torch.equal(split_features(P10, kb, 0)['B3'], X5['B1'])        # k=0: the hybrid head sees exactly B1's inputs
+    with pytest.raises(ValueError): with_k(P5[0], kb, 6)                 # re-cutting can only shrink
+
+def test_exact_link_reproduces_features_and_alias_links_shrink(ds, kb, prompts):
+    kg, _, P5 = prompts
+    X = split_features(P5, kb)
+    assert all(torch.equal(X[v], split_features(P5, kb, None, kg, exact_link(kg))[v]) for v in X)
+    lk = AliasLinker(kg, _encoder(), ds.world['types'])
+    e = next(iter(kg.adj))
+    n = [len(lk.link(tau)(e)) for tau in (-1.0, 0.0, 0.5, 0.7, 0.9, 1.0)]
+    assert n == sorted(n, reverse=True) and n[0] == len(kg.adj)
+    assert alias('Kalo Verti', 'PER') == 'Verti' and alias('Dorhol Group', 'ORG') == 'Dorhol'
+    with pytest.raises(ValueError): lk.link(1.5)
+
+def test_llm_relation_scores_prefers_the_stated_relation(ds, kb, prompts):
+    model, tok = _load_llm('smollm2-135m')
+    s = llm_relation_scores(model, tok, 'Ann Bo works for Kilo Group. Question: how is Ann Bo related to Kilo Group?\nAnswer:',
+                            [VERBAL[r].format(h='Ann Bo', t='Kilo Group') for r in ('works_for', 'founded_by', 'NA')])
+    assert s.shape == (3,) and torch.isfinite(s).all() and (s <= 0).all()
+    one = llm_relation_scores(model, tok, 'Ann Bo works for Kilo Group.', ['Ann Bo works for Kilo Group.'])
+    assert torch.isclose(one, llm_relation_scores(model, tok, 'Ann Bo works for Kilo Group.', ['Ann Bo works for Kilo Group.', 'x'])[:1], atol=1e-4).all()
+    kg, _, P5 = prompts
+    assert 'Known facts' not in probe_prompt(P5[0], ('ctx',)) and probe_prompt(P5[0]).endswith('Answer:')
+
+def test_sweep_config_errors_and_unit_key():
+    with pytest.raises(ValueError): DocKSConfig(mode='quick', tau_grid=(0.5, 1.2))
+    with pytest.raises(ValueError): DocKSConfig(mode='quick', k_grid=(-1,))
+    with pytest.raises(ValueError): DocKSConfig(mode='quick', n_sweep_seeds=2)        # more sweep seeds than seeds
+    a, b = DocKSConfig(mode='full'), DocKSConfig(mode='full', k_grid=(), tau_grid=(), n_probe=0)
+    from workbench.core import _unit_config
+    assert _unit_config(_unit_cfg(a)) == _unit_config(_unit_cfg(b))   # the sweeps never invalidate the seed units

@@ -116,4 +116,28 @@ def test_recorded_verdict():
     try: R = load_results('econ')
     except FileNotFoundError: pytest.skip('no recorded econ results yet')
     assert verdict(R) == R.verdict
-    assert len(claims(R)) == 3
+    n_big = len(set(R.df.n_agents) - {len(PROFILES)}) if 'n_agents' in R.df else 0
+    assert len(claims(R)) == 3 + 2 * n_big                        # two claims per larger team (adding agents)
+    if n_big: assert all(r['same_executors'] for r in R.tables['scale'])
+
+
+# --- adding agents (issue 26) ---
+from workbench.collaboration.econ import run_scale, run_seed, scale_name
+from workbench.core import _unit_config
+
+
+def test_scale_config_errors_and_unit_key():
+    for bad in (2, 3, 11):
+        with pytest.raises(ValueError, match='scale_agents'): ECONConfig(mode='quick', scale_agents=bad)
+    with pytest.raises(ValueError, match='n_scale_seeds'): ECONConfig(mode='quick', n_scale_seeds=2)
+    ECONConfig(mode='quick', scale_agents=0)                       # 0: not run
+    assert _unit_config(ECONConfig(mode='full')) == _unit_config(ECONConfig(mode='full', scale_agents=0, n_scale_seeds=0))
+
+
+def test_larger_team_starts_with_the_same_executors():
+    cfg = ECONConfig(mode='quick', exec_steps=5, n_rl=24, n_test=16, m=2, episodes=32, scale_agents=4)
+    u, x = run_seed(cfg, 0), run_scale(cfg, 0)
+    assert x['n_agents'] == 4 and set(x['acc']) == {'single', 'self-consistency', 'majority vote', 'ECON'}
+    assert np.allclose(x['check_mv3'], u['acc']['majority vote'])  # the first three are the 3-agent unit's executors, same draws
+    assert all(0 <= a <= 1 for v in x['acc'].values() for a in v) and x['tok']['ECON'] > u['tok']['ECON']
+    assert scale_name('ECON', 4) == 'ECON (4 agents)'

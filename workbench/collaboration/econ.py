@@ -27,8 +27,8 @@ __all__ = ['VOCAB', 'STOI', 'EOS', 'SPLITS', 'PROFILES', 'TEMPS', 'INVALID', 'TA
            'weighted_vote', 'majority_vote', 'econ_rewards', 'BeliefNetwork', 'BeliefEncoder', 'QMixer',
            'best_response_profile', 'equilibrium_gap', 'ECONTeam', 'q_fns', 'decide', 'team_step', 'value_table',
            'regret', 'train_team', 'answer_len', 'vote_outcome', 'independent_tokens', 'debate', 'ECONConfig',
-           'run_seed', 'run_experiment', 'strongest', 'claims', 'verdict', 'headline', 'fig_pareto', 'ParetoExplorer',
-           'fig_learning', 'LearningExplorer', 'fig_question', 'QuestionExplorer']
+           'run_seed', 'run_scale', 'scale_name', 'run_experiment', 'strongest', 'claims', 'verdict', 'headline',
+           'fig_pareto', 'ParetoExplorer', 'fig_learning', 'LearningExplorer', 'fig_question', 'QuestionExplorer']
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000008
 VOCAB = ' 0123456789+-*=|,\n'      # id 0 pads; '\n' ends an answer
@@ -373,12 +373,16 @@ class ECONConfig(ExperimentConfig):
     lr: float = 3e-3                              # Adam learning rate of the teams
     rounds: tuple = (1, 2)                        # debate rounds to run
     n_seeds: int = size(quick=1, full=3)          # seeds (each retrains the executors)
-    unit_fields: ClassVar[tuple] = ('n_seeds',)
+    scale_agents: int = 6                         # "adding an agent": a team of this many executors (the seed's three, then copies sampling on their own); 0 = not run
+    n_scale_seeds: int = size(quick=1, full=3)    # the first seeds that also run the larger team
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'scale_agents', 'n_scale_seeds')
     cache_version: ClassVar[int] = 1
     def validate(self):
         for f in ('exec_steps', 'exec_batch', 'n_rl', 'n_test', 'm', 'episodes', 'batch', 'n_seeds'): check_int(f, getattr(self, f), lo=1)
         check_num('lr', self.lr, lo=0, lo_open=True)
         if not self.rounds or any(not isinstance(r, int) or r < 1 for r in self.rounds): raise ValueError(f"rounds must be positive ints, got {self.rounds!r}")
+        if self.scale_agents: check_int('scale_agents', self.scale_agents, lo=len(PROFILES) + 1, hi=10)
+        check_int('n_scale_seeds', self.n_scale_seeds, lo=0, hi=self.n_seeds)
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
 
@@ -409,6 +413,33 @@ def run_seed(cfg: ECONConfig, seed: int) -> dict:
     for name, kw in (('ECON', {}), ('independent', dict(independent=True)), ('ECON fixed-T', dict(fixed=_best_choices(B_rl, y_rl)[2]))):
         teams[name], logs[name] = train_team(o_rl, B_rl, y_rl, cfg.episodes, seed, cfg.batch, cfg.lr, V=V, **kw)
     return _score(cfg, seed, exs, te, y_te, B_rl, y_rl, B_te, o_te, teams, logs)
+
+# %% ../../nbs/collaboration/81_econ.ipynb #ec000052b
+def run_scale(cfg: ECONConfig, seed: int) -> dict:
+    "One seed with `cfg.scale_agents` executors (the seed's three, then copies sampling on their own): ECON and the answer-alone baselines."
+    torch.manual_seed(seed)
+    base = [train_executor(p, cfg.exec_steps, cfg.exec_batch, seed=seed * 10 + i) for i, p in enumerate(PROFILES)]
+    exs = [base[i % len(base)] for i in range(cfg.scale_agents)]
+    rl, te = make_arith_tasks(cfg.n_rl, 'rl', seed=seed), make_arith_tasks(cfg.n_test, 'test', seed=seed + 1)
+    y_rl, y_te = (np.array([int(t['answer']) for t in ts]) for ts in (rl, te))
+    B_rl, B_te = build_bank(exs, rl, cfg.m, seed), build_bank(exs, te, cfg.m, seed + 1)      # agent i samples with its own seed
+    o_rl, o_te = ([observe(e, [t['expr'] + '=' for t in ts]) for e in exs] for ts in (rl, te))
+    team, log = train_team(o_rl, B_rl, y_rl, cfg.episodes, seed, cfg.batch, cfg.lr)
+    i1, k1, kv = _best_choices(B_rl, y_rl)
+    plen, Q, N = np.array([len(t['expr']) + 1 for t in te], float), len(te), len(exs)
+    one = B_te[:, i1, k1]
+    acc = {'single': (one == y_te[:, None]).mean(1), 'self-consistency': _sc(one, y_te), 'majority vote': vote_outcome(B_te[:, :, kv], y_te)}
+    tok = {'single': plen + answer_len(one).mean(1), 'self-consistency': 3 * (plen + answer_len(one).mean(1)) + plen + 3 * answer_len(one).mean(1),
+           'majority vote': independent_tokens(B_te[:, :, kv], plen)}
+    a, ok, gap = decide(team, o_te)
+    w = team.omega(*team.beliefs(o_te)[::2]).detach().numpy()
+    U = B_te[np.arange(Q)[:, None], np.arange(N)[None], a.numpy()]
+    acc['ECON'], tok['ECON'] = vote_outcome(U, y_te, w), independent_tokens(U, plen)
+    kv3 = _best_choices(B_rl[:, :len(PROFILES)], y_rl)[2]
+    return dict(n_agents=N, acc={k: v.round(4).tolist() for k, v in acc.items()}, tok={k: float(np.mean(v)) for k, v in tok.items()},
+                eq=dict(converged=float(ok.float().mean()), gap=float(gap.mean())), bins=F.one_hot(a, team.K).float().mean(0).round(decimals=3).tolist(),
+                choices=dict(single_agent=f"{PROFILES[i1 % len(PROFILES)]['name']}{i1 // len(PROFILES) + 1}", single_T=TEMPS[k1], vote_T=TEMPS[kv]),
+                check_mv3=vote_outcome(B_te[:, :len(PROFILES), kv3], y_te).round(4).tolist())
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000060
 def _inspect(te, y, B, prof, kv, n: int=12) -> list[dict]:
@@ -453,7 +484,7 @@ def _rows(seed: int, u: dict) -> tuple[list, dict]:
     tags, rows, items, learn = np.array(u['tags']), [], [], []
     for meth, acc in u['acc'].items():
         acc, log = np.array(acc), u['logs'].get(meth)
-        r = dict(seed=seed, method=meth, acc=float(acc.mean()), tokens=round(u['tok'][meth], 2),
+        r = dict(seed=seed, method=meth, n_agents=len(PROFILES), acc=float(acc.mean()), tokens=round(u['tok'][meth], 2),
                  **{f'acc_{t}': float(acc[tags == t].mean()) for t in TAGS},
                  cum_regret=float(np.sum(log['regret'])) if log else None)
         if meth == 'ECON': r.update(eq_converged=u['eq']['converged'], eq_gap=u['eq']['gap'])
@@ -461,24 +492,42 @@ def _rows(seed: int, u: dict) -> tuple[list, dict]:
         if log: learn.append(dict(seed=seed, method=meth, cum_regret=np.cumsum(log['regret'])[::8].round(3).tolist(), **{k: log[k] for k in ('bins', 'belief_acc', 'gap', 'acc')}))
     return rows, dict(items=items, learning=learn)
 
+def scale_name(meth: str, n: int) -> str: return f'{meth} ({n} agents)'
+
+def _scale_rows(seed: int, x: dict, tags) -> tuple[list, list]:
+    "Rows and item records of one seed's larger team (methods named 'ECON (6 agents)', ...)."
+    tags, N, rows, items = np.array(tags), x['n_agents'], [], []
+    for meth, acc in x['acc'].items():
+        acc = np.array(acc); name = scale_name(meth, N)
+        r = dict(seed=seed, method=name, n_agents=N, acc=float(acc.mean()), tokens=round(x['tok'][meth], 2), **{f'acc_{t}': float(acc[tags == t].mean()) for t in TAGS})
+        if meth == 'ECON': r.update(eq_converged=x['eq']['converged'], eq_gap=x['eq']['gap'])
+        rows.append(r); items.append(dict(seed=seed, method=name, acc=acc.tolist()))
+    return rows, items
+
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000055
 def run_experiment(cfg: ECONConfig) -> Results:
     "Every seed's unit (cached), then rows, tables, claims and the verdict."
-    t0, rows, tables = time.time(), [], dict(items=[], learning=[], inspect=[], choices=[])
+    t0, rows, tables = time.time(), [], dict(items=[], learning=[], inspect=[], choices=[], scale=[])
     for seed in progress(cfg.seeds, desc='ECON seeds'):
         u = cached_unit('econ', cfg, dict(seed=seed), lambda: run_seed(cfg, seed))
         r, t = _rows(seed, u); rows += r
         for k in ('items', 'learning'): tables[k] += t[k]
         tables['choices'].append(dict(seed=seed, **u['choices']))
         if seed == cfg.seeds[0]: tables['inspect'] = u['inspect']
+        if cfg.scale_agents and seed in cfg.seeds[:cfg.n_scale_seeds]:
+            x = cached_unit('econ', cfg, dict(seed=seed, part='scale', n_agents=cfg.scale_agents), lambda: run_scale(cfg, seed))
+            r, it = _scale_rows(seed, x, u['tags']); rows += r; tables['items'] += it
+            tables['scale'].append(dict(seed=seed, n_agents=x['n_agents'], bins=x['bins'], **x['choices'],
+                                        same_executors=bool(np.allclose(x['check_mv3'], u['acc']['majority vote']))))
     res = Results('econ', cfg, rows, seeds=cfg.seeds, tables=tables, wall_time_s=time.time() - t0,
                   notes='Accuracy per test question is the mean over the bank draws; tokens are characters read or written by anyone '
                         '(executors and the coordinator). Regret is that of each team\'s greedy profile under plain majority vote, from the RL bank.')
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000056
-def _items(res, meth) -> np.ndarray:
-    return np.concatenate([r['acc'] for r in sorted(res.tables['items'], key=lambda r: r['seed']) if r['method'] == meth])
+def _items(res, meth, seeds=None) -> np.ndarray:
+    "Per-item accuracies of `meth`, seeds in order (only `seeds` if given)."
+    return np.concatenate([r['acc'] for r in sorted(res.tables['items'], key=lambda r: r['seed']) if r['method'] == meth and (seeds is None or r['seed'] in seeds)])
 
 def strongest(res, among) -> str:
     "The method of `among` with the highest mean test accuracy (the strongest baseline, chosen after the fact: generous to it)."
@@ -492,12 +541,21 @@ def claims(res: Results) -> list[Claim]:
     df = res.df.set_index(['method', 'seed']).sort_index()
     reg = lambda m: df.loc[m].cum_regret.to_numpy(float)
     n_items = len(e)
-    return [claim(f'accuracy: ECON − {b} (strongest of {", ".join(BASELINES)})', paired_bootstrap(e, _items(res, b), unit='items'), better='higher'),
-            claim(f'accuracy: ECON − {d} (best debate, more tokens)', paired_bootstrap(e, _items(res, d), unit='items'), better='higher'),
-            claim('cumulative regret: independent learners − ECON', paired_t(reg('independent'), reg('ECON')), better='higher')]
+    out = [claim(f'accuracy: ECON − {b} (strongest of {", ".join(BASELINES)})', paired_bootstrap(e, _items(res, b), unit='items'), better='higher'),
+           claim(f'accuracy: ECON − {d} (best debate, more tokens)', paired_bootstrap(e, _items(res, d), unit='items'), better='higher'),
+           claim('cumulative regret: independent learners − ECON', paired_t(reg('independent'), reg('ECON')), better='higher')]
+    sc = res.df[res.df.n_agents > len(PROFILES)] if 'n_agents' in res.df else None       # results before the larger team have no n_agents
+    for n in ([] if sc is None else sorted({int(x) for x in sc.n_agents})):
+        seeds = sorted(set(sc[sc.n_agents == n].seed)); e_n = _items(res, scale_name('ECON', n), seeds)
+        out.append(claim(f'accuracy: ECON with {n} executors − ECON with {len(PROFILES)} (adding agents)',
+                         paired_bootstrap(e_n, _items(res, 'ECON', seeds), unit='items'), better='higher'))
+        bn = strongest(res, [scale_name(m, n) for m in BASELINES])
+        out.append(claim(f'accuracy with {n} executors: ECON − {bn} (strongest answer-alone baseline with {n} executors)',
+                         paired_bootstrap(e_n, _items(res, bn, seeds), unit='items'), better='higher'))
+    return out
 
 def verdict(res: Results) -> str:
-    "Reproduced when ECON beats the strongest answer-alone baseline and the best debate beyond their 95% CIs and has lower cumulative regret than independent learners; partly when some of these show."
+    "Reproduced when ECON beats the strongest answer-alone baseline and the best debate beyond their 95% CIs, has lower cumulative regret than independent learners, gains from more executors and beats the strongest answer-alone baseline at that size; partly when some of these show."
     return judge(claims(res))
 
 def headline(res: Results) -> str:
@@ -505,8 +563,13 @@ def headline(res: Results) -> str:
     df = res.df.groupby('method')[['acc', 'tokens']].mean()
     mads = [m for m in df.index if m.startswith('MAD')]; dl = max(mads, key=lambda m: int(m.split('=')[1]))
     b = strongest(res, BASELINES)
-    return (f"ECON {df.acc['ECON']:.1%} vs {b} {df.acc[b]:.1%} and {dl} {df.acc[dl]:.1%} test accuracy; "
-            f"{1 - df.tokens['ECON'] / df.tokens[dl]:.0%} fewer tokens than {dl} (paper: +11.2% over multi-LLM baselines, 21.4% fewer tokens than 3-round MAD)")
+    s = (f"ECON {df.acc['ECON']:.1%} vs {b} {df.acc[b]:.1%} and {dl} {df.acc[dl]:.1%} test accuracy; "
+         f"{1 - df.tokens['ECON'] / df.tokens[dl]:.0%} fewer tokens than {dl} (paper: +11.2% over multi-LLM baselines, 21.4% fewer tokens than 3-round MAD)")
+    big = [m for m in df.index if m.startswith('ECON (')]
+    for m in big:
+        n = int(m.split('(')[1].split()[0]); bn = strongest(res, [scale_name(x, n) for x in BASELINES])
+        s += f"; with {n} executors ECON {df.acc[m]:.1%} vs {bn} {df.acc[bn]:.1%} (paper: +18.1% from 3 to 9 executors)"
+    return s
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000065
 def fig_pareto(df, title: str='Test accuracy against communication tokens per question') -> go.Figure:
@@ -527,11 +590,14 @@ class ParetoExplorer(Explorer):
         self.df = df
         self.methods = W.SelectMultiple(options=list(dict.fromkeys(df.method)), value=tuple(dict.fromkeys(df.method)), description='methods', rows=5)
         self.tag = W.ToggleButtons(options=['all', *TAGS], value='all', description='questions')
+        ns = sorted({int(n) for n in df.n_agents}) if 'n_agents' in df else []
+        self.agents = W.ToggleButtons(options=['all', *ns], value='all', description='executors')
         self.fig = go.FigureWidget(self.figure())
-        for w in (self.methods, self.tag): w.observe(self._update, names='value')
-        self.widget = W.VBox([W.HBox([self.methods, self.tag]), self.fig])
+        for w in (self.methods, self.tag, self.agents): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.methods, W.VBox([self.tag, self.agents])]), self.fig])
     def figure(self):
         d = self.df[self.df.method.isin(self.methods.value or self.df.method.unique()[:1])].copy()
+        if self.agents.value != 'all': d = d[d.n_agents == self.agents.value]
         if self.tag.value != 'all': d['acc'] = d[f'acc_{self.tag.value}']
         return fig_pareto(d, title=f'Accuracy ({self.tag.value} questions) against tokens')
 

@@ -7,14 +7,14 @@ Docs: https://workbench-dev.github.io/workbench/retrieval/docks_rag.html.md"""
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks002
 from __future__ import annotations
 import math, random, time, itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 from fastcore.basics import patch_to
 import numpy as np, torch, networkx as nx
 from torch import nn, Tensor
 import torch.nn.functional as F
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge
-from ..measure import check_int, check_num, check_choice, paired_t, claim
+from ..measure import check_int, check_num, check_choice, paired_t, paired_bootstrap, claim
 from ..models import load_embedder
 from ..viz import Explorer, PALETTE
 from ..measure import mean_ci
@@ -23,11 +23,14 @@ import plotly.graph_objects as go, ipywidgets as W
 
 # %% auto #0
 __all__ = ['TYPES', 'BASE', 'RULES', 'RELATIONS', 'REL_ID', 'SYMMETRIC', 'TEMPLATES', 'DISTRACT', 'PARTS', 'VARIANTS', 'SUPPORTS',
-           'TYPE_COLOR', 'rel_id', 'make_world', 'make_document', 'DocREDataset', 'make_docre_dataset', 'DocKG', 'Hit',
-           'embed', 'SentenceKB', 'HybridPrompt', 'build_hybrid_prompt', 'HybridRelationHead', 'atlop_threshold_loss',
-           'predict_relations', 'fit_head', 'docre_scores', 'DocKSConfig', 'build_split', 'Pipeline', 'build_pipeline',
-           'train_heads', 'predict_facts', 'type_prior_facts', 'evaluate', 'run_unit', 'run_experiment', 'claims',
-           'verdict', 'headline', 'fig_pair', 'DocExplorer', 'fig_scores', 'ScoresExplorer']
+           'VERBAL', 'REL_TYPES', 'TYPE_COLOR', 'rel_id', 'make_world', 'make_document', 'DocREDataset',
+           'make_docre_dataset', 'DocKG', 'Hit', 'embed', 'SentenceKB', 'HybridPrompt', 'exact_link', 'kg_block',
+           'set_block', 'build_hybrid_prompt', 'with_k', 'with_link', 'HybridRelationHead', 'atlop_threshold_loss',
+           'predict_relations', 'fit_head', 'docre_scores', 'DocKSConfig', 'split_features', 'build_split', 'Pipeline',
+           'build_pipeline', 'fit_variant', 'train_heads', 'predict_facts', 'type_prior_facts', 'evaluate', 'run_unit',
+           'alias', 'AliasLinker', 'probe_prompt', 'llm_relation_scores', 'probe_pairs', 'run_probe', 'run_extra',
+           'run_experiment', 'claims', 'verdict', 'headline', 'fig_pair', 'DocExplorer', 'fig_scores', 'ScoresExplorer',
+           'fig_sweeps', 'SweepExplorer']
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks007
 TYPES = ('PER', 'ORG', 'CITY', 'COUNTRY')
@@ -308,45 +311,84 @@ def _hop_vec(triples, h, t, mids) -> np.ndarray:
 @dataclass
 class HybridPrompt:
     "The three parts of a hybrid prompt for (doc, h, t): as text (what an LLM would read) and as the head's feature blocks."
-    h: str; t: str; ctx: str; kg: str; set: str; hits: list; feats: dict
+    h: str; t: str; ctx: str; kg: str; set: str; hits: list; feats: dict; mids: tuple = (); k: int = 0
     def vector(self, parts=PARTS) -> np.ndarray:
         "Feature blocks concatenated; parts not in `parts` are zeros (same input size for every variant)."
         return np.concatenate([v if k.split('.')[0] in parts else np.zeros_like(v) for k, v in self.feats.items()])
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks025
-def build_hybrid_prompt(doc, h: str, t: str, kg: DocKG, kb: SentenceKB, tau_eq: float = 0.7, k: int = 5, exclude_doc=None) -> HybridPrompt:
-    "P_H = P_ctx ⊕ P_KG ⊕ P_Set for the pair (h, t) of `doc`; `exclude_doc` keeps a training doc's own sentences out of SetRAG."
+def exact_link(kg: DocKG):
+    "Entity linking by exact name: query entity -> {itself} if it is a KG node, else {}."
+    return lambda e: {e} & kg.adj.keys()
+
+def _kg_arrays(kg: DocKG) -> tuple:
+    "Nodes, node index and the adjacency tensor A (|R|, |V|, |V|) of the KG (built once per KG)."
+    if getattr(kg, '_arr', None) is None:
+        nodes = sorted(kg.adj); ix = {n: i for i, n in enumerate(nodes)}
+        A = np.zeros((len(RELATIONS), len(nodes), len(nodes)), bool)
+        for h, t, r in kg.g.edges(keys=True): A[RELATIONS.index(r), ix[h], ix[t]] = True
+        kg._arr = (nodes, ix, A)
+    return kg._arr
+
+def kg_block(kg: DocKG, h: str, t: str, mids, link=None) -> tuple:
+    "P_KG for (h, t): feature blocks and text lines, over the KG nodes `link(e)` matched to each query entity (default: exact name)."
+    link = link or exact_link(kg)
+    nodes, ix, A = _kg_arrays(kg)
+    Lh, Lt = link(h), link(t)
+    ih, it, im = (sorted(ix[e] for e in L) for L in (Lh, Lt, set().union(*(link(m) for m in mids))))
+    nb = len(_BASE_R)                                                        # BASE relations are the first ones of RELATIONS
+    fromh, into_t = A[:, ih, :].any(1), A[:, :, it].any(2)                  # (|R|, |V|): reached from V_h by r; with an r-edge into V_t
+    direct, inverse = fromh[:, it].any(1), A[:, it, :].any(1)[:, ih].any(1)   # (h, r, t), (t, r, h)
+    two = (fromh[:nb].astype(np.float32) @ into_t[:nb].T.astype(np.float32)) > 0   # [r1, r2]: h -r1-> m -r2-> t
+    doc_hop = into_t[:nb][:, im].any(1)                                     # [r2]: m -r2-> t for an m co-mentioned with h
+    f = {'kg.direct': direct.astype(np.float32), 'kg.inverse': inverse.astype(np.float32), 'kg.two_hop': two.ravel().astype(np.float32),
+         'kg.doc_hop': doc_hop.astype(np.float32)}
+    touch = Lh | Lt
+    lines = '\n'.join(f"({a}, {r}, {b})" for a, r, b in sorted(set().union(*(kg.adj.get(e, set()) for e in touch))) if a in touch or b in touch)
+    return f, lines
+
+def set_block(kb: SentenceKB, hits: list, k: int, h: str, t: str, mids) -> tuple:
+    "P_Set for (h, t) from the first `k` of `hits`: feature blocks and text."
+    hits = hits[:k]
+    R = {x for hit in hits for x in hit.triples}
+    votes = np.zeros(len(RELATIONS), np.float32)
+    for hit in hits:
+        for r in {x[1] for x in hit.triples}: votes[RELATIONS.index(r)] += hit.score / max(k, 1)
+    f = {'set.votes': votes, 'set.direct': _rel_vec(R, h, t), 'set.inverse': _rel_vec(R, t, h), 'set.doc_hop': _hop_vec(R, h, t, mids),
+         'set.mean': embed(kb.encoder, [x.text for x in hits]).mean(0).numpy() if hits else np.zeros(384, np.float32)}
+    st = '\n'.join(f"{x.text} -> " + '; '.join(f"({a}, {r}, {b})" for a, r, b in x.triples) for x in hits)
+    return f, st
+
+def build_hybrid_prompt(doc, h: str, t: str, kg: DocKG, kb: SentenceKB, tau_eq: float = 0.7, k: int = 5, exclude_doc=None, link=None) -> HybridPrompt:
+    "P_H = P_ctx ⊕ P_KG ⊕ P_Set for the pair (h, t) of `doc`; `exclude_doc` keeps a training doc's own sentences out of SetRAG; `link`: entity linker (default exact name)."
     _check_tau('tau_eq', tau_eq); check_int('k', k, lo=0)
     types, S = dict(zip(doc['entities'], (vs[0]['type'] for vs in doc['vertexSet']))), _sent_sets(doc)
     both, onlyh, onlyt = sorted(S[h] & S[t]), sorted(S[h]), sorted(S[t])
     V = lambda ids: embed(kb.encoder, [doc['sents'][i] for i in ids]).mean(0).numpy() if ids else np.zeros(384, np.float32)
-    mids = {e for e in doc['entities'] if e not in (h, t) and S[e] & S[h]}                 # co-mentioned with h
+    mids = tuple(e for e in doc['entities'] if e not in (h, t) and S[e] & S[h])           # co-mentioned with h
     # P_ctx: the sentences that mention h or t; types; cross-sentence flag
     onehot = lambda e: np.eye(len(TYPES), dtype=np.float32)[TYPES.index(types[e])]
     f = {'ctx.type': np.concatenate([onehot(h), onehot(t), [float(not both)]]).astype(np.float32),
          'ctx.both': V(both), 'ctx.h': V(onlyh), 'ctx.t': V(onlyt)}
     # P_KG: subgraph of the query entities; direct, inverse, 2-hop and document-then-KG paths
-    E = kg.triples([h, t] + sorted(mids), tau_eq=tau_eq)
-    out_h, in_t = {(r1, m) for a, r1, m in E if a == h}, {(m, r2) for m, r2, b in E if b == t}
-    two = np.zeros((len(_BASE_R), len(_BASE_R)), np.float32)                              # [r1, r2]: h -r1-> m -r2-> t
-    for r1, m in out_h:
-        for m2, r2 in in_t:
-            if m == m2 and r1 in BASE and r2 in BASE: two[_BASE_R.index(r1), _BASE_R.index(r2)] = 1
-    two = two.ravel()
-    f |= {'kg.direct': _rel_vec(E, h, t), 'kg.inverse': _rel_vec(E, t, h), 'kg.two_hop': two, 'kg.doc_hop': _hop_vec(E, h, t, mids)}
+    fk, lines = kg_block(kg, h, t, mids, link); f |= fk
     # P_Set: top-k training sentences to the pair context, their triples as votes and paths
     q = torch.tensor(f['ctx.both'] if both else f['ctx.h'] + f['ctx.t']); q = q / q.norm().clamp(min=1e-8)
     hits = kb.search(q, k, exclude_doc=exclude_doc)
-    R = {x for hit in hits for x in hit.triples}
-    votes = np.zeros(len(RELATIONS), np.float32)
-    for hit in hits:
-        for r in {x[1] for x in hit.triples}: votes[RELATIONS.index(r)] += hit.score / max(k, 1)
-    f |= {'set.votes': votes, 'set.direct': _rel_vec(R, h, t), 'set.inverse': _rel_vec(R, t, h), 'set.doc_hop': _hop_vec(R, h, t, mids),
-          'set.mean': embed(kb.encoder, [x.text for x in hits]).mean(0).numpy() if hits else np.zeros(384, np.float32)}
+    fs, st = set_block(kb, hits, k, h, t, mids); f |= fs
     ctx = ' '.join(doc['sents'][i] for i in sorted(S[h] | S[t]))
-    st = '\n'.join(f"{x.text} -> " + '; '.join(f"({a}, {r}, {b})" for a, r, b in x.triples) for x in hits)
-    lines = '\n'.join(f"({a}, {r}, {b})" for a, r, b in sorted(E) if a in (h, t) or b in (h, t))
-    return HybridPrompt(h, t, ctx, lines, st, hits, f)
+    return HybridPrompt(h, t, ctx, lines, st, hits, f, mids, k)
+
+def with_k(hp: HybridPrompt, kb: SentenceKB, k: int) -> HybridPrompt:
+    "The same prompt with only the first `k` retrieved sentences (top-k is a prefix of top-k' for k <= k')."
+    check_int('k', k, lo=0, hi=hp.k)
+    fs, st = set_block(kb, hp.hits, k, hp.h, hp.t, hp.mids)
+    return HybridPrompt(hp.h, hp.t, hp.ctx, hp.kg, st, hp.hits[:k], hp.feats | fs, hp.mids, k)
+
+def with_link(hp: HybridPrompt, kg: DocKG, link) -> HybridPrompt:
+    "The same prompt with P_KG rebuilt under another entity linker."
+    fk, lines = kg_block(kg, hp.h, hp.t, hp.mids, link)
+    return HybridPrompt(hp.h, hp.t, hp.ctx, lines, hp.set, hp.hits, hp.feats | fk, hp.mids, hp.k)
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks028
 class HybridRelationHead(nn.Module):
@@ -418,19 +460,27 @@ class DocKSConfig(ExperimentConfig):
     n_folds: int = 4                              # training features use a KG / KB built without the document's fold
     tau_eq: float = 0.7                           # entity retrieval threshold (MiniLM cosine of names, after exact match)
     k: int = 5                                    # SetRAG: retrieved sentences
-    k_grid: tuple = ()                            # extra k values for the hybrid model (the paper's sweep; empty: not run)
+    k_grid: tuple = size(quick=(0,), full=(0, 1, 3, 8, 10))    # the paper's k sweep: the hybrid head (B3) retrained with each k (k=0 is B1: same inputs)
+    tau_grid: tuple = size(quick=(0.0, 1.0), full=(0.0, 0.2, 0.5, 0.7, 0.9, 1.0))  # the paper's tau_eq sweep, on alias queries (see `AliasLinker`)
+    n_sweep_seeds: int = size(quick=1, full=3)    # the first seeds also run the k / tau_eq sweeps and the SmolLM2 probe
+    n_probe: int = size(quick=1, full=16)         # test pairs per sweep seed scored by untuned SmolLM2 (half with a gold relation)
+    probe_model: str = 'smollm2-135m'             # the untuned LLM of the probe (B4); a GPU user would put a larger instruct model here
     epochs: int = size(quick=40, full=20)         # head training epochs (quick: fewer pairs, so more epochs)
     d_hidden: int = 128                           # head hidden width
     lr: float = 2e-3                              # head learning rate
-    unit_fields: ClassVar[tuple] = ('n_seeds',)
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'tau_grid', 'n_sweep_seeds', 'n_probe', 'probe_model')   # k_grid: see `_unit_cfg`
     cache_version: ClassVar[int] = 1
     @property
     def seeds(self) -> list: return self.seed_list(self.n_seeds)
+    @property
+    def sweep_seeds(self) -> list: return self.seeds[:self.n_sweep_seeds]
     def validate(self):
         for n, lo in (('n_seeds', 1), ('n_train', 8), ('n_test', 2), ('n_entities', 20), ('kg_epochs', 0), ('n_folds', 2), ('k', 0), ('epochs', 1), ('d_hidden', 1)):
             check_int(n, getattr(self, n), lo=lo)
         check_num('tau_er', self.tau_er, 0, 1); _check_tau('tau_eq', self.tau_eq); check_num('lr', self.lr, 0, lo_open=True)
         for k in self.k_grid: check_int('k_grid item', k, lo=0)
+        for t in self.tau_grid: _check_tau('tau_grid item', t)
+        check_int('n_sweep_seeds', self.n_sweep_seeds, lo=0, hi=self.n_seeds); check_int('n_probe', self.n_probe, lo=0)
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks037
 def _pairs(doc): return [(h, t) for h in doc['entities'] for t in doc['entities'] if h != t]
@@ -441,8 +491,14 @@ def _labels(doc) -> dict:
     for l in doc['labels']: out.setdefault((doc['entities'][l['h']], doc['entities'][l['t']]), set()).add(l['r'])
     return out
 
-def build_split(docs, kg_for, kb_for, tau_eq, k):
-    "Hybrid prompts of every ordered entity pair of `docs` -> (prompts, X per variant, Y (N, |R|+1), meta [(doc, h, t)])."
+def split_features(P: list, kb: SentenceKB, k: int | None = None, kg: DocKG | None = None, link=None, variants=tuple(VARIANTS)) -> dict:
+    "X per variant (N, D) from prompts `P`, re-cut to `k` retrieved sentences and/or with P_KG rebuilt under the linker `link`."
+    if k is not None: P = [with_k(p, kb, k) for p in P]
+    if link is not None: P = [with_link(p, kg, link) for p in P]
+    return {v: torch.tensor(np.stack([p.vector(VARIANTS[v]) for p in P])) for v in variants}
+
+def build_split(docs, kg_for, kb_for, tau_eq, k, k_feat=None):
+    "Hybrid prompts (with k hits) of every ordered entity pair of `docs` -> (prompts, X per variant at k_feat (default k), Y (N, |R|+1), meta [(doc, h, t)])."
     P, Y, meta = [], [], []
     for d in docs:
         lab = _labels(d)
@@ -451,7 +507,7 @@ def build_split(docs, kg_for, kb_for, tau_eq, k):
             y = np.zeros(len(RELATIONS) + 1, np.float32); rs = lab.get((h, t), set())
             for r in rs: y[rel_id(r)] = 1
             y[0] = not rs; Y.append(y); meta.append((d['title'], h, t))
-    X = {v: torch.tensor(np.stack([p.vector(parts) for p in P])) for v, parts in VARIANTS.items()}
+    X = split_features(P, kb_for(docs[0]) if docs else None, None if k_feat in (None, k) else k_feat)
     return P, X, torch.tensor(np.stack(Y)), meta
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks038
@@ -461,8 +517,8 @@ class Pipeline:
     cfg: DocKSConfig; seed: int; ds: DocREDataset; kg: DocKG; kb: SentenceKB; train: tuple; test: tuple; heads: dict = field(default_factory=dict); losses: dict = field(default_factory=dict)
 
 def build_pipeline(cfg: DocKSConfig, seed: int, encoder=None, k: int | None = None) -> Pipeline:
-    "Data, DocKG, KB and features for one seed (fold-wise KG/KB for the training documents, so their own facts are never retrieved)."
-    k = cfg.k if k is None else k
+    "Data, DocKG, KB and features (at cfg.k) for one seed; prompts keep the top-k hits with k = max(cfg.k, k_grid) so the k sweep re-cuts them."
+    k = max((cfg.k, *cfg.k_grid)) if k is None else k
     enc = encoder or _encoder()
     ds = make_docre_dataset(cfg.n_train, cfg.n_test, cfg.n_entities, seed)
     types = ds.world['types']
@@ -470,24 +526,27 @@ def build_pipeline(cfg: DocKSConfig, seed: int, encoder=None, k: int | None = No
     kg, kb = mk(ds.train), SentenceKB(enc, ds.train)
     fold = {d['title']: i % cfg.n_folds for i, d in enumerate(ds.train)}
     kgs = [mk([d for d in ds.train if fold[d['title']] != f]) for f in range(cfg.n_folds)]
-    tr = build_split(ds.train, lambda d: kgs[fold[d['title']]], lambda d: kb, cfg.tau_eq, k)    # KB excludes the doc itself
-    te = build_split(ds.test, lambda d: kg, lambda d: kb, cfg.tau_eq, k)
+    tr = build_split(ds.train, lambda d: kgs[fold[d['title']]], lambda d: kb, cfg.tau_eq, k, min(k, cfg.k))    # KB excludes the doc itself
+    te = build_split(ds.test, lambda d: kg, lambda d: kb, cfg.tau_eq, k, min(k, cfg.k))
     return Pipeline(cfg, seed, ds, kg, kb, tr, te)
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks039
+def fit_variant(pipe: Pipeline, Xtr: Tensor) -> tuple:
+    "One head on training features `Xtr` with the pipeline's seed, size and epochs (equal budget) -> (head, losses)."
+    cfg = pipe.cfg
+    torch.manual_seed(pipe.seed)
+    m = HybridRelationHead(Xtr.shape[1], cfg.d_hidden)
+    return m, fit_head(m, Xtr, pipe.train[2], cfg.epochs, cfg.lr, seed=pipe.seed)
+
 def train_heads(pipe: Pipeline, variants=tuple(VARIANTS)) -> Pipeline:
     "Fit one head per variant on the training pairs (same size, seed, epochs: equal budget)."
-    cfg, (_, Xtr, Ytr, _) = pipe.cfg, pipe.train
-    for v in variants:
-        torch.manual_seed(pipe.seed)
-        m = HybridRelationHead(Xtr[v].shape[1], cfg.d_hidden)
-        pipe.losses[v] = fit_head(m, Xtr[v], Ytr, cfg.epochs, cfg.lr, seed=pipe.seed); pipe.heads[v] = m
+    for v in variants: pipe.heads[v], pipe.losses[v] = fit_variant(pipe, pipe.train[1][v])
     return pipe
 
-def predict_facts(pipe: Pipeline, v: str) -> set:
-    "Test facts (doc, h, t, r) predicted by variant `v`."
-    _, X, _, meta = pipe.test
-    with torch.no_grad(): hit = predict_relations(pipe.heads[v](X[v]))             # (N, |R|)
+def predict_facts(pipe: Pipeline, v: str, head=None, X: Tensor | None = None) -> set:
+    "Test facts (doc, h, t, r) predicted by variant `v` (or by `head` on test features `X`)."
+    _, Xs, _, meta = pipe.test
+    with torch.no_grad(): hit = predict_relations((head or pipe.heads[v])(Xs[v] if X is None else X))             # (N, |R|)
     return {(*meta[i], RELATIONS[j]) for i, j in hit.nonzero().tolist()}
 
 def type_prior_facts(pipe: Pipeline) -> set:
@@ -518,80 +577,268 @@ def evaluate(pipe: Pipeline, pred: set) -> dict:
                       {f for f in gold if f[0] == d['title']}, tf).items() if k in ('f1', 'ign_f1')}) for d in pipe.ds.test]
     return out
 
-def run_unit(cfg: DocKSConfig, seed: int) -> dict:
-    "One seed: the four variants at k = cfg.k, the type prior, and the hybrid model at each k of k_grid."
-    pipe = train_heads(build_pipeline(cfg, seed))
+def run_unit(cfg: DocKSConfig, seed: int, pipe: Pipeline | None = None) -> dict:
+    "One seed: the four variants at k = cfg.k and the type prior."
+    pipe = train_heads(pipe or build_pipeline(cfg, seed))
     out = {v: evaluate(pipe, predict_facts(pipe, v)) for v in VARIANTS}
     out['prior'] = evaluate(pipe, type_prior_facts(pipe))
     out['loss'] = {v: [round(x, 4) for x in h] for v, h in pipe.losses.items()}
     out['sizes'] = dict(train_pairs=len(pipe.train[3]), test_pairs=len(pipe.test[3]), kg_edges=pipe.kg.g.number_of_edges(),
                         kg_inferred=sum(d['inferred'] for *_, d in pipe.kg.g.edges(data=True)), kb_sentences=len(pipe.kb.texts))
-    for k in cfg.k_grid:
-        p = train_heads(build_pipeline(cfg, seed, k=k), ('B3',)); out[f'B3@k={k}'] = evaluate(p, predict_facts(p, 'B3'))
     return out
+
+# %% ../../nbs/retrieval/90_docks_rag.ipynb #docks040b
+def alias(name: str, etype: str) -> str:
+    "A surface variant of an entity name (what a query might write instead of the KG's name)."
+    if etype == 'PER': return name.split()[-1]                     # surname only
+    if etype == 'ORG': return name.removesuffix(' Group')
+    if etype == 'COUNTRY': return name.removesuffix('ia')
+    return name + ' City'
+
+class AliasLinker:
+    "Entity linking of alias queries: query entity e -> KG nodes whose MiniLM name cosine with alias(e) is >= tau_eq (exact name first)."
+    def __init__(self, kg: DocKG, encoder, types: dict):
+        self.kg, self.encoder, self.types, self.nodes = kg, encoder, types, sorted(kg.adj)
+        V = embed(encoder, self.nodes); self.V = V / V.norm(dim=1, keepdim=True).clamp(min=1e-8)      # (|V|, 384)
+        self._cos = {}
+    def cos(self, e: str) -> Tensor:
+        "Cosine of alias(e) with every KG node name, (|V|,)."
+        if e not in self._cos:
+            a = alias(e, self.types[e]); v = embed(self.encoder, [a])[0]
+            self._cos[e] = torch.where(torch.tensor([n == a for n in self.nodes]), 1., self.V @ (v / v.norm().clamp(min=1e-8)))
+        return self._cos[e]
+    def link(self, tau_eq: float):
+        "The linker at threshold tau_eq: e -> set of KG nodes."
+        _check_tau('tau_eq', tau_eq)
+        memo = {}
+        def f(e):
+            if e not in memo: memo[e] = {self.nodes[j] for j in (self.cos(e) >= tau_eq - 1e-6).nonzero()[:, 0].tolist()}
+            return memo[e]
+        return f
+
+# %% ../../nbs/retrieval/90_docks_rag.ipynb #docks040d
+VERBAL = {'works_for': '{h} works for {t}.', 'born_in': '{h} was born in {t}.', 'located_in': '{h} is located in {t}.',
+          'city_of': '{h} is a city in {t}.', 'founded_by': '{h} was founded by {t}.', 'spouse': '{h} is married to {t}.',
+          'works_in': '{h} works in {t}.', 'nationality': '{h} is a citizen of {t}.', 'NA': '{h} has no stated relation to {t}.'}
+REL_TYPES = {**BASE, 'works_in': ('PER', 'CITY'), 'nationality': ('PER', 'COUNTRY')}
+
+def probe_prompt(hp: HybridPrompt, parts=PARTS) -> str:
+    "The text an untuned LLM reads: optional DocKG lines and retrieved sentences, then the pair's sentences and the question."
+    s = ''
+    if 'kg' in parts and hp.kg: s += f"Known facts:\n{hp.kg}\n"
+    if 'set' in parts and hp.set: s += f"Similar sentences and their facts:\n{hp.set}\n"
+    return s + f"Document: {hp.ctx}\nQuestion: how is {hp.h} related to {hp.t}?\nAnswer:"
+
+@torch.no_grad()
+def llm_relation_scores(model, tokenizer, prompt: str, verbalizations: list) -> Tensor:
+    "Mean token log-likelihood of each verbalization after `prompt`, (n,); one prefill whose KV cache is repeated over the n candidates."
+    ids = tokenizer(prompt, return_tensors='pt').input_ids                                   # (1, P)
+    out = model(ids, use_cache=True)
+    cont = [tokenizer(' ' + v, add_special_tokens=False).input_ids for v in verbalizations]
+    L, n = max(map(len, cont)), len(cont)
+    x = torch.tensor([c + [c[-1]] * (L - len(c)) for c in cont])                            # (n, L), right padding never read back
+    cache = out.past_key_values; cache.batch_repeat_interleave(n)
+    lp = torch.cat([out.logits[:, -1:].expand(n, 1, -1), model(x, past_key_values=cache).logits[:, :-1]], 1).log_softmax(-1)   # (n, L, V)
+    tok = lp.gather(-1, x[..., None])[..., 0]                                                # (n, L)
+    mask = torch.tensor([[j < len(c) for j in range(L)] for c in cont], dtype=tok.dtype)
+    return (tok * mask).sum(1) / mask.sum(1)
+
+def probe_pairs(pipe: Pipeline, n: int, seed: int) -> list:
+    "Indices of `n` test pairs whose types admit a relation, half with a gold relation (as far as there are)."
+    ty, Y = pipe.ds.world['types'], pipe.test[2]
+    ok = [i for i, (_, h, t) in enumerate(pipe.test[3]) if any(REL_TYPES[r] == (ty[h], ty[t]) for r in RELATIONS)]
+    pos, neg = [i for i in ok if Y[i, 0] == 0], [i for i in ok if Y[i, 0] == 1]
+    rng = random.Random(seed); npos = min(len(pos), (n + 1) // 2)
+    return sorted(rng.sample(pos, npos) + rng.sample(neg, min(len(neg), n - npos)))
+
+def run_probe(pipe: Pipeline, model, tokenizer, idx: list) -> list:
+    "Per probe pair: gold relations, B3's prediction, and SmolLM2's top relation with the plain and the hybrid prompt."
+    P, X, Y, meta = pipe.test
+    with torch.no_grad(): b3 = predict_relations(pipe.heads['B3'](X['B3'][idx]))           # (n, |R|)
+    ty, rows = pipe.ds.world['types'], []
+    for j, i in enumerate(idx):
+        (doc, h, t), hp = meta[i], with_k(P[i], pipe.kb, pipe.cfg.k)
+        cands = [r for r in RELATIONS if REL_TYPES[r] == (ty[h], ty[t])] + ['NA']
+        verb = [VERBAL[r].format(h=h, t=t) for r in cands]
+        row = dict(seed=pipe.seed, doc=doc, h=h, t=t, gold=[RELATIONS[r] for r in Y[i, 1:].nonzero()[:, 0].tolist()],
+                   B3=[RELATIONS[r] for r in b3[j].nonzero()[:, 0].tolist()])
+        for name, parts in (('B4_plain', ('ctx',)), ('B4_hybrid', PARTS)):
+            pr = probe_prompt(hp, parts); s = llm_relation_scores(model, tokenizer, pr, verb)
+            top = cands[int(s.argmax())]
+            row[name] = [] if top == 'NA' else [top]; row[name + '_tokens'] = len(tokenizer(pr).input_ids)
+        rows.append(row)
+    return rows
+
+# %% ../../nbs/retrieval/90_docks_rag.ipynb #docks040e
+def _scores(m: dict) -> dict: return {x: m.get(x) for x in _METRICS}
+
+def run_extra(cfg: DocKSConfig, seed: int, pipe: Pipeline | None = None) -> dict:
+    "One sweep seed: B3 retrained at each k of k_grid; the B3 head (k = cfg.k) on alias queries at each tau of tau_grid; the SmolLM2 probe."
+    pipe = pipe or build_pipeline(cfg, seed)
+    Ptr, Pte = pipe.train[0], pipe.test[0]
+    out = dict(k={}, tau={}, probe=[])
+    for k in cfg.k_grid:
+        if k == 0: continue                                            # B3 at k=0 has B1's inputs (SetRAG blocks all zero): it is B1's head
+        head, _ = fit_variant(pipe, split_features(Ptr, pipe.kb, k, variants=('B3',))['B3'])
+        out['k'][str(k)] = _scores(evaluate(pipe, predict_facts(pipe, 'B3', head, split_features(Pte, pipe.kb, k, variants=('B3',))['B3'])))
+    if 'B3' not in pipe.heads: train_heads(pipe, ('B3',))                 # same seed and data as the main unit: the same head
+    if cfg.tau_grid:
+        linker, Pk = AliasLinker(pipe.kg, pipe.kb.encoder, pipe.ds.world['types']), [with_k(p, pipe.kb, cfg.k) for p in Pte]
+        ents = sorted({e for _, h, t in pipe.test[3] for e in (h, t) if e in pipe.kg.adj})      # query entities that have a KG node
+        for tau in cfg.tau_grid:
+            link = linker.link(tau)
+            X = split_features(Pk, pipe.kb, None, pipe.kg, link, ('B3',))['B3']
+            out['tau'][str(tau)] = _scores(evaluate(pipe, predict_facts(pipe, 'B3', X=X))) | dict(
+                links=float(np.mean([len(link(e)) for e in ents])), own_linked=float(np.mean([e in link(e) for e in ents])))
+    if cfg.n_probe:
+        model, tok = _load_llm(cfg.probe_model)
+        out['probe'] = run_probe(pipe, model, tok, probe_pairs(pipe, cfg.n_probe, seed))
+    return out
+
+_LLM = {}
+def _load_llm(name: str) -> tuple:
+    "The probe's untuned LLM and tokenizer, loaded once per process."
+    if name not in _LLM:
+        from workbench.models import load_model, load_tokenizer
+        _LLM[name] = (load_model(name, dtype='float32'), load_tokenizer(name))
+    return _LLM[name]
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks041
 _METRICS = ('f1', 'ign_f1', 'p', 'r', 'inter_f1') + tuple(f'recall_{s}' for s in SUPPORTS)
 
+def _unit_cfg(cfg: DocKSConfig) -> DocKSConfig:
+    "The config units are keyed on: `k_grid` is reset like the unit_fields (the sweep unit puts it in its key), so the seed units of runs made before the sweep stay valid."
+    return replace(cfg, k_grid=())
+
+def _probe_f1(rows: list, arm: str) -> dict:
+    "Micro P/R/F1 of one arm over probe pairs (a pair's relations are its facts)."
+    c = sum(len(set(r[arm]) & set(r['gold'])) for r in rows); npred = sum(len(r[arm]) for r in rows); ngold = sum(len(r['gold']) for r in rows)
+    p, rr = c / max(npred, 1), c / max(ngold, 1)
+    return dict(f1=2 * p * rr / (p + rr) if p + rr else 0., p=p, r=rr)
+
 def run_experiment(cfg: DocKSConfig) -> Results:
-    "B0-B3 (and the type prior) on fresh synthetic worlds, one cached unit per seed."
-    t0, rows, per_doc, curves = time.perf_counter(), [], [], []
+    "B0-B3 and the type prior on fresh synthetic worlds (one cached unit per seed); on the sweep seeds, the k and tau_eq sweeps and the SmolLM2 probe (one more cached unit each)."
+    t0, rows, per_doc, curves, probe = time.perf_counter(), [], [], [], []
+    ucfg = _unit_cfg(cfg)
     for seed in progress(cfg.seeds, desc='seeds'):
-        u = cached_unit('docks_rag', cfg, dict(seed=seed), lambda: run_unit(cfg, seed))
+        pipe = []                                                      # built at most once per seed, shared by the two units
+        get = lambda: pipe[0] if pipe else pipe.append(build_pipeline(cfg, seed)) or pipe[0]
+        u = cached_unit('docks_rag', ucfg, dict(seed=seed), lambda: run_unit(cfg, seed, get()))
+        size_ = u['sizes']
         for v, m in u.items():
-            if v in ('loss', 'sizes'): continue
-            name, k = (v.split('@k=')[0], int(v.split('@k=')[1])) if '@k=' in v else (v, cfg.k if v != 'prior' else None)
-            rows.append(dict(seed=seed, variant=name, k=k, sweep='@k=' in v, **{x: m.get(x) for x in _METRICS}, **u['sizes']))
-            if '@k=' not in v: per_doc += [dict(seed=seed, variant=name, **d) for d in m['per_doc']]
+            if v in ('loss', 'sizes') or '@k=' in v: continue
+            rows.append(dict(seed=seed, variant=v, part='main', k=cfg.k if v != 'prior' else None, tau_eq=None, sweep=False, **_scores(m), **size_))
+            per_doc += [dict(seed=seed, variant=v, **d) for d in m['per_doc']]
         curves += [dict(seed=seed, variant=v, loss=h) for v, h in u['loss'].items()]
-    res = Results('docks_rag', cfg, rows, seeds=cfg.seeds, tables=dict(per_doc=per_doc, loss=curves),
+        if seed not in cfg.sweep_seeds: continue
+        key = dict(seed=seed, part='sweeps', k_grid=list(cfg.k_grid), tau_grid=list(cfg.tau_grid), n_probe=cfg.n_probe, probe_model=cfg.probe_model)
+        x = cached_unit('docks_rag', ucfg, key, lambda: run_extra(cfg, seed, get()))
+        if 0 in cfg.k_grid: x['k']['0'] = _scores(u['B1'])                 # same inputs, seed and budget as B1 (test: `split_features` at k=0)
+        rows += [dict(seed=seed, variant='B3', part='k', k=int(k), tau_eq=None, sweep=True, **m, **size_) for k, m in sorted(x['k'].items(), key=lambda z: int(z[0]))]
+        rows += [dict(seed=seed, variant='B3', part='tau_eq', k=cfg.k, tau_eq=float(t), sweep=True, **m, **size_) for t, m in x['tau'].items()]
+        if x['probe']:
+            rows += [dict(seed=seed, variant=a, part='probe', k=cfg.k, tau_eq=None, sweep=True, n_pairs=len(x['probe']), **_probe_f1(x['probe'], a))
+                     for a in ('B3', 'B4_plain', 'B4_hybrid')]
+            probe += x['probe']
+    res = Results('docks_rag', cfg, rows, seeds=cfg.seeds, tables=dict(per_doc=per_doc, loss=curves, probe=probe),
                   notes='Synthetic DocRED-style world; MiniLM features + MLP head with ATLOP threshold stand in for LoRA-tuned LLaMA3-8B. '
-                        'Claims: paired t over seeds of corpus-level micro F1 / Ign-F1 (each seed draws its own world and documents).',
+                        'Claims: paired t over seeds of corpus-level micro F1 / Ign-F1 (each seed draws its own world and documents); '
+                        'k / tau_eq sweeps: paired t over the sweep seeds; SmolLM2 probe: paired bootstrap over the probe pairs.',
                   wall_time_s=round(time.perf_counter() - t0, 1))
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks042
+def _probe_claims(results) -> list:
+    "Tuned B3 against untuned SmolLM2 on the hybrid prompt, and the hybrid against the plain prompt for SmolLM2: paired bootstrap of micro F1 over probe pairs."
+    try: P = results.table('probe')
+    except (KeyError, AttributeError): return []
+    if not len(P): return []
+    rows = P.to_dict('records'); n = len(rows)
+    f1 = lambda idx, arm: _probe_f1([rows[i] for i in idx], arm)['f1']
+    out = []
+    for a, b, name in (('B3', 'B4_hybrid', 'probe f1: tuned hybrid head (B3) − untuned SmolLM2 on the hybrid prompt (B4)'),
+                       ('B4_hybrid', 'B4_plain', 'probe f1: untuned SmolLM2, hybrid − plain prompt')):
+        # items are pair indices; the arm is chosen by the index range (paired: the same resampled pairs in both arms)
+        stat = lambda ix: f1(ix.astype(int), a) if (ix < n).all() else f1(ix.astype(int) - n, b)
+        out.append(claim(name, paired_bootstrap(np.arange(n), np.arange(n) + n, stat=stat, n_boot=2000, unit='probe pairs'), better='higher'))
+    return out
+
 def claims(results) -> list:
-    "The hybrid prompt (B3) against each ablation in corpus-level micro F1 and Ign-F1: paired t over seeds (one world each)."
-    d, out = results.df[~results.df.sweep].sort_values('seed'), []
+    "B3 against each ablation (F1, Ign-F1; paired t over seeds); the paper's inverted U in k and tau_eq (F1 at the default against both ends of each grid; paired t over sweep seeds); tuning against the untuned SmolLM2 probe and the probe's hybrid against plain prompt (paired bootstrap over pairs)."
+    df, out = results.df, []
+    d = df[~df.sweep].sort_values('seed')
     for metric in ('f1', 'ign_f1'):
         for base, what in (('B0', 'document only'), ('B1', '+DocKG only'), ('B2', '+SetRAG only')):
             iv = paired_t(d[d.variant == 'B3'][metric].to_numpy(), d[d.variant == base][metric].to_numpy())
             out.append(claim(f"{metric}: hybrid (B3) − {what} ({base})", iv, better='higher'))
-    return out
+    if 'part' not in df: return out
+    cfg = results.config
+    main = d[d.variant == 'B3'].set_index('seed').f1
+    ks = df[df.part == 'k']
+    if len(ks):
+        for k in sorted({min(ks.k), max(ks.k)}):
+            x = ks[ks.k == k].set_index('seed').f1.sort_index()
+            out.append(claim(f"k sweep f1: B3 at k={cfg['k']} − B3 at k={int(k)}", paired_t(main[x.index].to_numpy(), x.to_numpy()), better='higher'))
+    ts = df[df.part == 'tau_eq']
+    if len(ts) and cfg['tau_eq'] in set(ts.tau_eq):
+        ref = ts[ts.tau_eq == cfg['tau_eq']].set_index('seed').f1.sort_index()
+        for t in (min(ts.tau_eq), max(ts.tau_eq)):
+            if t == cfg['tau_eq']: continue
+            x = ts[ts.tau_eq == t].set_index('seed').f1.sort_index()
+            out.append(claim(f"tau_eq sweep f1 (alias queries): B3 at tau_eq={cfg['tau_eq']} − at tau_eq={t}", paired_t(ref.to_numpy(), x.to_numpy()), better='higher'))
+    return out + _probe_claims(results)
 
 def verdict(results) -> str:
-    "Reproduced when the hybrid prompt beats all three ablations (document only, +DocKG, +SetRAG) beyond the paired 95% CI over seeds in both micro F1 and Ign-F1, partly when some of these six comparisons show, else not reproduced."
+    "Reproduced when every claim shows beyond its 95% CI (B3 over each ablation in F1 and Ign-F1, the inverted U in k and in tau_eq, tuning over the untuned SmolLM2 probe, the hybrid over the plain prompt for the probe), partly when some show, else not reproduced."
     return judge(claims(results))
 
 def headline(results) -> str:
-    "Micro F1 / Ign-F1 of each variant, mean over seeds."
+    "Micro F1 / Ign-F1 of each variant, mean over seeds; the probe's F1 where it ran."
     d = results.df[~results.df.sweep].groupby('variant')[['f1', 'ign_f1']].mean()
-    return (f"synthetic DocRED-style set, {len(results.seeds)} seeds: F1 (Ign-F1) " +
-            ', '.join(f"{v} {100 * d.f1[v]:.1f} ({100 * d.ign_f1[v]:.1f})" for v in ('B0', 'B1', 'B2', 'B3', 'prior')) +
-            " [B0 doc only, B1 +DocKG, B2 +SetRAG, B3 hybrid, prior = type-pair majority]")
+    s = (f"synthetic DocRED-style set, {len(results.seeds)} seeds: F1 (Ign-F1) " +
+         ', '.join(f"{v} {100 * d.f1[v]:.1f} ({100 * d.ign_f1[v]:.1f})" for v in ('B0', 'B1', 'B2', 'B3', 'prior')) +
+         " [B0 doc only, B1 +DocKG, B2 +SetRAG, B3 hybrid, prior = type-pair majority]")
+    if 'part' in results.df and (results.df.part == 'probe').any():
+        rows = results.table('probe').to_dict('records')
+        s += f"; on {len(rows)} probe pairs F1 B3 {100 * _probe_f1(rows, 'B3')['f1']:.1f} vs untuned SmolLM2 {100 * _probe_f1(rows, 'B4_hybrid')['f1']:.1f} (hybrid prompt) / {100 * _probe_f1(rows, 'B4_plain')['f1']:.1f} (plain)"
+    return s
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks047
 TYPE_COLOR = dict(zip(TYPES, PALETTE))
 
-def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None) -> go.Figure:
-    "A test document (entities bracketed with their type), the DocKG neighbourhood of (h, t), the top-k sentences and B0/B3 margins."
+def _linked_graph(kg: DocKG, nodes: set) -> nx.MultiDiGraph:
+    "The KG edges that touch `nodes`, as a graph."
+    g = nx.MultiDiGraph(); g.add_nodes_from((e, kg.g.nodes[e]) for e in nodes)
+    for e in nodes:
+        for a, r, b in kg.adj.get(e, ()): g.add_edge(a, b, key=r, **kg.g.edges[a, b, r])
+    return g
+
+def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None, alias_tau: float | None = None) -> go.Figure:
+    "A test document (entities bracketed with their type), the DocKG neighbourhood of (h, t), the top-k sentences and B0/B3 margins; `alias_tau`: ask with alias queries linked at that tau_eq."
     d, k = pipe.ds.test[doc_i], pipe.cfg.k if k is None else k
     hp = build_hybrid_prompt(d, h, t, pipe.kg, pipe.kb, pipe.cfg.tau_eq, k)
+    if alias_tau is None: g, title = pipe.kg.retrieve([h, t]), f'DocKG around {h} / {t}'
+    else:
+        if getattr(pipe, '_linker', None) is None: pipe._linker = AliasLinker(pipe.kg, pipe.kb.encoder, pipe.ds.world['types'])
+        link = pipe._linker.link(alias_tau); hp = with_link(hp, pipe.kg, link)
+        types = pipe.ds.world['types']
+        g, title = _linked_graph(pipe.kg, link(h) | link(t)), f"DocKG linked to '{alias(h, types[h])}' / '{alias(t, types[t])}' (tau_eq {alias_tau})"
+        h_, t_ = link(h), link(t)
     sents = [s for s in d['sents']]
     for e, vs in zip(d['entities'], d['vertexSet']):
         for m in vs: sents[m['sent_id']] = sents[m['sent_id']].replace(m['name'], f"[{m['name']}|{m['type']}{'→' + e if m['name'] != e else ''}]", 1)
     fig = make_subplots(rows=2, cols=3, row_heights=[.35, .65], column_widths=[.36, .34, .30], vertical_spacing=.08,
                         specs=[[{'type': 'table', 'colspan': 3}, None, None], [{}, {}, {}]],
-                        subplot_titles=('', f'DocKG around {h} / {t}', f'SetRAG top-{k}', f'logit − threshold ({h} → {t})'))
+                        subplot_titles=('', title, f'SetRAG top-{k}', f'logit − threshold ({h} → {t})'))
     fig.add_trace(go.Table(columnwidth=[1, 12], header=dict(values=['#', d['title']]), cells=dict(values=[list(range(len(sents))), sents], align='left')), 1, 1)
-    g = pipe.kg.retrieve([h, t]); pos = nx.spring_layout(g, seed=0) if len(g) else {}
+    pos = nx.spring_layout(g, seed=0) if len(g) else {}
+    big = {h, t} if alias_tau is None else h_ | t_
     for a, b, dd in g.edges(data=True):
         fig.add_trace(go.Scatter(x=[pos[a][0], pos[b][0]], y=[pos[a][1], pos[b][1]], mode='lines', line=dict(color='#bbb', dash='dot' if dd['inferred'] else None), hoverinfo='text', text=dd['rel'], showlegend=False), 2, 1)
     if len(g):
         ns = list(g.nodes)
         fig.add_trace(go.Scatter(x=[pos[n][0] for n in ns], y=[pos[n][1] for n in ns], mode='markers+text', text=ns, textposition='top center', textfont=dict(size=9),
-                                 marker=dict(size=[16 if n in (h, t) else 8 for n in ns], color=[TYPE_COLOR[pipe.ds.world['types'][n]] for n in ns]), showlegend=False), 2, 1)
+                                 marker=dict(size=[16 if n in big else 8 for n in ns], color=[TYPE_COLOR[pipe.ds.world['types'][n]] for n in ns]), showlegend=False), 2, 1)
     fig.add_trace(go.Bar(y=[f"{x.text[:40]}" for x in hp.hits][::-1], x=[x.score for x in hp.hits][::-1], orientation='h', marker_color=PALETTE[2], showlegend=False,
                          hovertext=['; '.join(map(str, x.triples)) for x in hp.hits][::-1]), 2, 2)
     for j, v in enumerate(('B0', 'B3')):
@@ -604,22 +851,24 @@ def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None) -
     return fig
 
 class DocExplorer(Explorer):
-    "Pick a test document and an entity pair (gold pairs first); slider k re-runs SetRAG and both heads live."
+    "Pick a test document and an entity pair (gold pairs first); slider k re-runs SetRAG, and with 'alias queries' the tau_eq slider re-links P_KG, for both heads live."
     def __init__(self, pipe: Pipeline):
         self.pipe = pipe
         self.doc = W.Dropdown(options=[(d['title'], i) for i, d in enumerate(pipe.ds.test)], description='doc')
         self.pair = W.Dropdown(description='pair', layout=W.Layout(width='420px'))
         self.k = W.IntSlider(value=pipe.cfg.k, min=0, max=10, description='k')
+        self.alias = W.Checkbox(value=False, description='alias queries')
+        self.tau = W.FloatSlider(value=pipe.cfg.tau_eq, min=0, max=1, step=0.05, description='tau_eq', continuous_update=False)
         self._pairs(); self.fig = go.FigureWidget(self.figure())
         self.doc.observe(lambda _: (self._pairs(), self._update()), 'value')
-        for w in (self.pair, self.k): w.observe(self._update, 'value')
-        self.widget = W.VBox([W.HBox([self.doc, self.pair, self.k]), self.fig])
+        for w in (self.pair, self.k, self.alias, self.tau): w.observe(self._update, 'value')
+        self.widget = W.VBox([W.HBox([self.doc, self.pair]), W.HBox([self.k, self.alias, self.tau]), self.fig])
     def _pairs(self):
         d = self.pipe.ds.test[self.doc.value]; lab = _labels(d)
         ps = sorted(_pairs(d), key=lambda p: (p not in lab, p))
         self.pair.options = [(f"{h} → {t}" + (f"  [{', '.join(sorted(lab[(h, t)]))}]" if (h, t) in lab else ''), (h, t)) for h, t in ps]
         self.pair.value = ps[0]
-    def figure(self): return fig_pair(self.pipe, self.doc.value, *self.pair.value, k=self.k.value)
+    def figure(self): return fig_pair(self.pipe, self.doc.value, *self.pair.value, k=self.k.value, alias_tau=self.tau.value if self.alias.value else None)
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks051
 def fig_scores(R, metric: str = 'f1') -> go.Figure:
@@ -642,3 +891,34 @@ class ScoresExplorer(Explorer):
         self.fig = go.FigureWidget(self.figure()); self.metric.observe(self._update, 'value')
         self.widget = W.VBox([self.metric, self.fig])
     def figure(self): return fig_scores(self.R, self.metric.value)
+
+# %% ../../nbs/retrieval/90_docks_rag.ipynb #docks054b
+def fig_sweeps(R, metric: str = 'f1') -> go.Figure:
+    "Mean (95% CI over sweep seeds) of `metric` against k and against tau_eq (alias queries), default marked."
+    df, cfg = R.df, R.config
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f'{metric} vs k (B3 retrained)', f'{metric} vs tau_eq (alias queries)'))
+    for j, (part, x) in enumerate((('k', 'k'), ('tau_eq', 'tau_eq'))):
+        d = df[df.part == part] if 'part' in df else df.iloc[:0]
+        if part == 'k' and len(d):                                      # the default k is the main B3 run on the same seeds
+            d = pd.concat([d, df[(df.part == 'main') & (df.variant == 'B3') & df.seed.isin(set(d.seed))]])
+        if not len(d): continue
+        g = sorted(set(d[x])); cis = [mean_ci(d[d[x] == v][metric].to_numpy()) for v in g]
+        fig.add_trace(go.Scatter(x=g, y=[c.estimate for c in cis], mode='lines+markers', name=part, marker_color=PALETTE[j],
+                                 error_y=dict(type='data', symmetric=False, array=[(c.hi - c.estimate) if c.n > 1 else 0 for c in cis],
+                                              arrayminus=[(c.estimate - c.lo) if c.n > 1 else 0 for c in cis])), 1, j + 1)
+        dv = cfg['k'] if part == 'k' else cfg['tau_eq']
+        if dv in g: fig.add_trace(go.Scatter(x=[dv], y=[cis[g.index(dv)].estimate], mode='markers', marker=dict(size=14, color='rgba(0,0,0,.25)'), name='default', showlegend=j == 0), 1, j + 1)
+        if part == 'tau_eq':
+            ex = df[(df.part == 'main') & (df.variant == 'B3') & df.seed.isin(set(d.seed))][metric].mean()
+            fig.add_hline(y=ex, line_dash='dash', line_color='#888', annotation_text='exact names', row=1, col=2)
+    fig.update_xaxes(title_text='k (retrieved sentences)', row=1, col=1); fig.update_xaxes(title_text='tau_eq', row=1, col=2)
+    fig.update_layout(height=360, title=f'{R.mode} run, sweep seeds {sorted(set(df[df.sweep].seed)) if "part" in df else []}', margin=dict(t=60))
+    return fig
+
+class SweepExplorer(Explorer):
+    "Choose the metric of both sweep panels."
+    def __init__(self, R):
+        self.R, self.metric = R, W.Dropdown(options=['f1', 'ign_f1', 'p', 'r', 'recall_composed_kg'], value='f1', description='metric')
+        self.fig = go.FigureWidget(self.figure()); self.metric.observe(self._update, 'value')
+        self.widget = W.VBox([self.metric, self.fig])
+    def figure(self): return fig_sweeps(self.R, self.metric.value)
