@@ -155,9 +155,12 @@ def test_latency_prediction_tracks_measurement():
         measure_costs(m, lib, [sc], repeats=5)
         mixed = ([1, 0, 0, 1], [1, 2, 0, 1])
         t = time_decode(m, {'parent': None, 'mixed': arch_of(lib, *mixed)}, sc, lib, repeats=7)
-        for n, (ia, if_) in (('parent', ([0] * 4, [0] * 4)), ('mixed', mixed)):
-            pred, meas = predict_ms(lib, ia, if_, 'b8'), statistics.median(t[n]['decode_ms'])
-            assert abs(pred / meas - 1) < 0.5, (n, pred, meas)
+        # the cost model is timed before the children, under whatever load the machine had then, so absolute times drift
+        # with the load; the mixed/parent ratio, timed in the same rounds (best round of each: a load spike only slows a
+        # round), is what the additive model must predict
+        pred = {n: predict_ms(lib, ia, if_, 'b8') for n, (ia, if_) in (('parent', ([0] * 4, [0] * 4)), ('mixed', mixed))}
+        r_pred, r_meas = pred['mixed'] / pred['parent'], min(t['mixed']['decode_ms']) / min(t['parent']['decode_ms'])
+        assert abs(r_pred / r_meas - 1) < 0.3, (r_pred, r_meas)
         ids = torch.randint(0, 64, (8, 32), generator=torch.Generator().manual_seed(0))
         def child():
             with applied(m, lib, arch_of(lib, *mixed)) as c: generate_ids(c, ids, 6)

@@ -21,7 +21,7 @@ from scipy.optimize import milp, LinearConstraint, Bounds
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
 from ..core import (ExperimentConfig, size, Results, Claim, judge, cached_unit, cached, cache_path, config_hash,
                             progress, Timer, atomic_save_torch, get_settings)
-from ..measure import (check_int, check_num, check_choice, check_tensor, kl_from_logits, Interval, bootstrap,
+from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, kl_from_logits, Interval, bootstrap,
                                paired_bootstrap, claim)
 from ..hooks import decoder_layers, run_with_cache
 from ..models import load_model, load_tokenizer, tiny_llama
@@ -33,15 +33,16 @@ from ..viz import PALETTE, Explorer, fig_curves
 __all__ = ['ATTN_KINDS', 'FFN_KINDS', 'IO_KEYS', 'CHOICES', 'BASELINES', 'AttnVariant', 'FFNVariant', 'vkey', 'variant_from_name',
            'NoOpAttention', 'LinearAttention', 'NoOpMLP', 'LinearMLP', 'gqa_from', 'ffn_importance', 'pruned_from',
            'ridge_solve', 'fit_linear', 'init_variant', 'set_blocks', 'swapped', 'cache_block_io', 'rope', 'run_from',
-           'stream_block_io', 'load_block_io', 'bld_loss', 'sub_forward', 'refit_output', 'bld_layer', 'n_params',
-           'BlockLibrary', 'replace_one_block_kl', 'library_layer', 'make_library', 'applied', 'assemble_child',
-           'arch_of', 'as_model', 'Scenario', 'time_decode', 'uniform_archs', 'measure_costs', 'block_ms', 'predict_ms',
-           'solve_mip', 'budgets_ms', 'within', 'arch_kl', 'puzzle_choice', 'max_params_choice', 'uniform_choice',
-           'block_influence', 'drop_layers_choice', 'greedy_choice', 'choose', 'gkd_loss', 'gkd_train', 'evaluate',
-           'quality_retained', 'child_arch', 'save_child', 'load_child', 'PuzzleConfig', 'byte_blocks', 'tiny_parent',
-           'load_parent_and_data', 'search_space', 'library_stage', 'children_stage', 'gkd_stage', 'run_experiment',
-           'claims', 'verdict', 'headline', 'library_from_results', 'fig_scores', 'fig_architecture', 'frontier_points',
-           'fig_frontier', 'PuzzleExplorer', 'fig_measured', 'fig_latency_model', 'fig_gkd']
+           'stream_block_io', 'load_block_io', 'bld_loss', 'amp', 'sub_forward', 'refit_output', 'bld_layer',
+           'n_params', 'BlockLibrary', 'replace_one_block_kl', 'library_layer', 'make_library', 'applied',
+           'assemble_child', 'arch_of', 'as_model', 'Scenario', 'time_decode', 'uniform_archs', 'measure_costs',
+           'block_ms', 'predict_ms', 'solve_mip', 'budgets_ms', 'within', 'arch_kl', 'puzzle_choice',
+           'max_params_choice', 'uniform_choice', 'block_influence', 'drop_layers_choice', 'greedy_choice', 'choose',
+           'gkd_loss', 'gkd_train', 'evaluate', 'quality_retained', 'child_arch', 'save_child', 'load_child',
+           'PuzzleConfig', 'byte_blocks', 'tiny_parent', 'load_parent_and_data', 'search_space', 'library_stage',
+           'children_stage', 'gkd_stage', 'run_experiment', 'claims', 'verdict', 'headline', 'library_from_results',
+           'fig_scores', 'fig_architecture', 'frontier_points', 'fig_frontier', 'PuzzleExplorer', 'fig_measured',
+           'fig_latency_model', 'fig_gkd']
 
 # %% ../../nbs/compression/42_puzzle.ipynb #0f730016
 ATTN_KINDS, FFN_KINDS = ('full', 'gqa', 'linear', 'noop'), ('full', 'pruned', 'linear', 'noop')
@@ -264,6 +265,10 @@ def bld_loss(pred: Tensor, target: Tensor) -> Tensor:
     # $\mathcal L_{BLD} = \|o^c_i(h_i) - o^p_i(h_i)\|^2 / \|o^p_i(h_i)\|^2$
     return (pred - target).pow(2).sum() / target.pow(2).sum().clamp_min(1e-12)
 
+def amp(on: bool):
+    "bf16 autocast on the CPU when `on` (matrix products in bf16 on the AMX units, weights kept in fp32), else a no-op context."
+    return torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(on))
+
 def sub_forward(module: nn.Module, x: Tensor, pe=None) -> Tensor:
     "Output of an attention (needs the rotary `pe`) or FFN sub-block module on its normed input x (B, T, d)."
     if isinstance(module, (LlamaAttention, NoOpAttention, LinearAttention)):
@@ -287,18 +292,23 @@ def refit_output(module: nn.Module, x: Tensor, y: Tensor, pe=None, chunk: int=16
 # %% ../../nbs/compression/42_puzzle.ipynb #b41087d5
 def _part(v): return ('attn', 'attn_in', 'attn_out') if isinstance(v, AttnVariant) else ('mlp', 'mlp_in', 'mlp_out')
 
-def bld_layer(layer, config, io: dict, variants, pe=None, steps: int=100, lr: float=3e-4, batch_size: int=2, seed: int=0) -> tuple:
-    "Every variant of one layer from the parent's cached io (N, T, d): initialised, output refit, then `steps` of joint BLD. Returns ({variant: module}, History|None)."
+def bld_layer(layer, config, io: dict, variants, pe=None, steps: int=100, lr: float=3e-4, batch_size: int=2, seed: int=0, bf16: bool=False) -> tuple:
+    "Every variant of one layer from the parent's cached io (N, T, d): initialised, output refit, then `steps` of joint BLD (bf16 autocast per step if `bf16`). Returns ({variant: module}, History|None)."
     mods, trainable = {}, nn.ModuleDict()
     for v in variants:
         part, xk, yk = _part(v)
         if v.kind == 'full': mods[v] = getattr(layer, 'self_attn' if part == 'attn' else 'mlp'); continue
-        m = mods[v] = init_variant(layer, v, config, io[xk], io[yk])
-        if v.kind in ('gqa', 'pruned'): refit_output(m, io[xk], io[yk], pe); trainable[vkey(v)] = m
+        with amp(bf16): m = mods[v] = init_variant(layer, v, config, io[xk], io[yk])
+        if v.kind in ('gqa', 'pruned'):
+            with amp(bf16): refit_output(m, io[xk], io[yk], pe)
+            trainable[vkey(v)] = m
     if not len(trainable) or not steps: return mods, None
     keys = {vkey(v): _part(v)[1:] for v in variants if vkey(v) in trainable}
     rows = [{k: io[k][r] for k in IO_KEYS} for r in range(len(io['attn_in']))]
-    loss = lambda md, b: sum(bld_loss(sub_forward(md[n], b[xk].float(), pe), b[yk].float()) for n, (xk, yk) in keys.items())
+    def loss(md, b):
+        # autocast enters and leaves at every step: its cache of bf16 weight copies lives only as long as one forward, so it never serves weights from before an update
+        with amp(bf16): out = {n: sub_forward(md[n], b[xk].float(), pe) for n, (xk, _) in keys.items()}
+        return sum(bld_loss(out[n].float(), b[yk].float()) for n, (_, yk) in keys.items())
     tc = TrainConfig(steps=steps, batch_size=min(batch_size, len(rows)), lr=lr, weight_decay=0., grad_clip=None,
                      warmup_steps=max(1, steps // 10), progress=False, seed=seed)
     trainable.requires_grad_(True)
@@ -335,17 +345,19 @@ def replace_one_block_kl(model, i: int, module: nn.Module, part: str, resid: Ten
 
 # %% ../../nbs/compression/42_puzzle.ipynb #f68e2311
 def library_layer(model, i: int, variants, io: dict, score_io: dict, score_logits: Tensor, steps: int=100, lr: float=3e-4,
-                  batch_size: int=2, seed: int=0) -> tuple:
-    "BLD and scores of every variant of layer i: ({variant: module}, {'kl': {vkey: KL}, 'bld': {vkey: held-out local error}, 'bld_curve': [...]})."
-    _check_sdpa(model)
-    mods, hist = bld_layer(decoder_layers(model)[i], model.config, io, variants, rope(model, io['attn_in'].shape[1]), steps, lr, batch_size, seed + i)
-    pe, kl, err = rope(model, score_io['attn_in'].shape[1]), {}, {}
+                  batch_size: int=2, seed: int=0, bf16: bool=False) -> tuple:
+    "BLD and scores of every variant of layer i: ({variant: module}, {'kl': {vkey: KL}, 'bld': {vkey: held-out local error}, 'bld_curve': [...], 'bld_s', 'score_s': seconds})."
+    _check_sdpa(model); t0 = time.perf_counter()
+    mods, hist = bld_layer(decoder_layers(model)[i], model.config, io, variants, rope(model, io['attn_in'].shape[1]), steps, lr, batch_size, seed + i, bf16)
+    pe, kl, err, t1 = rope(model, score_io['attn_in'].shape[1]), {}, {}, time.perf_counter()
     for v, m in mods.items():
         part, xk, yk = _part(v)
         if v.kind == 'full': kl[vkey(v)] = err[vkey(v)] = 0.; continue
-        with torch.no_grad(): err[vkey(v)] = bld_loss(sub_forward(m, score_io[xk], pe), score_io[yk]).item()
-        kl[vkey(v)] = replace_one_block_kl(model, i, m, part, score_io['resid_pre'], score_logits, pe)
-    return mods, dict(kl=kl, bld=err, bld_curve=[round(x, 5) for x in (hist.train_loss if hist else [])])
+        with torch.no_grad(), amp(bf16):
+            err[vkey(v)] = bld_loss(sub_forward(m, score_io[xk], pe).float(), score_io[yk].float()).item()
+            kl[vkey(v)] = replace_one_block_kl(model, i, m, part, score_io['resid_pre'], score_logits, pe)
+    return mods, dict(kl=kl, bld=err, bld_curve=[round(x, 5) for x in (hist.train_loss if hist else [])],
+                      bld_s=round(t1 - t0, 2), score_s=round(time.perf_counter() - t1, 2))
 
 def make_library(attn_variants, ffn_variants, layers: list, modules: dict) -> BlockLibrary:
     "A BlockLibrary from `library_layer`'s per-layer scores (a list, layer order) and modules {(layer, variant): module}."
@@ -554,13 +566,14 @@ def gkd_loss(child, parent, ids: Tensor, w_cos: float=1., w_kl: float=1.) -> Ten
     return w_kl * kl_from_logits(po.logits, co.logits) + w_cos * cos
 
 def gkd_train(child, parent, ids: Tensor, steps: int=100, lr: float=5e-5, batch_size: int=1, eval_ids: Tensor|None=None,
-              eval_every: int|None=None, seed: int=0, callbacks=()):
-    "Global distillation of the child's decoder layers towards the parent; returns the platform `History` (eval loss = KL to the parent on `eval_ids`)."
+              eval_every: int|None=None, seed: int=0, callbacks=(), bf16: bool=False):
+    "Global distillation of the child's decoder layers towards the parent (bf16 autocast per step if `bf16`); returns the platform `History` (eval loss = KL to the parent on `eval_ids`)."
     check_tensor('ids', ids, ndim=2, floating=False)
     child.requires_grad_(False); decoder_layers(child).requires_grad_(True)
     cfg = TrainConfig(steps=steps, batch_size=min(batch_size, len(ids)), lr=lr, weight_decay=0., eval_every=eval_every,
                       eval_batch_size=2, progress=False, seed=seed)
-    loss = lambda m, b: gkd_loss(m, parent, b['input_ids'], w_cos=1. if m.training else 0.)   # eval: the KL alone
+    def loss(m, b):
+        with amp(bf16): return gkd_loss(m, parent, b['input_ids'], w_cos=1. if m.training else 0.)   # eval: the KL alone; autocast per step (see bld_layer)
     try: return train(child, ids, cfg, eval_data=eval_ids, loss_fn=loss, callbacks=callbacks)
     finally: child.eval().requires_grad_(False)
 
@@ -635,14 +648,14 @@ class PuzzleConfig(ExperimentConfig):
     linear: bool = size(quick=True, full=False)             # include the one-linear-map attention and FFN variants
     ffn_fracs: tuple = (0.5, 0.25)                          # pruned FFN widths, as fractions of the parent's d_ff
     seq_len: int = size(quick=64, full=256)                 # tokens per sequence, everywhere
-    n_bld: int = size(quick=16, full=96)                    # BLD sequences (train split)
+    n_bld: int = size(quick=16, full=96)                    # distinct BLD sequences (train split), streamed through the parent once; BLD cycles over them
     bld_steps: int = size(quick=20, full=100)               # Adam steps of BLD per trainable variant (after the closed-form refit)
-    bld_batch: int = size(quick=4, full=2)                  # sequences per BLD step
+    bld_batch: int = size(quick=4, full=4)                  # sequences per BLD step (tokens seen per variant: bld_steps x bld_batch x seq_len)
     bld_lr: float = 3e-3                                    # BLD peak learning rate (warm-up + cosine; best of 1e-4..1e-2 on one SmolLM2 layer)
-    n_score: int = size(quick=4, full=4)                    # held-out sequences of the replace-one-block scores (validation split)
+    n_score: int = size(quick=4, full=8)                    # held-out sequences of the replace-one-block scores (validation split)
     n_gkd: int = size(quick=16, full=60)                    # GKD sequences (train split, after the BLD ones)
     gkd_len: int = size(quick=64, full=128)                 # tokens of each GKD sequence used (its first gkd_len)
-    gkd_steps: int = size(quick=10, full=60)                # GKD updates per MIP child
+    gkd_steps: int = size(quick=10, full=100)               # GKD updates per MIP child
     gkd_batch: int = size(quick=2, full=1)                  # sequences per GKD update
     gkd_lr: float = size(quick=3e-4, full=1e-4)             # GKD peak learning rate (quick: 1e-3 overshot on the tiny parent)
     gkd_eval: int = size(quick=2, full=2)                   # held-out sequences of the GKD KL curve (validation split)
@@ -654,12 +667,13 @@ class PuzzleConfig(ExperimentConfig):
     prompt_len: int = size(quick=32, full=256)              # prompt tokens of a timing scenario: the KV length when decoding starts
     new_tokens: int = size(quick=3, full=8)                 # timed decode steps per call
     repeats: int = size(quick=3, full=10)                   # interleaved timing rounds at the batch sizes of time_all_at (medians; one more warms up)
-    repeats_other: int = size(quick=3, full=5)              # rounds at the other batch sizes (each prefills batch x prompt_len tokens per model)
+    repeats_other: int = size(quick=3, full=10)             # rounds at the other batch sizes (each prefills batch x prompt_len tokens per model)
     target_quality: float = 0.9                             # quality retained the target asks for (issue 30; the paper: 0.984)
     target_speedup: float = 1.3                             # measured decode speed-up the target asks for at the tightest budget (the paper: 2.17)
     threads: int = 1                                        # torch threads during the run (2 OpenMP threads on 2 shared cores ran several times slower than 1)
+    bf16: bool = True                                       # bf16 autocast (AMX matrix units on this CPU) for BLD, scores, GKD and evaluation; the parent activations and all timing stay fp32
     unit_fields: ClassVar[tuple] = ('budgets',)             # which children run; every unit's key names its own architecture
-    cache_version: ClassVar[int] = 2                         # 2: scores keyed by sub-block and variant (vkey)
+    cache_version: ClassVar[int] = 3                        # 2: scores keyed by sub-block and variant (vkey); 3: bf16 autocast, BLD and scoring timed apart
     def validate(self):
         check_choice('model', self.model, ('tiny', 'smollm2-135m'))
         for k in ('seq_len', 'n_bld', 'bld_steps', 'bld_batch', 'n_score', 'n_gkd', 'gkd_steps', 'gkd_batch', 'gkd_eval',
@@ -758,7 +772,7 @@ def _fresh_variant(layer, v, config) -> nn.Module:
 
 def library_stage(cfg: PuzzleConfig, parent, ids: dict, A: list, Fv: list) -> tuple:
     "The block library (BLD + scores per layer, one cached unit each), the per-layer records and the block influence."
-    with torch.no_grad(): score_io, score_logits = cache_block_io(parent, ids['score'], 4), parent(input_ids=ids['score']).logits
+    with torch.no_grad(), amp(cfg.bf16): score_io, score_logits = cache_block_io(parent, ids['score'], 4), parent(input_ids=ids['score']).logits
     folder = cache_path('puzzle-acts', dict(model=cfg.model, ids=_digest(ids['bld']), v=1)) if _resumes(cfg) else Path(tempfile.mkdtemp())
     layers, mods, recs, cfgm = decoder_layers(parent), {}, [], parent.config
     try:
@@ -767,7 +781,8 @@ def library_stage(cfg: PuzzleConfig, parent, ids: dict, A: list, Fv: list) -> tu
         if not (folder/'manifest.txt').is_file(): stream_block_io(parent, ids['bld'], folder, chunk=16, batch_size=4)   # cache folder removed since
         for i in progress(range(len(layers)), desc='BLD + scores per layer'):
             def compute(i=i):
-                m, r = library_layer(parent, i, A + Fv, load_block_io(folder, i), score_io[i], score_logits, cfg.bld_steps, cfg.bld_lr, cfg.bld_batch, cfg.seed)
+                io = load_block_io(folder, i)                                        # fp32 parent activations, stored bf16
+                m, r = library_layer(parent, i, A + Fv, io, score_io[i], score_logits, cfg.bld_steps, cfg.bld_lr, cfg.bld_batch, cfg.seed, cfg.bf16)
                 return r, {vkey(v): mod.state_dict() for v, mod in m.items() if v.kind not in ('full', 'noop')}
             r, state = _unit(cfg, dict(stage='layer', layer=i, variants=[v.name for v in A + Fv]), compute)
             for v in A + Fv:
@@ -805,8 +820,8 @@ def gkd_stage(cfg: PuzzleConfig, parent, lib: BlockLibrary, ids: dict, child: di
     "The MIP child after GKD (a cached unit with its weights) and its record: KL before, KL curve, train loss."
     def compute():
         m = assemble_child(parent, lib, _arch_from(lib, child))
-        kl0 = float(np.mean(evaluate(parent, {'c': m}, ids['gkd_eval'], batch_size=2)['c']['kl']))
-        h = gkd_train(m, parent, ids['gkd'], cfg.gkd_steps, cfg.gkd_lr, cfg.gkd_batch, ids['gkd_eval'], cfg.gkd_eval_every, cfg.seed)
+        with amp(cfg.bf16): kl0 = float(np.mean(evaluate(parent, {'c': m}, ids['gkd_eval'], batch_size=2)['c']['kl']))
+        h = gkd_train(m, parent, ids['gkd'], cfg.gkd_steps, cfg.gkd_lr, cfg.gkd_batch, ids['gkd_eval'], cfg.gkd_eval_every, cfg.seed, bf16=cfg.bf16)
         rec = dict(kl_step=[0, *h.eval_step], kl=[round(kl0, 5), *[round(x, 5) for x in h.eval_loss]], step=h.step,
                    train_loss=[round(x, 5) for x in h.train_loss], train_s=round(h.train_s, 1), tokens=h.tokens)
         return rec, decoder_layers(m).state_dict()
@@ -844,9 +859,7 @@ def _row(name, method, budget, gkd, arch, lib, timing, ev_parent, ev, parent_par
 # %% ../../nbs/compression/42_puzzle.ipynb #abaf81f8
 def run_experiment(cfg: PuzzleConfig) -> Results:
     "Library, cost model, the children of every method at every budget, GKD of the MIP children, and their measured latency and quality."
-    threads = torch.get_num_threads(); torch.set_num_threads(cfg.threads)
-    try: return _run(cfg)
-    finally: torch.set_num_threads(threads)
+    with torch_threads(cfg.threads): return _run(cfg)
 
 def _run(cfg: PuzzleConfig) -> Results:
     t_start = time.perf_counter()
@@ -867,14 +880,30 @@ def _run(cfg: PuzzleConfig) -> Results:
     models = {**{n: archs[n] for n in uniq}, **{f'puzzle+gkd@{b}': m for b, (m, _) in gkd.items()}}
     ev = {n: dict(nll=[], kl=[], top1=[]) for n in ('parent', *models)}; ev_s = 0.
     for s in progress(range(0, cfg.n_eval, 4), desc='evaluate'):
-        u = _timed_unit(cfg, dict(stage='eval', start=s, models={n: kids.get(n, n) for n in models}),
-                        lambda s=s: evaluate(parent, models, ids['eval'][s:s + 4], lib, 4))
+        def ev_unit(s=s):
+            with amp(cfg.bf16): return evaluate(parent, models, ids['eval'][s:s + 4], lib, 4)
+        u = _timed_unit(cfg, dict(stage='eval', start=s, models={n: kids.get(n, n) for n in models}), ev_unit)
         ev_s += u.pop('compute_s')
         for n, d in u.items():
             for k in d: ev[n][k] += d[k]
     return _results(cfg, lib, recs, infl, kids, rep, archs, cm, tm, gkd, ev, dict(activations=stream_s, ev=ev_s), time.perf_counter() - t_start)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #abaf81f9
+def _stages(cfg, lib, recs, cm, tm, gkd, secs, archs) -> list:
+    "Seconds per stage, what each did, and its cost per unit of work (what a larger run would scale)."
+    L, tok = lib.n_layers, cfg.bld_steps * cfg.bld_batch * cfg.seq_len
+    bld_s, score_s = sum(r.get('bld_s', 0.) for r in recs), sum(r.get('score_s', 0.) for r in recs)
+    n_var = sum(v.kind != 'full' for v in lib.attn + lib.ffn)
+    n_cost, n_tim = len(uniform_archs(lib)), {s: len(v) for s, v in tm['raw'].items()}
+    st = lambda stage, s, work, per, unit: dict(stage=stage, s=round(float(s), 1), work=work, per=round(float(per), 3), unit=unit)
+    return [st('parent activations, streamed to disk (chunks already on disk are reused)', secs['activations'], f"{cfg.n_bld}x{cfg.seq_len} tokens, {L} layers", secs['activations'] / (cfg.n_bld * cfg.seq_len / 1e4), 's per 10k tokens'),
+            st('BLD: initialisation, closed-form output refit, gradient steps', bld_s, f"{L} layers, {tok:,} tokens seen per trainable variant", bld_s / (tok / 1e4), 's per 10k tokens per variant, all layers'),
+            st('replace-one-block scores', score_s, f"{L} layers x {n_var} variants on {cfg.n_score}x{cfg.seq_len} tokens", score_s / (L * n_var), 's per (layer, variant)'),
+            st('cost model: the uniform models (one variant in every layer), interleaved', cm['compute_s'], f"{n_cost} models, {'/'.join(str(len(next(iter(v.values()))['decode_ms'])) for v in cm['raw'].values())} rounds at batch {'/'.join(s[1:] for s in cm['raw'])}", cm['compute_s'] / n_cost, 's per model'),
+            *[st(f'GKD at {b}', rec['compute_s'], f"{cfg.gkd_steps} steps of {cfg.gkd_batch}x{cfg.gkd_len} tokens", rec['compute_s'] / cfg.gkd_steps, 's per step (KL curve included)') for b, (_, rec) in gkd.items()],
+            st('timing: the parent and the children, interleaved', tm['compute_s'], ', '.join(f"{n} models at batch {s[1:]}" for s, n in n_tim.items()), tm['compute_s'] / sum(n_tim.values()), 's per (model, batch size)'),
+            st('evaluation', secs['ev'], f"parent + {len(archs) - 1 + len(gkd)} children on {cfg.n_eval}x{cfg.seq_len} tokens", secs['ev'] / (len(archs) + len(gkd)), 's per model')]
+
 def _results(cfg, lib, recs, infl, kids, rep, archs, cm, tm, gkd, ev, secs, wall) -> Results:
     scen, L = cfg.scenarios, lib.n_layers
     pp = float(lib.params_attn[0] + lib.params_ffn[0]) * L
@@ -890,18 +919,17 @@ def _results(cfg, lib, recs, infl, kids, rep, archs, cm, tm, gkd, ev, secs, wall
     tables = dict(
         library=[dict(layer=i, part=p, variant=v.name, kl=round(r['kl'][vkey(v)], 6), bld=round(r['bld'][vkey(v)], 5), params=int(getattr(lib, f'params_{p}')[j]))
                  for i, r in enumerate(recs) for p, vs in parts for j, v in enumerate(vs)],
-        layers=[dict(layer=i, influence=round(float(x), 5), bld_s=recs[i]['compute_s'], bld_curve=recs[i]['bld_curve']) for i, x in enumerate(infl)],
+        layers=[dict(layer=i, influence=round(float(x), 5), bld_s=recs[i]['bld_s'], score_s=recs[i]['score_s'], bld_curve=recs[i]['bld_curve']) for i, x in enumerate(infl)],
         costs=[dict(scenario=s, part=p, variant=v.name, ms=round(float(c[p][j]), 4)) for s, c in lib.costs.items() for p, vs in parts for j, v in enumerate(vs)]
               + [dict(scenario=s, part='overhead', variant='-', ms=round(float(c['overhead']), 4)) for s, c in lib.costs.items()],
         timing=_timing_records('cost_model', cm['raw'], lib, uniform_archs(lib)) + _timing_records('children', tm['raw'], lib, archs),
         archs=[dict(model=n, **{k: kids[n][k] for k in ('attn', 'ffn')}) for n in kids],
         eval=[dict(model=n, **{k: [round(x, 5) for x in v] for k, v in d.items()}) for n, d in evn.items()],
         gkd=[dict(budget=b, **rec) for b, (_, rec) in gkd.items()],
-        stages=[dict(stage='parent activations (streamed to disk)', s=secs['activations']), dict(stage='BLD + replace-one-block scores', s=round(sum(r['compute_s'] for r in recs), 1)),
-                dict(stage='cost model (uniform models + parent)', s=cm['compute_s']), *[dict(stage=f'GKD at {b}', s=rec['compute_s']) for b, (_, rec) in gkd.items()],
-                dict(stage='timing children', s=tm['compute_s']), dict(stage='evaluation', s=round(secs['ev'], 1))])
-    notes = (f"{cfg.model}; search space attention {[v.name for v in lib.attn]}, FFN {[v.name for v in lib.ffn]}; BLD {cfg.n_bld}x{cfg.seq_len} tokens, "
+        stages=_stages(cfg, lib, recs, cm, tm, gkd, secs, archs))
+    notes = (f"{cfg.model}; search space attention {[v.name for v in lib.attn]}, FFN {[v.name for v in lib.ffn]}; BLD on {cfg.n_bld}x{cfg.seq_len} distinct tokens, "
              f"{cfg.bld_steps} Adam steps of {cfg.bld_batch} sequences per variant after a closed-form output refit; scores on {cfg.n_score}x{cfg.seq_len} held-out tokens; "
+             f"{'bf16 autocast' if cfg.bf16 else 'fp32'} for BLD, scores, GKD and evaluation, fp32 for the parent activations and all timing; "
              f"GKD {cfg.gkd_steps} steps of {cfg.gkd_batch}x{cfg.gkd_len} tokens; latency = decode ms per step at KV length >= {cfg.prompt_len}, batch {cfg.batch_sizes} "
              f"(every child at batch {cfg.time_all_at}, the parent and the MIP children at the others), median of {cfg.repeats} interleaved rounds through "
              f"generate_ids(trace=True) on {get_settings().device} with {cfg.threads} torch thread(s); "
