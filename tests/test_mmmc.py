@@ -6,7 +6,8 @@ import torch
 from workbench.multimodal.mmmc import (SHAPES, COLOURS, RELATIONS, TYPES, CONFLICTS, EVAL_MIX, Obj, Scene, sample_scene, render_scene,
     relation_holds, images_to_tensor, check_pixels, make_example, make_dataset, premise_holds, scene_split, judge_answer, rouge_l,
     verify_questions, TinyVLM, WithImages, lm_row, prompt_ids, sample_responses, response_logprobs, reinforcepp_advantages,
-    group_advantages, policy_loss, rl_train, MMMCConfig, claims, verdict, IMG, EOS, N_IMG, CELL, RGB)
+    group_advantages, policy_loss, rl_train, MMMCConfig, claims, verdict, IMG, EOS, N_IMG, CELL, RGB,
+    TEMPLATES, APPLIES, MMMC_MIX, base_mix, template_shares, template_table, template_rates, question_kind, METHODS)
 from workbench.core import load_results
 
 
@@ -40,6 +41,48 @@ def test_each_conflict_contradicts_its_scene(seed):
             if t == 'object': assert e.answer == f"no , there is no {e.key_component} ."
             if t == 'attribute': assert present[w[4]].colour != w[3] and e.answer.endswith(f"is {present[w[4]].colour} .")
             if t == 'relation': assert ' not ' in e.answer and rel not in _true_relations(present[a], present[b])
+
+
+@pytest.mark.parametrize('mix', [EVAL_MIX, MMMC_MIX, base_mix(0.1), dict(none=0.5, relation=0.5)])
+def test_template_alone_does_not_predict_conflict(mix):
+    ds = make_dataset(2000, mix, seed=3)
+    assert all(e.kind == question_kind(e.question) for e in ds)
+    wh = [e for e in ds if e.conflict_type != 'probe']
+    overall = np.mean([e.conflict_type != 'none' for e in wh])
+    tt = template_table(wh)
+    for k, v in tt.items():                                    # every template used holds both normal and conflicting questions...
+        assert v['normal'] > 0 and v['conflict'] > 0, (k, v)
+        assert abs(v['conflict_share'] - overall) < 0.01, (k, v, overall)     # ...in the data set's overall proportion
+    # the best predictor that sees only the template (majority label per template) does no better than the overall majority
+    best = sum(max(v['normal'], v['conflict']) for v in tt.values()) / len(wh)
+    assert best <= max(overall, 1 - overall) + 0.005
+    sh = template_shares(mix)                                  # normal questions follow the conflict questions' template shares
+    nrm = [e.kind for e in wh if e.conflict_type == 'none']
+    for k in TEMPLATES: assert abs(nrm.count(k) / len(nrm) - sh[k]) < 0.01
+
+
+def test_each_conflict_type_spread_over_its_templates():
+    ds = make_dataset(3000, EVAL_MIX, seed=4)
+    for t in CONFLICTS:
+        kinds = [e.kind for e in ds if e.conflict_type == t]
+        assert set(kinds) == set(APPLIES[t])
+        for k in APPLIES[t]: assert abs(kinds.count(k) / len(kinds) - 1 / len(APPLIES[t])) < 0.01
+    assert set(APPLIES['object']) == set(TEMPLATES)           # an absent object breaks the premise of every template
+    rel_obj = [e for e in ds if e.conflict_type == 'object' and e.kind == 'relation']
+    w = [e.question.rstrip(' ?').split() for e in rel_obj]     # the absent shape is sometimes the first, sometimes the second
+    assert 0.4 < np.mean([e.scene.get(x[4]) is None for e, x in zip(rel_obj, w)]) < 0.6
+    assert all(len(e.scene.objects) >= 2 for e in ds if e.kind == 'relation')   # normal or not: same scene sizes
+    with pytest.raises(ValueError, match="cannot use the 'colour' template"): make_example(np.random.default_rng(0), 'attribute', kind='colour')
+    with pytest.raises(ValueError, match="cannot use the 'where' template"): make_example(np.random.default_rng(0), 'relation', kind='where')
+
+
+def test_template_rates_tell_detectors_from_template_rules():
+    ds = make_dataset(300, EVAL_MIX, seed=5)
+    perfect = template_rates([e.answer for e in ds], ds)
+    assert all(v['flag_conflict'] == 1 and v['flag_normal'] == 0 and v['acc_normal'] == 1 and v['hallu'] == 0 for v in perfect.values())
+    rule = template_rates(['no , there is no cross .' if e.kind == 'where' else 'the circle is red .' for e in ds], ds)
+    assert all(v['flag_conflict'] == v['flag_normal'] for v in rule.values())            # detection 0 on every template
+    assert set(rule) == set(TEMPLATES) and all(v['n_normal'] > 0 and v['n_conflict'] > 0 for v in rule.values())
 
 
 def test_relation_matches_coordinates():
@@ -142,3 +185,7 @@ def test_config_and_recorded_verdict():
     assert R.mode == 'full' and len(R.seeds) >= 3
     assert verdict(R) == R.verdict
     assert [c.name for c in claims(R)] == [c.name for c in R.claims]
+    tr = R.df[R.df['record'] == 'template']                     # the shortcut diagnostic: every method x template x seed
+    assert set(tr['method']) >= set(METHODS) and set(tr['template']) == set(TEMPLATES)
+    assert len(tr) == len(R.seeds) * len(set(tr['method'])) * len(TEMPLATES)
+    assert np.allclose(tr['detection'], tr['flag_conflict'] - tr['flag_normal'])

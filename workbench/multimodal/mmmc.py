@@ -25,16 +25,17 @@ from ..viz import PALETTE, Explorer
 
 # %% auto #0
 __all__ = ['SHAPES', 'COLOURS', 'RGB', 'ROWS', 'COLS', 'RELATIONS', 'GRID', 'CELL', 'BACKGROUND', 'SPECIALS', 'WORDS', 'VOCAB',
-           'TOK', 'PAD', 'IMG', 'EOS', 'N_IMG', 'INSTRUCTION', 'CONFLICTS', 'TYPES', 'KINDS', 'MMMC_MIX', 'EVAL_MIX',
-           'LABELS', 'SCORE', 'METHODS', 'GROUP', 'OTHERS', 'LABEL_COLOURS', 'METRICS', 'Obj', 'Scene', 'sample_scene',
-           'relation_holds', 'render_scene', 'images_to_tensor', 'check_pixels', 'encode', 'decode', 'MMMCExample',
-           'no_object', 'no_attribute', 'no_relation', 'scene_split', 'make_example', 'question_kind', 'premise_holds',
-           'check_mix', 'make_dataset', 'TinyVLM', 'WithImages', 'prompt_ids', 'lm_row', 'vlm_loss', 'left_pad',
-           'pixels_of', 'respond', 'judge_answer', 'rouge_l', 'verify_questions', 'verify_then_answer', 'score_answers',
+           'TOK', 'PAD', 'IMG', 'EOS', 'N_IMG', 'INSTRUCTION', 'CONFLICTS', 'TYPES', 'TEMPLATES', 'KINDS', 'APPLIES',
+           'MMMC_MIX', 'EVAL_MIX', 'LABELS', 'SCORE', 'METHODS', 'GROUP', 'OTHERS', 'LABEL_COLOURS', 'METRICS', 'Obj',
+           'Scene', 'sample_scene', 'relation_holds', 'render_scene', 'images_to_tensor', 'check_pixels', 'encode',
+           'decode', 'MMMCExample', 'no_object', 'no_attribute', 'no_relation', 'scene_split', 'template_shares',
+           'make_example', 'question_kind', 'premise_holds', 'check_mix', 'make_dataset', 'template_table', 'TinyVLM',
+           'WithImages', 'prompt_ids', 'lm_row', 'vlm_loss', 'left_pad', 'pixels_of', 'respond', 'judge_answer',
+           'rouge_l', 'verify_questions', 'verify_then_answer', 'score_answers', 'says_conflict', 'template_rates',
            'summarise', 'base_mix', 'training_rows', 'fit', 'ProbeCurve', 'instability', 'sample_responses',
            'response_logprobs', 'reinforcepp_advantages', 'group_advantages', 'policy_loss', 'rl_step', 'rl_train',
            'MMMCConfig', 'make_data', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline', 'scene_of',
-           'fig_conflict', 'ConflictExplorer', 'fig_rates', 'RatesExplorer', 'fig_training']
+           'fig_conflict', 'ConflictExplorer', 'fig_rates', 'RatesExplorer', 'fig_training', 'fig_templates']
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000009
 SHAPES = ('circle', 'square', 'triangle', 'cross')
@@ -136,7 +137,9 @@ def decode(ids) -> str:
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000022
 CONFLICTS = ('object', 'attribute', 'relation')
 TYPES = ('none',) + CONFLICTS
-KINDS = ('colour', 'where', 'relation', 'probe')
+TEMPLATES = ('colour', 'where', 'relation')
+KINDS = TEMPLATES + ('probe',)
+APPLIES = dict(object=('colour', 'where', 'relation'), attribute=('where',), relation=('relation',))   # templates whose premise each conflict type can break
 
 @dataclass
 class MMMCExample:
@@ -158,6 +161,7 @@ def no_relation(s1, rel, s2): return f"no , the {s1} is not {rel} the {s2} ."
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000023
 def _normal(rng, sc: Scene, kind: str):
+    "A true-premise question of template `kind` about `sc`: (question, reference, key component)."
     o = sc.objects[rng.integers(len(sc.objects))]
     if kind == 'colour': return f"what colour is the {o.shape} ?", f"the {o.shape} is {o.colour} .", o.shape
     if kind == 'where': return f"where is the {o.colour} {o.shape} ?", f"the {o.colour} {o.shape} is at the {_pos(o)} .", o.colour
@@ -165,19 +169,23 @@ def _normal(rng, sc: Scene, kind: str):
     rel = rng.choice([r for r in RELATIONS if relation_holds(a, r, b)])
     return f"what colour is the {a.shape} {rel} the {b.shape} ?", f"the {a.shape} is {a.colour} .", str(rel)
 
-def _conflict(rng, sc: Scene, ctype: str):
+def _conflict(rng, sc: Scene, ctype: str, kind: str):
+    "A conflicting question of template `kind` (one of `APPLIES[ctype]`) about `sc`: (question, reference, key component)."
     present = [o.shape for o in sc.objects]
     if ctype == 'object':                                  # Obj(T) ⊄ Obj(V): ask about an absent shape
-        s = rng.choice([x for x in SHAPES if x not in present]); c = rng.choice(COLOURS)
-        q = f"what colour is the {s} ?" if rng.random() < 0.5 else f"where is the {c} {s} ?"
-        return q, no_object(s), ('colour' if q.startswith('what') else 'where'), str(s)
+        s = str(rng.choice([x for x in SHAPES if x not in present]))
+        if kind == 'colour': return f"what colour is the {s} ?", no_object(s), s
+        if kind == 'where': return f"where is the {rng.choice(COLOURS)} {s} ?", no_object(s), s
+        o, rel = sc.objects[rng.integers(len(sc.objects))], rng.choice(RELATIONS)   # relation template: one shape present, the other absent
+        a, b = (s, o.shape) if rng.random() < 0.5 else (o.shape, s)
+        return f"what colour is the {a} {rel} the {b} ?", no_object(s), s
     o = sc.objects[rng.integers(len(sc.objects))]
     if ctype == 'attribute':                               # Attr(o^T) ≠ Attr(o^V): a wrong colour for a present shape
         c = rng.choice([x for x in COLOURS if x != o.colour])
-        return f"where is the {c} {o.shape} ?", no_attribute(o.shape, o.colour), 'where', str(c)
+        return f"where is the {c} {o.shape} ?", no_attribute(o.shape, o.colour), str(c)
     a, b = rng.choice(len(sc.objects), 2, replace=False); a, b = sc.objects[a], sc.objects[b]
     rel = rng.choice([r for r in RELATIONS if not relation_holds(a, r, b)])   # Rel(o_i^T, o_j^T) ≠ Rel(o_i^V, o_j^V)
-    return f"what colour is the {a.shape} {rel} the {b.shape} ?", no_relation(a.shape, rel, b.shape), 'relation', str(rel)
+    return f"what colour is the {a.shape} {rel} the {b.shape} ?", no_relation(a.shape, rel, b.shape), str(rel)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000025
 def _probe(rng, sc: Scene):
@@ -199,15 +207,27 @@ def scene_split(scene: Scene, test_frac: float=0.2) -> str:
     "'test' or 'train', fixed per scene by a hash of its key: the split is by scene, never by question."
     return 'test' if zlib.crc32(scene.key.encode()) % 1000 < 1000 * test_frac else 'train'
 
-def make_example(rng: np.random.Generator, conflict_type: str, split: str|None=None) -> MMMCExample:
-    "One example of `conflict_type` ('none', a conflict type, or 'probe') on a fresh scene of `split` (None: any)."
+def template_shares(mix: dict|None=None) -> dict:
+    "Share of each template among the conflict rows of `mix` (each type spread evenly over `APPLIES[type]`); normal rows are drawn in these shares."
+    w = {t: float((mix or {}).get(t, 0.0)) for t in CONFLICTS}
+    if sum(w.values()) <= 0: w = {t: 1.0 for t in CONFLICTS}                      # no conflicts in the mix: as for equal conflict types
+    out = {k: sum(v / len(APPLIES[t]) for t, v in w.items() if k in APPLIES[t]) for k in TEMPLATES}
+    return {k: v / sum(out.values()) for k, v in out.items()}
+
+def make_example(rng: np.random.Generator, conflict_type: str, split: str|None=None, kind: str|None=None) -> MMMCExample:
+    "One example of `conflict_type` ('none', a conflict type, or 'probe') with question template `kind` (None: drawn) on a fresh scene of `split` (None: any)."
     check_choice('conflict_type', conflict_type, TYPES + ('probe',)); check_choice('split', split, (None, 'train', 'test'))
+    allowed = ('probe',) if conflict_type == 'probe' else TEMPLATES if conflict_type == 'none' else APPLIES[conflict_type]
+    if kind is None:
+        if conflict_type == 'none': sh = template_shares(); kind = TEMPLATES[rng.choice(len(TEMPLATES), p=[sh[k] for k in TEMPLATES])]
+        else: kind = allowed[rng.integers(len(allowed))]
+    if kind not in allowed: raise ValueError(f"a {conflict_type!r} question cannot use the {kind!r} template; allowed: {allowed}")
     while True:
-        sc = sample_scene(rng, (2, 3) if conflict_type == 'relation' else (1, 3))
+        sc = sample_scene(rng, (2, 3) if kind == 'relation' else (1, 3))        # every relation-template question: 2-3 objects
         if split is not None and scene_split(sc) != split: continue
-        if conflict_type == 'none': q, a, key = _normal(rng, sc, KINDS[rng.integers(3 if len(sc.objects) > 1 else 2)]); kind = question_kind(q)
-        elif conflict_type == 'probe': (q, a, key), kind = _probe(rng, sc), 'probe'
-        else: q, a, kind, key = _conflict(rng, sc, conflict_type)
+        if conflict_type == 'none': q, a, key = _normal(rng, sc, kind)
+        elif conflict_type == 'probe': q, a, key = _probe(rng, sc)
+        else: q, a, key = _conflict(rng, sc, conflict_type, kind)
         return MMMCExample(sc.key, sc, q, a, conflict_type, kind, key)
 
 def question_kind(q: str) -> str:
@@ -239,14 +259,31 @@ def check_mix(mix: dict) -> dict:
         raise ValueError(f"mix shares must sum to 1, got {sum(mix.values()):.4g}")
     return mix
 
-def make_dataset(n: int, mix: dict|None=None, seed: int=0, split: str|None=None) -> list[MMMCExample]:
-    "`n` examples, `round(n * share)` of each conflict type (largest remainder), shuffled; scenes from `split`."
-    check_int('n', n, lo=1); mix = check_mix(dict(MMMC_MIX if mix is None else mix))
-    raw = {k: n * v for k, v in mix.items()}; cnt = {k: int(v) for k, v in raw.items()}
+def _apportion(n: int, shares: dict) -> dict:
+    "`n` split into integer counts proportional to `shares` (largest remainder)."
+    tot = sum(shares.values()); raw = {k: n * v / tot for k, v in shares.items()}; cnt = {k: int(v) for k, v in raw.items()}
     for k in sorted(raw, key=lambda k: cnt[k] - raw[k])[:n - sum(cnt.values())]: cnt[k] += 1
+    return cnt
+
+def make_dataset(n: int, mix: dict|None=None, seed: int=0, split: str|None=None) -> list[MMMCExample]:
+    "`n` examples, `round(n * share)` of each conflict type; each conflict type spread evenly over its templates, normal rows over the templates in the conflict rows' proportions; shuffled; scenes from `split`."
+    check_int('n', n, lo=1); mix = check_mix(dict(MMMC_MIX if mix is None else mix))
+    cnt, sh = _apportion(n, mix), template_shares(mix)
+    units = []
+    for t, k in cnt.items():
+        kinds = {'probe': 1.0} if t == 'probe' else sh if t == 'none' else {x: 1.0 for x in APPLIES[t]}
+        units += [(t, x) for x, c in _apportion(k, kinds).items() for _ in range(c)]
     rng = np.random.default_rng(seed)
-    rows = [make_example(rng, t, split) for t, k in cnt.items() for _ in range(k)]
+    rows = [make_example(rng, t, split, x) for t, x in units]
     return [rows[i] for i in rng.permutation(len(rows))]
+
+def template_table(examples) -> dict:
+    "Per template: the number of normal and of conflicting questions, and the share of conflicts."
+    out = {}
+    for k in TEMPLATES:
+        d = [e for e in examples if e.kind == k]; c = sum(e.conflict_type != 'none' for e in d)
+        if d: out[k] = dict(normal=len(d) - c, conflict=c, conflict_share=c / len(d))
+    return out
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000034
 class TinyVLM(nn.Module):
@@ -386,6 +423,22 @@ def score_answers(answers: list[str], examples) -> list[dict]:
                         score=SCORE[lab], rouge_l=rouge_l(a, e.answer)))
     return out
 
+def says_conflict(answer: str) -> bool:
+    "Whether an answer claims a conflict (every conflict-aware answer of this task starts with 'no')."
+    return answer.split()[:1] == ['no']
+
+def template_rates(answers: list[str], examples) -> dict:
+    "The shortcut diagnostic, per question template: how often the answers claim a conflict on normal and on conflicting questions (with accuracy on the normal ones and the hallucination rate on the conflicting ones)."
+    out = {}
+    for k in TEMPLATES:
+        nrm = [(a, e) for a, e in zip(answers, examples) if e.kind == k and e.conflict_type == 'none']
+        con = [(a, e) for a, e in zip(answers, examples) if e.kind == k and e.conflict_type != 'none']
+        if nrm and con: out[k] = dict(n_normal=len(nrm), n_conflict=len(con), flag_normal=float(np.mean([says_conflict(a) for a, _ in nrm])),
+                                      flag_conflict=float(np.mean([says_conflict(a) for a, _ in con])),
+                                      acc_normal=float(np.mean([a == e.answer for a, e in nrm])),
+                                      hallu=float(np.mean([judge_answer(a, e) == 'hallucinated' for a, e in con])))
+    return out
+
 def summarise(scored: list[dict]) -> dict:
     "Per conflict type: n, hallucination rate, accuracy, false-conflict rate, mean score and ROUGE-L."
     out = {}
@@ -516,7 +569,7 @@ GROUP = 'RL (group-relative, extra)'
 @dataclass
 class MMMCConfig(ExperimentConfig):
     "The MMMC experiment: a tiny VLM pretrained from scratch, then prompting, SFT and RL against modality conflict."
-    n_seeds: int = size(quick=1, full=3)              # training seeds (each trains its own base model and remedies)
+    n_seeds: int = size(quick=1, full=5)              # training seeds (each trains its own base model and remedies)
     d_model: int = 48                                 # width of the VLM (the decoder's residual stream)
     n_layers: int = 2                                 # decoder blocks
     n_heads: int = 4                                  # attention heads
@@ -539,7 +592,7 @@ class MMMCConfig(ExperimentConfig):
     n_show: int = 24                                  # test items whose answers the widget shows (first seed)
     data_seed: int = 1234                             # seed of the test and probe sets (shared by all seeds)
     unit_fields: ClassVar[tuple] = ('n_seeds', 'n_show')
-    cache_version: ClassVar[int] = 1
+    cache_version: ClassVar[int] = 2                  # 2: conflict types spread over templates, template diagnostic
 
     def validate(self):
         for k in ('n_seeds', 'd_model', 'n_layers', 'n_heads', 'pretrain_steps', 'ft_steps', 'n_train', 'n_eval', 'n_probe', 'probe_every', 'n_show'):
@@ -581,7 +634,8 @@ def run_unit(cfg: MMMCConfig, seed: int) -> dict:
         pol = copy.deepcopy(base); pc = ProbeCurve(pol, data['probe'], cfg.probe_every, cache)
         with Timer() as t: logs[m] = rl_train(pol, base, data['mmmc'], cfg.ft_steps, cfg.batch_size, cfg.rl_lr, est, cfg.beta, cfg.group_size, cfg.temperature, seed, [pc], cache)
         ans[m], curves[m], secs[m] = respond(pol, ev, cache=cache), pc.rows, t.s
-    return dict(summary={m: summarise(score_answers(a, ev)) for m, a in ans.items()}, answers={m: a[:cfg.n_show] for m, a in ans.items()},
+    return dict(summary={m: summarise(score_answers(a, ev)) for m, a in ans.items()}, templates={m: template_rates(a, ev) for m, a in ans.items()},
+                answers={m: a[:cfg.n_show] for m, a in ans.items()},
                 labels={m: [judge_answer(x, e) for x, e in zip(a[:cfg.n_show], ev)] for m, a in ans.items()}, curves=curves, rl_log=logs, secs=secs, perception=perception)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000074
@@ -594,6 +648,8 @@ def _rows(cfg: MMMCConfig, out: dict) -> list[dict]:
         u = out[s]
         for m in cfg.methods:
             rows += [dict(record='eval', seed=s, method=m, conflict_type=t, **u['summary'][m][t]) for t in TYPES]
+            rows += [dict(record='template', seed=s, method=m, conflict_type=None, template=k, **v, detection=v['flag_conflict'] - v['flag_normal'])
+                     for k, v in u['templates'][m].items()]
             c = u['curves'].get(m)
             rows.append(dict(record='run', seed=s, method=m, conflict_type=None, train_s=u['secs'].get(m, u['secs']['pretrain'] if m == 'base' else 0.0),
                              instability=instability([r['hallu'] for r in c]) if c else None, base_perception=u['perception']))
@@ -653,8 +709,11 @@ def verdict(results: Results) -> str:
 def headline(results: Results) -> str:
     "Our measured figure in words."
     df = results.df; h = lambda m: f"{100 * _arm(df, m).mean():.0f}%"; cs = claims(results)
+    ev = df[(df.record == 'eval') & (df.conflict_type == 'none')] if 'record' in df else df[df.conflict_type == 'none']
+    fc = lambda m: f"{100 * ev[ev.method == m].false_conflict.mean():.0f}%"       # normal questions answered as conflicts
     return (f"hallucination on conflict questions: base {h('base')}, PE {h('PE: instruction')}, verify-then-answer {h('PE: verify-then-answer')}, "
-            f"SFT {h('SFT')}, RL {h('RL (REINFORCE++)')}; {sum(c.shows for c in cs)}/{len(cs)} claims beyond their CI over {len(results.seeds)} seeds")
+            f"SFT {h('SFT')}, RL {h('RL (REINFORCE++)')}, bought by over-refusal (false conflicts on normal questions: SFT {fc('SFT')}, "
+            f"RL {fc('RL (REINFORCE++)')}; base {fc('base')}); {sum(c.shows for c in cs)}/{len(cs)} claims beyond their CI over {len(results.seeds)} seeds")
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000083
 LABEL_COLOURS = dict(correct='#2ca02c', partial='#bcbd22', wrong='#ff7f0e', hallucinated='#d62728', false_conflict='#9467bd', other='#7f7f7f')
@@ -722,3 +781,19 @@ def fig_training(curves, rl_log) -> go.Figure:
             fig.add_trace(go.Scatter(x=d['step'].iloc[0], y=np.stack(d[col].to_numpy()).mean(0), name=m, legendgroup=m, showlegend=False, line=dict(color=PALETTE[k])), 1, c)
     fig.update_xaxes(title_text='update')
     return fig.update_layout(height=340, margin=dict(t=60, l=50, r=20))
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000121
+def fig_templates(df, methods=None) -> go.Figure:
+    "The shortcut diagnostic: per template and method, the share of normal and of conflicting questions answered with a conflict claim (mean over seeds, 95% t-interval)."
+    tr = df[df['record'] == 'template']
+    if tr.empty: raise ValueError("no 'template' rows in these results (a run from before the shortcut diagnostic)")
+    methods = list(dict.fromkeys(tr['method'])) if methods is None else list(methods)
+    fig = make_subplots(rows=1, cols=len(TEMPLATES), shared_yaxes=True, subplot_titles=[f"{k!r} questions" for k in TEMPLATES])
+    for c, k in enumerate(TEMPLATES, 1):
+        for col, name, colour in (('flag_normal', 'normal questions', '#7f7f7f'), ('flag_conflict', 'conflicting questions', '#d62728')):
+            iv = [mean_ci(tr[(tr['method'] == m) & (tr['template'] == k)][col]) for m in methods]
+            fig.add_trace(go.Bar(x=methods, y=[i.estimate for i in iv], name=name, legendgroup=name, showlegend=c == 1, marker_color=colour,
+                                 error_y=dict(type='data', array=[0 if math.isnan(i.lo) else i.hi - i.estimate for i in iv])), 1, c)
+    fig.update_yaxes(title_text='share answered "no, …" (a conflict claim)', range=[0, 1.05], row=1, col=1)
+    return fig.update_layout(barmode='group', height=420, margin=dict(t=60, l=60, r=20, b=120),
+                             title='Shortcut diagnostic: conflict claims on normal vs conflicting questions, per template')
