@@ -5,7 +5,8 @@ from workbench.core import load_results, get_settings
 from workbench.models import tiny_llama
 from workbench.train import generate_ids
 from workbench.inference.cos import (WeightedEnsemble, Contrastive, speculative_accept, collab_generate, sd_generate, cos_generate,
-                                     TrigramLM, exact_joint, layer_pruned_copy, verdict, CoSConfig, Member)
+                                     TrigramLM, exact_joint, layer_pruned_copy, verdict, CoSConfig, Member, prefill, shared_prefix,
+                                     run_from_layer, distil_draft, agreement, peer_check)
 
 def _pair(V=97):
     a = tiny_llama(vocab_size=V, n_layers=3, d_model=32, seed=1).eval().requires_grad_(False)
@@ -66,8 +67,58 @@ def test_errors():
     with pytest.raises(ValueError, match='distinct'): layer_pruned_copy(a, [0, 0])
     with pytest.raises(ValueError, match='gamma'): CoSConfig(gammas=(0,))
 
+def test_shared_prefill_gives_the_same_decoding():
+    ms, prompt = _pair(), [3, 14, 15, 92, 65]
+    start = prefill(ms, prompt)
+    for comb in (WeightedEnsemble((0.5, 0.5)), Contrastive(0.1)):
+        for fn, kw in ((collab_generate, {}), (sd_generate, dict(gamma=2)), (cos_generate, dict(gammas=(1, 4)))):
+            for greedy in (True, False):
+                a = fn(ms, comb, prompt, 10, greedy=greedy, seed=3, **kw); b = fn(ms, comb, prompt, 10, greedy=greedy, seed=3, start=start, **kw)
+                assert a.tokens == b.tokens and a.calls == b.calls and a.proposed == b.proposed
+    assert all(c.get_seq_length() == len(prompt) for c, _ in start)          # the shared caches are copied, never extended
+    o = collab_generate(ms, WeightedEnsemble((1.0, 0.0)), prompt, 4, start=start); assert o.calls[1] == 0
+
+def _deep(V=64, seed=0):
+    a = tiny_llama(vocab_size=V, n_layers=4, d_model=32, seed=seed).eval().requires_grad_(False)
+    for p in a.parameters(): p.data *= 4                               # peaked next-token distributions
+    return a
+
+def test_run_from_layer_and_shared_prefix():
+    a = _deep(); keep = [0, 1, 3]; q = layer_pruned_copy(a, keep); ids = torch.randint(0, 64, (2, 12))
+    assert shared_prefix(keep) == 2 and shared_prefix([1, 2]) == 0 and shared_prefix(range(4)) == 4
+    with torch.no_grad():
+        h = a(ids, output_hidden_states=True).hidden_states
+        assert torch.allclose(run_from_layer(q, 1, h[1]), q(ids).logits, atol=1e-4)     # the layers below the cut are the parent's
+        assert torch.allclose(run_from_layer(a, 0, h[0]), a(ids).logits, atol=1e-4)
+
+def test_distillation_brings_the_draft_closer():
+    a = _deep(); keep = [0, 1, 3]; q = layer_pruned_copy(a, keep)
+    g = torch.Generator().manual_seed(0); tr, ev = torch.randint(0, 64, (16, 24), generator=g), torch.randint(0, 64, (4, 24), generator=g)
+    frozen = q.model.layers[0].mlp.up_proj.weight.clone(); before = agreement(a, q, ev)
+    losses = distil_draft(a, q, keep, tr, steps=40, batch_size=4, lr=3e-3, top_k=64)   # top_k = V: the exact KL
+    after = agreement(a, q, ev)
+    assert len(losses) == 40 and after['kl'] < 0.9 * before['kl'] and after['accept'] > before['accept']
+    assert torch.equal(q.model.layers[0].mlp.up_proj.weight, frozen)             # only the layers at the cut train
+    assert not any(p.requires_grad for p in q.parameters())
+
+def test_peer_check():
+    import pandas as pd
+    from types import SimpleNamespace
+    rows = [dict(prompt=i, method='peer', mode=m, seconds=s, identical=True) for i in range(4) for m, s in (('ours', 1.0 + 0.01 * i), ('hf', 1.0))]
+    pc = peer_check(SimpleNamespace(df=pd.DataFrame(rows)))
+    assert pc['identical'] == 1.0 and pc['ok'] and abs(pc['ratio'].estimate - 1.015) < 1e-9
+    rows[0]['seconds'] = 3.0
+    assert not peer_check(SimpleNamespace(df=pd.DataFrame(rows)))['ok']         # too slow on average
+
+def test_full_config_covers_the_issue():
+    c = CoSConfig(mode='full')
+    assert c.n_prompts >= 20 and set(c.gammas) == set(c.sd_gammas) == {1, 2, 4} and c.temperatures == (0.0, 1.0) and c.distil_steps > 0
+    with pytest.raises(ValueError, match='distil_steps'): CoSConfig(distil_steps=-1)
+
 def test_recorded_verdict():
     p = get_settings().results_path / 'cos.json'
     if not p.is_file(): pytest.skip('no full run recorded yet')
     R = load_results('cos')
     assert R.mode == 'full' and verdict(R) == R.verdict
+    if R.config.get('distil_steps'):                                              # the run of the distilled draft (issue 18, second pass)
+        assert R.config['n_prompts'] >= 20 and 4 in R.config['gammas'] and peer_check(R)['identical'] == 1.0

@@ -18,10 +18,11 @@ from ..viz import Explorer, PALETTE
 import plotly.graph_objects as go
 
 # %% auto #0
-__all__ = ['PROMPTS', 'WeightedEnsemble', 'Contrastive', 'one_hot_argmax', 'proposal', 'target', 'speculative_accept', 'Member',
-           'CollabOutput', 'collab_generate', 'sd_generate', 'cos_generate', 'TrigramLM', 'exact_joint',
-           'layer_pruned_copy', 'chat_ids', 'load_pair', 'CoSConfig', 'run_experiment', 'speed_table', 'best', 'claims',
-           'verdict', 'headline', 'fig_timeline', 'fig_hist', 'fig_speed', 'CoSExplorer']
+__all__ = ['PROMPTS', 'KEEP', 'WeightedEnsemble', 'Contrastive', 'one_hot_argmax', 'proposal', 'target', 'speculative_accept',
+           'Member', 'CollabOutput', 'prefill', 'collab_generate', 'sd_generate', 'cos_generate', 'TrigramLM',
+           'exact_joint', 'layer_pruned_copy', 'chat_ids', 'kd_sequences', 'shared_prefix', 'run_from_layer',
+           'distil_draft', 'agreement', 'load_pair', 'CoSConfig', 'run_experiment', 'speed_table', 'best', 'claims',
+           'peer_check', 'verdict', 'headline', 'fig_timeline', 'fig_hist', 'fig_speed', 'CoSExplorer']
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00011
 @dataclass
@@ -101,6 +102,9 @@ class Member:
         z = out.logits[0].float().cpu()                                # (keep, V); sampling runs on the CPU
         for j in range(z.shape[0]): self.logits[len(seq) - z.shape[0] + j + 1] = z[j]
         self.cache, self.n, self.calls = out.past_key_values, len(seq), self.calls + 1
+    def start(self, cache, logits: Tensor, n: int):
+        "Begin from a shared prefill: a copy of its cache over the first `n` tokens and its logits for position `n` (counted as one call)."
+        self.cache, self.n, self.logits, self.calls = copy.deepcopy(cache), n, {n: logits}, 1
     def crop(self, m: int):
         "Roll the cache back to the first `m` tokens (after a rejection) and forget logits past position `m`."
         if self.n > m: self.cache.crop(m); self.n = m
@@ -117,7 +121,7 @@ class CollabOutput:
     calls: list           # forward calls per model (prefill included)
     proposed: list        # drafts verified, per proposer
     accepted: list        # drafts accepted, per proposer
-    seconds: float        # wall-clock time of the whole generation
+    seconds: float        # wall-clock time of the generation (prefill included unless it started from a shared `prefill`)
     @property
     def tokens_per_s(self) -> float: return len(self.tokens) / max(self.seconds, 1e-9)
 
@@ -174,11 +178,21 @@ def _direct(st: _Collab) -> bool:
     st.commit(st.sample(st.r(st.c)), -2); return True
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00029
-def _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id) -> CollabOutput:
+@torch.no_grad()
+def prefill(models, prompt) -> list:
+    "Each model's KV cache over `prompt` and its logits for the next position: a shared start for many generations of one prompt."
+    out = []
+    for m in models: x = Member(m); x.feed([int(t) for t in prompt], need_from=len(prompt)); out.append((x.cache, x.logits[len(prompt)]))
+    return out
+
+def _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start=None) -> CollabOutput:
     check_int('max_new_tokens', max_new_tokens, lo=1)
     st = _Collab(models, comb, prompt, greedy, seed, eos_id)
+    if start is not None:                                                # a shared prefill: the clock times decoding only
+        for i in comb.needs: st.m[i].start(*start[i], n=st.c)
     t0 = time.perf_counter()
-    for i in comb.needs: st.m[i].feed(st.seq, need_from=st.c)          # prefill
+    if start is None:
+        for i in comb.needs: st.m[i].feed(st.seq, need_from=st.c)      # prefill
     while not st.done(max_new_tokens): step(st)
     n = st.c - st.P
     if eos_id is not None and eos_id in st.seq[st.P:]: n = min(n, st.seq[st.P:].index(eos_id) + 1)
@@ -186,15 +200,15 @@ def _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id) -> Co
     return CollabOutput(st.seq[st.P:st.P + n], st.source[:n], [r for r in st.rejected if r[0] < n], [m.calls for m in st.m],
                         st.proposed, st.accepted, time.perf_counter() - t0)
 
-def collab_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None) -> CollabOutput:
+def collab_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, start=None) -> CollabOutput:
     "Standard collaborative decoding: every needed model runs once per token; the token is drawn from r."
     def step(st):
         for i in comb.needs:
             if st.c not in st.m[i].logits: st.m[i].feed(st.seq, need_from=st.c)
         _direct(st)
-    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id)
+    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start)
 
-def sd_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, proposer=1, gamma=4) -> CollabOutput:
+def sd_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, proposer=1, gamma=4, start=None) -> CollabOutput:
     "Speculative collaboration with a fixed proposer: it drafts `gamma` tokens, the other needed models verify them against r."
     check_int('gamma', gamma, lo=1); check_int('proposer', proposer, lo=0, hi=len(models) - 1)
     def step(st):
@@ -203,9 +217,9 @@ def sd_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eo
         for i in comb.needs:
             if i != proposer: _score(st, i)
         _verify(st); st.pend.clear()                                     # a bonus that is not from r is dropped
-    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id)
+    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start)
 
-def cos_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, gammas=(1, 1)) -> CollabOutput:
+def cos_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, gammas=(1, 1), start=None) -> CollabOutput:
     "CoS: models take turns; each call verifies the others' pending tokens and proposes its own bonus plus gamma_i - 1 drafts."
     if len(gammas) != len(models): raise ValueError(f"give one gamma per model: {len(models)} models, {len(gammas)} gammas")
     for g_ in gammas: check_int('gamma', g_, lo=1)
@@ -219,7 +233,7 @@ def cos_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, e
         if not _verify(st) or _direct(st): return
         pos = st.c + len(st.pend)                                          # i's own next-token distribution: its bonus
         s = st.s(i, pos); st.pend.append((st.sample(s), i, s)); _draft(st, i, gammas[i] - 1)
-    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id)
+    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start)
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00031
 class _TokCache:
@@ -278,47 +292,142 @@ PROMPTS = ['Explain what a Python list comprehension is.', 'What does the os.pat
            'What does the json.dumps function return?', 'Give a short definition of machine learning.',
            'How do I read a file line by line in Python?', 'What is the capital of France, and why is it famous?',
            'Describe a healthy breakfast.', 'Explain what an API is in simple terms.',
-           'What is the purpose of a virtual environment?', 'Write two sentences about the history of the bicycle.']
+           'What is the purpose of a virtual environment?', 'Write two sentences about the history of the bicycle.',
+           'What is a decorator in Python?', 'Name three planets and one fact about each.',
+           'How does a for loop differ from a while loop?', 'Give two reasons to exercise regularly.']
+KEEP = tuple(i for i in range(30) if i not in range(14, 22))     # the layers of SmolLM2 (30) that M_q keeps
 
 def chat_ids(tok, prompt: str) -> list:
     "The token ids of `prompt` as a user turn of the chat template, ready for the assistant's reply."
     return tok(tok.apply_chat_template([dict(role='user', content=prompt)], tokenize=False, add_generation_prompt=True))['input_ids']
 
-_PAIR = {}
-def load_pair(keep: tuple, model: str='smollm2-135m'):
-    "The large model $M_p$ (a `workbench.models` name), its layer-pruned copy (the small $M_q$, same tokenizer), the tokenizer; cached in memory."
-    if (model, keep) not in _PAIR:
-        from workbench.models import load_model, load_tokenizer
-        P = load_model(model); _PAIR[model, keep] = (P, layer_pruned_copy(P, keep), load_tokenizer(model))
-    return _PAIR[model, keep]
+# %% ../../nbs/inference/21_cos.ipynb #cos00143
+def kd_sequences(tok, n: int, seq_len: int=96, split: str='train', seed: int=0) -> Tensor:
+    "(n, seq_len) token blocks: a chat turn asking about Python documentation, answered by a chunk of the `docstrings` corpus."
+    import random
+    from workbench.data import load_corpus, split as split_docs
+    check_int('n', n, lo=1); check_int('seq_len', seq_len, lo=24)
+    texts = split_docs(load_corpus('docstrings'))[split]['text']
+    pre = chat_ids(tok, 'Explain this part of the Python documentation.'); k = seq_len - len(pre)
+    rnd, out = random.Random(seed), []
+    while len(out) < n:
+        t = rnd.choice(texts); s = rnd.randrange(max(1, len(t) - 8 * k))
+        ids = tok(t[s:s + 8 * k])['input_ids'][1:]                      # drop a token cut in the middle
+        if len(ids) >= k: out.append(pre + ids[:k])
+    return torch.tensor(out)
+
+def shared_prefix(keep) -> int:
+    "How many leading decoder layers a pruned copy shares with its parent (`keep[:j] == range(j)`)."
+    j = 0
+    while j < len(keep) and keep[j] == j: j += 1
+    return j
+
+def run_from_layer(m, j: int, h: Tensor) -> Tensor:
+    "Logits (B, T, V) of the causal LM `m` continued from the residual stream h (B, T, d) entering decoder layer j (no padding)."
+    pe = m.model.rotary_emb(h, torch.arange(h.shape[1], device=h.device)[None])
+    for layer in m.model.layers[j:]: h = layer(h, attention_mask=None, position_embeddings=pe)
+    return m.lm_head(m.model.norm(h))
+
+# %% ../../nbs/inference/21_cos.ipynb #cos00144
+def distil_draft(P, Q, keep, ids: Tensor, steps: int, batch_size: int=4, lr: float=3e-4, n_layers: int=2, top_k: int=64, seed: int=0) -> list:
+    "Logit KD of the pruned copy Q (layers `keep` of P) towards P on ids (N, T), in place: trains Q's `n_layers` decoder layers from the last shared one; returns the losses."
+    check_int('steps', steps, lo=0); check_int('n_layers', n_layers, lo=1); check_tensor('ids', ids, ndim=2, floating=False)
+    j0 = max(shared_prefix(keep) - 1, 0); dev = next(P.parameters()).device
+    amp = lambda: torch.autocast(dev.type, dtype=torch.bfloat16)
+    with torch.no_grad(), amp():                                       # teacher: the stream entering layer j0, top-k log-probs
+        hs, tv, ti = [], [], []
+        for b in range(0, len(ids), 8):
+            o = P(ids[b:b + 8].to(dev), output_hidden_states=True); v, i = o.logits.float().log_softmax(-1).topk(top_k, -1)
+            hs.append(o.hidden_states[j0].float()); tv.append(v.softmax(-1)); ti.append(i)   # $\tilde p$: renormalised top-k
+    h, w, ix = torch.cat(hs), torch.cat(tv), torch.cat(ti)
+    params = [p for layer in Q.model.layers[j0:j0 + n_layers] for p in layer.parameters()]
+    for p in params: p.requires_grad_(True)
+    opt, g, losses = torch.optim.AdamW(params, lr=lr, weight_decay=0.0), torch.Generator().manual_seed(seed), []
+    Q.train()
+    for s in range(steps):
+        b = torch.randint(0, len(h), (batch_size,), generator=g)
+        for grp in opt.param_groups: grp['lr'] = lr * 0.5 * (1 + math.cos(math.pi * s / steps))   # cosine decay
+        with amp(): lq = run_from_layer(Q, j0, h[b]).float().log_softmax(-1)
+        # $\mathcal L=-\mathrm{mean}\sum_{x\in\mathrm{top}_k}\tilde p(x)\log q(x)$
+        loss = -(w[b] * lq.gather(-1, ix[b])).sum(-1).mean()
+        opt.zero_grad(); loss.backward(); opt.step(); losses.append(round(loss.item(), 4))
+    Q.eval().requires_grad_(False)
+    return losses
+
+@torch.no_grad()
+def agreement(P, Q, ids: Tensor) -> dict:
+    "How close Q's next-token distributions are to P's on ids (N, T): KL(p||q), top-1 agreement, and 1 - TV (a Q draft's acceptance rate against p)."
+    dev = next(P.parameters()).device; lp, lq = (m(ids.to(dev)).logits.float().cpu().log_softmax(-1) for m in (P, Q))
+    return dict(kl=round(float((lp.exp() * (lp - lq)).sum(-1).mean()), 4), top1=round(float((lp.argmax(-1) == lq.argmax(-1)).float().mean()), 4),
+                accept=round(float(1 - 0.5 * (lp.exp() - lq.exp()).abs().sum(-1).mean()), 4))
+
+# %% ../../nbs/inference/21_cos.ipynb #cos00146
+_MODELS, _PAIR = {}, {}
+def load_pair(keep: tuple=KEEP, model: str='smollm2-135m', distil: dict|None=None):
+    "($M_p$, $M_q$, tokenizer): $M_p$ a `workbench.models` name, $M_q$ its copy with layers `keep`, distilled by `distil_draft(**distil)` if given (cached on disk); kept in memory."
+    import json
+    from workbench.core import cached, atomic_save_torch, atomic_write_json
+    from workbench.models import load_model, load_tokenizer
+    keep, key = tuple(keep), (model, tuple(keep), json.dumps(distil, sort_keys=True))
+    if key in _PAIR: return _PAIR[key]
+    if model not in _MODELS: _MODELS[model] = (load_model(model), load_tokenizer(model))
+    (P, tok), Q = _MODELS[model], layer_pruned_copy(_MODELS[model][0], keep)
+    if distil:
+        d = dict(distil); n_eval, seq_len, seed = d.pop('n_eval'), d.pop('seq_len'), d.get('seed', 0)
+        def build(tmp):
+            t0, q = time.perf_counter(), layer_pruned_copy(P, keep); ev = kd_sequences(tok, n_eval, seq_len, 'validation', seed + 1)
+            train_ids = kd_sequences(tok, d.pop('n_seqs'), seq_len, 'train', seed)
+            before = agreement(P, q, ev); losses = distil_draft(P, q, keep, train_ids, **d)
+            j0, n = max(shared_prefix(keep) - 1, 0), d.get('n_layers', 2)
+            atomic_save_torch({k: v for k, v in q.state_dict().items() if any(k.startswith(f'model.layers.{j}.') for j in range(j0, j0 + n))}, tmp/'layers.pt')
+            atomic_write_json(tmp/'info.json', dict(before=before, after=agreement(P, q, ev), losses=losses, seconds=round(time.perf_counter() - t0, 1)))
+        folder = cached('cos-draft', dict(model=model, keep=list(keep), distil=distil, v=1), build)
+        Q.load_state_dict(torch.load(folder/'layers.pt'), strict=False); Q.distil_info = json.loads((folder/'info.json').read_text())
+    _PAIR[key] = (P, Q.eval().requires_grad_(False), tok)
+    return _PAIR[key]
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00051
 @dataclass
 class CoSConfig(ExperimentConfig):
-    "Standard vs fixed-proposer vs CoS collaborative decoding (WE and CD) with SmolLM2-135M and its layer-pruned copy."
-    n_prompts: int = size(quick=2, full=8)             # chat prompts (items of the speed and identity claims)
-    max_new_tokens: int = size(quick=4, full=16)       # tokens generated per prompt and setting (no early stop)
+    "Standard vs fixed-proposer vs CoS collaborative decoding (WE and CD) with SmolLM2-135M and its layer-pruned, distilled copy."
+    n_prompts: int = size(quick=2, full=20)            # chat prompts (items of the speed and identity claims)
+    max_new_tokens: int = size(quick=4, full=8)        # tokens generated per prompt and setting (no early stop)
     methods: tuple = ('we', 'cd')                      # collaborations: weighted ensemble, contrastive decoding
     temperatures: tuple = size(quick=(0.0,), full=(0.0, 1.0))   # 0: greedy
-    gammas: tuple = size(quick=(1,), full=(1, 2))      # CoS: the small model's gamma_q (the large model's gamma_p is 1)
-    sd_gammas: tuple = size(quick=(1,), full=(2,))     # fixed-proposer SD: the small model's draft lengths
+    gammas: tuple = size(quick=(1,), full=(1, 2, 4))   # CoS: the small model's gamma_q (the large model's gamma_p is 1)
+    sd_gammas: tuple = size(quick=(2,), full=(1, 2, 4))   # fixed-proposer SD: the small model's draft lengths
     lam: float = 0.5                                   # WE weight of the small model: r = lam q + (1-lam) p
     mu: float = 0.1                                    # CD amateur weight: r = softmax((l_p - mu l_q)/T)
     model: str = 'smollm2-135m'                        # the large model M_p (a workbench.models name; on a GPU: a larger one)
-    keep_layers: tuple = tuple(i for i in range(30) if i not in range(14, 22))   # its layers the small model M_q keeps
+    keep_layers: tuple = KEEP                          # its layers the small model M_q keeps
+    distil_steps: int = size(quick=2, full=40)         # logit-KD steps of M_q towards M_p (0: the plain layer-pruned copy)
+    distil_seqs: int = size(quick=4, full=24)          # KD training sequences (chat-wrapped `docstrings` chunks)
+    distil_batch: int = size(quick=2, full=4)          # sequences per KD step
+    distil_len: int = size(quick=64, full=96)          # tokens per KD sequence
+    distil_layers: int = 2                             # decoder layers trained, from the last one shared with M_p
+    distil_lr: float = 3e-4                            # peak learning rate (cosine decay)
+    distil_eval: int = size(quick=1, full=8)           # held-out sequences for the before/after agreement
     peer_gamma: int = 2                                # draft length of the assisted-generation peer check
+    peer_tokens: int = size(quick=4, full=16)          # tokens per generation of the peer check (prefill included in its times)
     n_rep: int = size(quick=3, full=8)                 # replicates of the toy Monte-Carlo exactness test
     n_mc: int = size(quick=400, full=2500)             # samples per replicate
     n_real: int = size(quick=500, full=4000)           # single-step samples of the real-model distribution check
     tv_margin: float = 0.02                            # the exactness claim: excess TV over the Monte-Carlo floor below this
     unit_fields: ClassVar[tuple] = ('n_prompts',)
-    cache_version: ClassVar[int] = 1
+    cache_version: ClassVar[int] = 2
     def validate(self):
         check_int('n_prompts', self.n_prompts, lo=2, hi=len(PROMPTS)); check_int('max_new_tokens', self.max_new_tokens, lo=1)
         for m in self.methods: check_choice('method', m, ('we', 'cd'))
         for T in self.temperatures: check_num('temperature', T, lo=0)
         for g in (*self.gammas, *self.sd_gammas): check_int('gamma', g, lo=1)
         check_num('lam', self.lam, lo=0, hi=1); check_num('mu', self.mu, lo=0); check_int('n_rep', self.n_rep, lo=2); check_int('n_mc', self.n_mc, lo=10)
+        check_int('distil_steps', self.distil_steps, lo=0); check_int('distil_layers', self.distil_layers, lo=1); check_int('peer_tokens', self.peer_tokens, lo=1)
+    def distil(self) -> dict|None:
+        "The `load_pair` distillation settings (None: no distillation)."
+        if not self.distil_steps: return None
+        return dict(steps=self.distil_steps, n_seqs=self.distil_seqs, batch_size=self.distil_batch, lr=self.distil_lr, n_layers=self.distil_layers,
+                    seq_len=self.distil_len, n_eval=self.distil_eval, seed=self.seed)
+    def pair(self): return load_pair(tuple(self.keep_layers), self.model, self.distil())
     def comb(self, method: str, T: float):
         "The combination of (large, small) model logits for `method` at temperature `T` (T=0: greedy, combined at T=1)."
         T = T or 1.0
@@ -331,27 +440,30 @@ def _settings(cfg):
     out += [('sd', g, sd_generate, dict(proposer=1, gamma=g)) for g in cfg.sd_gammas]
     return out + [('cos', g, cos_generate, dict(gammas=(1, g))) for g in cfg.gammas]
 
-def _speed_unit(cfg, i: int, method: str, T: float) -> list:
-    "Every setting on prompt `i`, back to back in a rotating order (so machine load hits all alike); one record each."
-    P, Q, tok = load_pair(tuple(cfg.keep_layers), cfg.model); ids = chat_ids(tok, PROMPTS[i]); comb = cfg.comb(method, T)
-    sets = _settings(cfg); k = i % len(sets); outs = {}
-    for mode, g, fn, kw in sets[k:] + sets[:k]:
-        outs[mode, g] = fn([P, Q], comb, ids, cfg.max_new_tokens, greedy=T == 0, seed=cfg.seed + i, **kw)
-    ref = outs['standard', 0].tokens
-    return [dict(prompt=i, method=method, T=T, mode=mode, gamma=g, seconds=round(o.seconds, 4), n_tokens=len(o.tokens),
-                 calls_p=o.calls[0], calls_q=o.calls[1], accepted_q=o.accepted[1], proposed_q=o.proposed[1],
-                 accepted_p=o.accepted[0], proposed_p=o.proposed[0], identical=o.tokens == ref,
-                 tokens=o.tokens, source=o.source, rejected=[r[0] for r in o.rejected]) for (mode, g), o in outs.items()]
+def _speed_unit(cfg, i: int) -> list:
+    "Every setting of every collaboration and T on prompt `i` from one shared prefill, back to back in a rotating order (so machine load hits all alike)."
+    P, Q, tok = cfg.pair(); ids = chat_ids(tok, PROMPTS[i]); start = prefill([P, Q], ids); recs = []
+    for T in cfg.temperatures:
+        for method in cfg.methods:
+            comb = cfg.comb(method, T); sets = _settings(cfg); k = i % len(sets); outs = {}
+            for mode, g, fn, kw in sets[k:] + sets[:k]:
+                outs[mode, g] = fn([P, Q], comb, ids, cfg.max_new_tokens, greedy=T == 0, seed=cfg.seed + i, start=start, **kw)
+            ref = outs['standard', 0].tokens
+            recs += [dict(prompt=i, method=method, T=T, mode=mode, gamma=g, seconds=round(o.seconds, 4), n_tokens=len(o.tokens),
+                          calls_p=o.calls[0], calls_q=o.calls[1], accepted_q=o.accepted[1], proposed_q=o.proposed[1],
+                          accepted_p=o.accepted[0], proposed_p=o.proposed[0], identical=o.tokens == ref,
+                          tokens=o.tokens, source=o.source, rejected=[r[0] for r in o.rejected]) for (mode, g), o in outs.items()]
+    return recs
 
 def _peer_unit(cfg, i: int) -> list:
     "Greedy speculative decoding of the large model alone: ours (weights [1, 0]) beside transformers' assisted generation."
-    P, Q, tok = load_pair(tuple(cfg.keep_layers), cfg.model); ids = chat_ids(tok, PROMPTS[i]); g = cfg.peer_gamma
+    P, Q, tok = cfg.pair(); ids = chat_ids(tok, PROMPTS[i]); g = cfg.peer_gamma
     gc = Q.generation_config; gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = g, 'constant', 0.0
     rows = []
     for mode in (['ours', 'hf'] if i % 2 == 0 else ['hf', 'ours']):
         t0 = time.perf_counter()
-        if mode == 'hf': toks = P.generate(torch.tensor([ids], device=P.device), assistant_model=Q, do_sample=False, max_new_tokens=cfg.max_new_tokens)[0, len(ids):].tolist()
-        else: toks = sd_generate([P, Q], WeightedEnsemble((1.0, 0.0)), ids, cfg.max_new_tokens, eos_id=tok.eos_token_id, proposer=1, gamma=g).tokens
+        if mode == 'hf': toks = P.generate(torch.tensor([ids], device=P.device), assistant_model=Q, do_sample=False, max_new_tokens=cfg.peer_tokens)[0, len(ids):].tolist()
+        else: toks = sd_generate([P, Q], WeightedEnsemble((1.0, 0.0)), ids, cfg.peer_tokens, eos_id=tok.eos_token_id, proposer=1, gamma=g).tokens
         rows.append(dict(prompt=i, method='peer', T=0.0, mode=mode, gamma=g, seconds=round(time.perf_counter() - t0, 4), n_tokens=len(toks), tokens=toks))
     rows[0]['identical'] = rows[1]['identical'] = rows[0]['tokens'] == rows[1]['tokens']
     return rows
@@ -370,7 +482,7 @@ def _exact_unit(cfg, method: str, rep: int) -> dict:
 
 def _real_unit(cfg, method: str, k: int=10) -> dict:
     "SmolLM2 pair at T=1, first token of prompt 0: the emitted token after one M_q draft and its verification, against r (top-k tokens + rest)."
-    P, Q, tok = load_pair(tuple(cfg.keep_layers), cfg.model); ids = torch.tensor([chat_ids(tok, PROMPTS[0])], device=P.device)
+    P, Q, tok = cfg.pair(); ids = torch.tensor([chat_ids(tok, PROMPTS[0])], device=P.device)
     with torch.no_grad(): lp, lq = P(ids).logits[0, -1].float().cpu(), Q(ids).logits[0, -1].float().cpu()
     r, s = cfg.comb(method, 1.0).probs([lp, lq]), torch.softmax(lq, -1); g = torch.Generator().manual_seed(cfg.seed)
     top = r.topk(k).indices; bins = lambda t: int((top == t).nonzero()[0, 0]) if t in top else k
@@ -386,9 +498,10 @@ _LISTS = ('tokens', 'source', 'rejected')
 def run_experiment(cfg: CoSConfig) -> Results:
     "Speed, calls and greedy identity of standard / SD / CoS per prompt, the assisted-generation peer, the toy exactness test."
     t0 = time.perf_counter(); rows, timeline, hist = [], [], []
-    units = [(i, m, T) for T in cfg.temperatures for m in cfg.methods for i in range(cfg.n_prompts)]
-    for i, m, T in progress(units, desc='cos prompts'):
-        recs = cached_unit('cos', cfg, dict(kind='speed', prompt=i, method=m, T=T), lambda: dict(rows=_speed_unit(cfg, i, m, T)))['rows']
+    P, Q, tok = cfg.pair(); info = getattr(Q, 'distil_info', None)              # builds (or reads) the distilled M_q
+    if info: rows += [dict(mode='draft', stage=k, **info[k]) for k in ('before', 'after')]
+    for i in progress(range(cfg.n_prompts), desc='cos prompts'):
+        recs = cached_unit('cos', cfg, dict(kind='speed', prompt=i), lambda: dict(rows=_speed_unit(cfg, i)))['rows']
         rows += [{k: v for k, v in r.items() if k not in _LISTS} for r in recs]
         timeline += recs
     for i in progress(range(cfg.n_prompts), desc='peer'):
@@ -397,8 +510,11 @@ def run_experiment(cfg: CoSConfig) -> Results:
     for m in cfg.methods:
         for rep in range(cfg.n_rep): rows.append(cached_unit('cos', cfg, dict(kind='exact', method=m, rep=rep), lambda: _exact_unit(cfg, m, rep)))
         u = cached_unit('cos', cfg, dict(kind='real', method=m), lambda: _real_unit(cfg, m)); hist.append(dict(method=m, **u.pop('hist'))); rows.append(u)
-    res = Results('cos', cfg, rows, seeds=[cfg.seed], tables=dict(timeline=timeline, hist=hist), wall_time_s=round(time.perf_counter() - t0, 1),
-                  notes='seconds: wall-clock of one whole generation (prefill included), 1 CPU thread; identical: same tokens as standard (peer: as HF)')
+    tables = dict(timeline=timeline, hist=hist, distil=[dict(step=s, loss=l) for s, l in enumerate(info['losses'])] if info else [])
+    res = Results('cos', cfg, rows, seeds=[cfg.seed], tables=tables, wall_time_s=round(time.perf_counter() - t0, 1),
+                  notes=f"seconds: wall-clock of the decoding after one shared prefill per prompt (peer rows: whole generation, prefill included), "
+                        f"1 CPU thread; identical: same tokens as standard (peer: as HF); draft distillation took {info['seconds'] if info else 0} s "
+                        f"(included in wall_time_s only when it was not cached yet)")
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00054
@@ -425,6 +541,12 @@ def claims(results) -> list:
                 iv = bootstrap(tab[b][0] / tab[c][0], unit='prompts')
                 out.append(claim(f"{m} T={T:g}: speed-up of CoS(gamma_q={c[1]}) over {name} ({b[0]}{'' if b[0] == 'standard' else f' gamma={b[1]}'})", iv, 'higher', 1.0))
     return out
+
+def peer_check(results) -> dict:
+    "The assisted-generation peer: share of prompts with identical greedy tokens, our time / HF time per prompt (mean, bootstrap CI), and whether both hold (all identical, mean ratio <= 1.1)."
+    pe = results.df[results.df.method == 'peer']; t = pe.pivot(index='prompt', columns='mode', values='seconds')
+    same, iv = float(pe.groupby('prompt').identical.first().mean()), bootstrap((t.ours / t.hf).to_numpy(), unit='prompts')
+    return dict(identical=same, ratio=iv, ok=bool(same == 1.0 and iv.estimate <= 1.1))
 
 def verdict(results) -> str:
     "Reproduced when every claim (toy exactness, greedy identity, speed-up over standard and over the strongest baseline, per collaboration and T) shows beyond its 95% CI; partly when some do."
@@ -468,9 +590,9 @@ def fig_speed(df, title: str='Tokens/s and forward calls per token') -> go.Figur
 # %% ../../nbs/inference/21_cos.ipynb #cos00062
 class CoSExplorer(Explorer):
     "Decode one prompt live: collaboration, mode, lambda/mu, T, gamma_q and prompt as controls; the token timeline and calls."
-    def __init__(self, keep: tuple, n_new: int=12):
+    def __init__(self, cfg: CoSConfig, n_new: int=12):
         import ipywidgets as W
-        self.keep, self.n_new = keep, n_new
+        self.cfg, self.n_new = cfg, n_new
         self.method = W.Dropdown(options=['we', 'cd'], description='method'); self.mode = W.Dropdown(options=['standard', 'sd', 'cos'], value='cos', description='mode')
         self.w = W.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05, description='λ or μ'); self.T = W.ToggleButtons(options=[0.0, 1.0], description='T')
         self.gamma = W.IntSlider(value=1, min=1, max=4, description='γ_q'); self.prompt = W.Dropdown(options=[(p[:40], i) for i, p in enumerate(PROMPTS)], value=0, description='prompt')
@@ -478,7 +600,7 @@ class CoSExplorer(Explorer):
         for c in (self.method, self.mode, self.w, self.T, self.gamma, self.prompt): c.observe(self._update, 'value')
         self.widget = W.VBox([W.HBox([self.method, self.mode, self.T]), W.HBox([self.w, self.gamma, self.prompt]), self.fig])
     def figure(self):
-        P, Q, tok = load_pair(self.keep); ids = chat_ids(tok, PROMPTS[self.prompt.value]); T = self.T.value
+        P, Q, tok = self.cfg.pair(); ids = chat_ids(tok, PROMPTS[self.prompt.value]); T = self.T.value
         comb = WeightedEnsemble((1 - self.w.value, self.w.value), T or 1.0) if self.method.value == 'we' else Contrastive(self.w.value, T or 1.0)
         fn, kw = dict(standard=(collab_generate, {}), sd=(sd_generate, dict(gamma=self.gamma.value)), cos=(cos_generate, dict(gammas=(1, self.gamma.value))))[self.mode.value]
         o = fn([P, Q], comb, ids, self.n_new, greedy=T == 0, **kw)
