@@ -255,3 +255,52 @@ def test_claims_judge_below_the_top_budget_at_measured_bytes():
     assert cl[0].shows and not cl[2].shows and cl[2].estimate < 0   # KL: win at 25%, loss at 50%
     assert cl[1].shows                                                # recall better at 25%
     assert verdict(res) == 'partly'
+
+def test_morph_bytes_inverts_policy_entries():
+    from types import SimpleNamespace
+    from workbench.inference.morphkv import morph_bytes
+    smol = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    for C, R in ((16, 8), (32, 16), (80, 32)):
+        assert policy_entries('morphkv-max', morph_bytes(C, R, smol), R, smol) == C
+    assert morph_bytes(32, 16, smol) == 56                          # 16 queries of 9 heads = 24 entries of 3 KV heads
+
+def test_kvpress_at_morphkv_bytes(setup):
+    "A kvpress decoding press given MorphKV's bytes (keys, values, cached queries) holds no more than those, buffered hidden states included, and within 2%."
+    from workbench.inference.morphkv import morph_bytes, BYTES_TOL
+    m, ids, ref = setup
+    peak = lambda tr: max(k + s for k, s in zip(tr.kv_bytes, tr.state_bytes))
+    mk = peak(decode(m, ids, MorphKVCache(12, 4), N, teacher=ref.tokens))
+    Cb, I = morph_bytes(12, 4, m.config), 2
+    for p in ('kvpress-knorm', 'kvpress-expected-attention'):
+        pr = press_decode(m, ids, make_press(p, Cb, T, I, target=policy_entries(p, Cb, I, m.config)), N, teacher=ref.tokens)[0]
+        assert mk * (1 - 2 * BYTES_TOL) < peak(pr) <= mk + 1, (p, peak(pr), mk)
+
+@pytest.mark.parametrize('kw,msg', [(dict(long_prompts=('doc-macbeth', 'doc-code')), 'long prompts must be evaluation prompts'),
+                                    (dict(long_prompts=('doc-code',)), 'at least two distinct'),
+                                    (dict(long_policies=('morphkv-sum',)), 'long policy must be one of'),
+                                    (dict(long_fraction=1.5), 'long_fraction'), (dict(press_interval=0), 'press_interval')])
+def test_invalid_long_arguments(kw, msg):
+    with pytest.raises(ValueError, match=msg): MorphKVConfig(mode='quick', **kw)
+
+def test_new_fields_keep_the_cached_units():
+    "The long part and kvpress fields are unit fields (each unit's key names what it uses): adding them leaves the frontier's cached units valid."
+    from workbench.core import _unit_config
+    u = _unit_config(MorphKVConfig(mode='full'))
+    assert not {'press_interval', 'long_prompts', 'long_tokens', 'long_fraction', 'long_policies', 'presses'} & set(u)
+    assert MorphKVConfig(mode='full').long_tokens >= 512 and MorphKVConfig(mode='full').long_budget == round(0.125 * (128 + 512))
+
+def test_long_claims_paired_t_at_equal_bytes():
+    "The long part adds a KL and a fact-recall claim against the best baseline, with a paired t-interval over its prompts."
+    from workbench.core import Results
+    from workbench.inference.morphkv import claims, long_claims, verdict
+    cfg = MorphKVConfig(mode='quick', fractions=(0.25, 0.5, 0.75))
+    rows = []
+    for i in range(4):
+        for p, kl, acc in (('streamingllm', 0.5, 0.3), ('h2o', 0.3, 0.4), ('tova', 0.6, 0.2), ('morphkv-sum', 0.1, 0.8)):
+            rows.append(dict(split='long', prompt=f'p{i}', policy=p, fraction=0.25, peak_bytes=100, kl=kl * (1 + 0.1 * i), probe_acc=acc + 0.01 * i,
+                             chosen=p == 'morphkv-sum', window=2 if p == 'morphkv-sum' else None))
+    res = Results('morphkv', cfg, rows, seeds=[0])
+    cl = long_claims(res)
+    assert len(cl) == 2 and 'best other (h2o)' in cl[0].name and cl[0].n == 4 and 'paired t' in cl[0].ci
+    assert all(c.shows for c in cl) and abs(cl[0].estimate - 0.2 * 1.15) < 1e-9
+    assert claims(res) == cl and verdict(res) == 'reproduced'

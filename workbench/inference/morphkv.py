@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np, pandas as pd, torch
 from transformers.cache_utils import DynamicCache
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, in_test
-from ..measure import check_int, check_num, check_choice, paired_bootstrap, claim, compare_speed
+from ..measure import torch_threads, check_int, check_num, check_choice, paired_bootstrap, paired_t, claim, compare_speed
 from ..models import load_model, load_tokenizer
 from ..train import generate_ids
 from ..data import load_corpus
@@ -23,9 +23,10 @@ from .kvcache import (check_window, held_bytes, cache_bytes, PolicyCache, Decode
 
 # %% auto #0
 __all__ = ['POLICIES', 'KVPRESS_PEERS', 'PROMPTS', 'BYTES_TOL', 'MorphKVCache', 'morph_select', 'make_policy', 'policy_entries',
-           'make_press', 'press_state_bytes', 'press_decode', 'prompt_facts', 'build_prompt', 'probe_tokens',
-           'distinct_n', 'fact_positions', 'at_bytes', 'best_other', 'MorphKVConfig', 'choose_window', 'run_experiment',
-           'claims', 'verdict', 'headline', 'fig_frontier', 'FrontierExplorer']
+           'morph_bytes', 'make_press', 'press_state_bytes', 'press_decode', 'prompt_facts', 'build_prompt',
+           'probe_tokens', 'distinct_n', 'fact_positions', 'at_bytes', 'best_other', 'MorphKVConfig', 'choose_window',
+           'run_experiment', 'claims', 'long_best', 'long_claims', 'verdict', 'headline', 'fig_frontier',
+           'FrontierExplorer']
 
 # %% ../../nbs/inference/20_morphkv.ipynb #8128601e
 class MorphKVCache(PolicyCache):
@@ -75,6 +76,10 @@ def policy_entries(name: str, budget: int, window: int, config) -> int:
     if name.startswith('kvpress-') and name != 'kvpress-snapkv':                              # R-1 buffered hidden states
         return budget - math.ceil((window - 1) * (1 + config.hidden_size / (2 * n_kv * (config.hidden_size // n_q))))
     return budget
+
+def morph_bytes(entries: int, window: int, config) -> int:
+    "The byte budget, in entries' worth, that MorphKV with `entries` entries and `window` cached queries holds (the inverse of `policy_entries`)."
+    return entries + math.ceil(window * config.num_attention_heads / (2 * config.num_key_value_heads))
 
 # %% ../../nbs/inference/20_morphkv.ipynb #76650605
 KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm')
@@ -362,7 +367,12 @@ class MorphKVConfig(ExperimentConfig):
     windows: tuple = size(quick=(2, 4), full=(8, 16, 32))      # MorphKV windows R swept on the held-out prompts
     snapkv_window: int = size(quick=8, full=32)                # SnapKV's observation window W (the published default is 32)
     n_sink: int = 4                                            # StreamingLLM's (ours and kvpress's) sink tokens
-    presses: tuple = size(quick=('kvpress-snapkv', 'kvpress-streamingllm'), full=())  # the kvpress peers replayed (full: none, CPU time)
+    presses: tuple = size(quick=('kvpress-snapkv', 'kvpress-knorm'), full=('kvpress-expected-attention',))  # the kvpress peers on the frontier (full: kvpress's own selector; its SnapKV and StreamingLLM keep our sets: tested)
+    press_interval: int = size(quick=2, full=4)                # kvpress decoding presses re-compress every this many steps (buffering the hidden states in between)
+    long_prompts: tuple = size(quick=('doc-hamlet', 'doc-code'), full=('list-market', 'steps-tea', 'story-lighthouse', 'code-tests'))  # evaluated prompts of the long-response part
+    long_tokens: int = size(quick=12, full=512)                # tokens of each long sampled response (the paper's regime: budget << response)
+    long_fraction: float = size(quick=0.25, full=0.125)        # byte budget of the long part, in entries' worth: a share of T + long_tokens
+    long_policies: tuple = ('streamingllm', 'h2o', 'tova')     # the baselines of the long part, each given MorphKV's bytes
     temperature: float = 0.7                                   # sampling temperature of the references (0: greedy)
     fact_after: int = size(quick=2, full=64)                   # the fact-use task scores facts written from this response token on
     speed_fraction: float = size(quick=0.25, full=0.5)         # a judged budget at which decoding is timed (and the keep-set raster recorded)
@@ -372,7 +382,8 @@ class MorphKVConfig(ExperimentConfig):
     kept_every: int = size(quick=2, full=8)                    # keep-set raster: every this many steps
     heldout_tokens: int = size(quick=8, full=32)               # response tokens replayed on the held-out prompts to choose R
     threads: int = 1                                           # torch CPU threads during the run (0: as set); one does not oversubscribe 2 shared cores
-    unit_fields: ClassVar[tuple] = ('fractions', 'windows', 'presses', 'speed_policies', 'speed_steps', 'speed_repeats', 'kept_every')
+    unit_fields: ClassVar[tuple] = ('fractions', 'windows', 'presses', 'speed_policies', 'speed_steps', 'speed_repeats', 'kept_every',
+                                    'press_interval', 'long_prompts', 'long_tokens', 'long_fraction', 'long_policies')   # every unit's key names what it uses of these
     cache_version: ClassVar[int] = 1
     def validate(self):
         for p in self.prompts: check_choice('prompt', p, tuple(PROMPTS))
@@ -391,7 +402,13 @@ class MorphKVConfig(ExperimentConfig):
         check_int('speed_steps', self.speed_steps, 1, self.response_tokens - 1); check_int('speed_repeats', self.speed_repeats, lo=2)
         for p in self.speed_policies: check_choice('speed policy', p, POLICIES[1:] + tuple(self.presses))
         check_int('kept_every', self.kept_every, lo=1); check_int('heldout_tokens', self.heldout_tokens, 2, self.response_tokens)
-        check_int('threads', self.threads, lo=0)
+        check_int('threads', self.threads, lo=0); check_int('press_interval', self.press_interval, lo=1)
+        for p in self.long_prompts:
+            if check_choice('long prompt', p, self.prompts) and PROMPTS[p][1] != 'eval': raise ValueError(f"long prompts must be evaluation prompts, got {p!r}")
+        if len(set(self.long_prompts)) != len(self.long_prompts) or len(self.long_prompts) < 2: raise ValueError(f"long_prompts must be at least two distinct prompts, got {self.long_prompts}")
+        check_int('long_tokens', self.long_tokens, lo=max(4, self.fact_after + 1)); check_num('long_fraction', self.long_fraction, 0, 1, lo_open=True, hi_open=True)
+        if not self.long_policies: raise ValueError("long_policies must name at least one baseline")
+        for p in self.long_policies: check_choice('long policy', p, ('streamingllm', 'h2o', 'h2o-r', 'tova'))
     @property
     def prompt_names(self) -> list:
         "The evaluated prompts, then the held-out ones."
@@ -399,6 +416,10 @@ class MorphKVConfig(ExperimentConfig):
     def budget(self, fraction) -> int:
         "The budget at `fraction`: entries kept per layer and KV head, a share of the full cache's final size."
         return max(1, round(fraction * (self.prompt_tokens + self.response_tokens)))
+    @property
+    def long_budget(self) -> int:
+        "The long part's byte budget in entries' worth (what the baselines keep; MorphKV keeps fewer and pays for its queries)."
+        return max(2, round(self.long_fraction * (self.prompt_tokens + self.long_tokens)))
     @property
     def judged(self) -> tuple:
         "The budgets at which MorphKV is judged: all but the last, whose baselines only bound the frontier from above."
@@ -414,9 +435,9 @@ class _NoSpecial(torch.nn.Module):
     def forward(self, **kw):
         out = self.model(**kw); out.logits[..., self.banned] = float('-inf'); return out
 
-def _references(model, tok, ids, cfg) -> dict:
-    "Responses (P, n) sampled from the full-cache model for prompts `ids` (P, T)."
-    out = generate_ids(_NoSpecial(model, [i for i in tok.all_special_ids if i < model.config.vocab_size]), ids, cfg.response_tokens, greedy=cfg.temperature == 0,
+def _references(model, tok, ids, cfg, n=None) -> dict:
+    "Responses (P, n) sampled from the full-cache model for prompts `ids` (P, T); `n` defaults to `cfg.response_tokens`."
+    out = generate_ids(_NoSpecial(model, [i for i in tok.all_special_ids if i < model.config.vocab_size]), ids, n or cfg.response_tokens, greedy=cfg.temperature == 0,
                        temperature=cfg.temperature or 1.0, seed=cfg.seed)
     return dict(tokens=out[:, ids.shape[1]:].tolist())
 
@@ -450,25 +471,26 @@ def _kept_recorder(names, P, layer, every, store):
         for m, p in enumerate(names): store.append(dict(policy=p, step=i, layer=layer, kept=cache.layers[layer].pos[m * P, 0].tolist()))
     return rec
 
-def _replay_unit(model, ctx, cfg, f, group, R) -> dict:
-    "Replay the evaluation prompts under one group of policies at budget fraction `f`: rows, KL curves and (at the speed budget) kept sets."
+def _replay_unit(model, ctx, cfg, f, group, R, press_bytes=None) -> dict:
+    "Replay the evaluation prompts under one group of policies at budget fraction `f`: rows, KL curves and (at the speed budget) kept sets; kvpress decoding presses get `press_bytes` entries' worth."
     C, P, T = cfg.budget(f), len(ctx['names']), cfg.prompt_tokens
     n = ctx['resp'].shape[1]                                                   # the response and the probe
     kw = dict(teacher=ctx['resp'][:, :n], reference=ctx['lp']()[:, :n], keep_logits=False)
     kept, L = [], model.config.num_hidden_layers // 2
     record = f == cfg.speed_fraction and not group[0].startswith('kvpress') and group != ['snapkv']  # stacks only
     rec = _kept_recorder(group, P, L, cfg.kept_every, kept) if record else None
-    ent = {p: policy_entries(p, C, R, model.config) if p.startswith('kvpress') else C for p in group}   # our policies: C entries, state on top
+    dec = group[0].startswith('kvpress') and group != ['kvpress-snapkv']      # kvpress decoding presses: way (a), at MorphKV's bytes
+    ent = {p: policy_entries(p, press_bytes, cfg.press_interval, model.config) if dec else C for p in group}   # our policies: C entries, state on top
     if group in (['snapkv'], ['kvpress-snapkv']):                              # prompt-only compression: replayed in one pass
         press = make_press(group, C, T, snapkv_window=cfg.snapkv_window) if group[0].startswith('kvpress') else None
         cache = DynamicCache() if press else make_policy('snapkv', C, R, cfg.n_sink, cfg.snapkv_window)
         trs = replay_after_prefill(model, ctx['ids'], cache, kw['teacher'], kw['reference'], prefill=press(model) if press else None)
     elif group[0].startswith('kvpress'):
-        press = make_press(group, C, T, R, rows=P, n_sink=cfg.n_sink, snapkv_window=cfg.snapkv_window, target=ent[group[0]])
+        press = make_press(group, press_bytes, T, cfg.press_interval, rows=P, n_sink=cfg.n_sink, snapkv_window=cfg.snapkv_window, target=ent[group[0]])
         trs = press_decode(model, ctx['ids'], press, n, copies=len(group), **kw)
     else:
         trs = decode_stacked(model, ctx['ids'], [make_policy(p, ent[p], R, cfg.n_sink) for p in group], n, on_step=rec, **kw)
-    win = {p: R for p in group if p in ('h2o-r', 'morphkv-sum', 'morphkv-max') or (p.startswith('kvpress') and p != 'kvpress-snapkv')}
+    win = {p: cfg.press_interval if dec else R for p in group if p in ('h2o-r', 'morphkv-sum', 'morphkv-max') or dec}
     win |= {p: cfg.snapkv_window for p in group if p in ('snapkv', 'kvpress-snapkv')} | {p: ent[p] // 2 for p in group if p == 'h2o'}
     rows = _rows(trs, group, ctx, f, [ent[p] for p in group], [win.get(p) for p in group], 'eval')
     return dict(rows=rows, curves=_curves(trs, group, P, f, min(n, ctx['n'])), kept=[dict(k, fraction=f) for k in kept])
@@ -507,7 +529,7 @@ def _speed_unit(model, ctx, cfg, p, C, R) -> dict:
     return dict(policy=p, fraction=cfg.speed_fraction, entries=e, steps=m, ratio=r.ratio, lo=r.lo, hi=r.hi,
                 t_full=[round(t, 4) for t in r.t_baseline], t_policy=[round(t, 4) for t in r.t_candidate])
 
-def _controls(model, ctx, cfg) -> list:
+def _controls(model, ctx, cfg, split='eval', fraction=1.0) -> list:
     "The full cache's own rows (its fact scores, its measured peak bytes) and the no-prompt control's fact scores, per prompt."
     out, lp = [], ctx['lp']()
     with torch.no_grad():
@@ -517,17 +539,17 @@ def _controls(model, ctx, cfg) -> list:
             alone = model(y[None, :-1]).logits[0].argmax(-1)                   # predicts y[1:] from the response alone
             acc = lambda pred, pos: float((pred[pos] == y[pos]).float().mean()) if pos else None
             own, ctl = lp[i].argmax(-1), torch.cat([alone[:1], alone])
-            out.append(dict(split='eval', prompt=name, policy='full', fraction=1.0, entries=cfg.prompt_tokens + n - 1, kl=0.0, top1=1.0,
+            out.append(dict(split=split, prompt=name, policy='full', fraction=fraction, entries=cfg.prompt_tokens + n - 1, kl=0.0, top1=1.0,
                             fact_acc=acc(own, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]), probe_acc=acc(own, ctx['ppos'][i]),
                             peak_bytes=cache_bytes(full), peak_kv=cache_bytes(full), peak_state=0))
-            out.append(dict(split='eval', prompt=name, policy='no-prompt', fact_acc=acc(ctl, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]),
+            out.append(dict(split=split, prompt=name, policy='no-prompt', fact_acc=acc(ctl, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]),
                             probe_acc=acc(ctl, ctx['ppos'][i])))
     return out
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex004
-def _context(model, tok, cfg, prompts, refs, split) -> dict:
-    "What every replay of one split needs: names, ids (P, T), responses (P, n), fact positions, and the reference log-probs (lazily)."
-    sel = [i for i, p in enumerate(prompts) if p['split'] == split]
+def _context(model, tok, cfg, prompts, refs, split, names=None) -> dict:
+    "What every replay of one split (or of the prompts `names`) needs: names, ids (P, T), responses (P, n), fact positions, and the reference log-probs (lazily)."
+    sel = [i for i, p in enumerate(prompts) if (p['name'] in names if names else p['split'] == split)]
     ids = torch.stack([prompts[i]['ids'] for i in sel]); resp = torch.tensor([refs[i] for i in sel]); n = resp.shape[1]
     fpos = [fact_positions(tok, resp[j], prompts[i]['facts'], cfg.fact_after) for j, i in enumerate(sel)]
     probe, ans = probe_tokens(tok, [prompts[i]['probe'] for i in sel]); teach = torch.cat([resp, probe], 1)   # (P, n + L)
@@ -546,10 +568,7 @@ def _log(cfg, msg):
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex005
 def run_experiment(cfg: MorphKVConfig) -> Results:
     "References, the held-out choice of R, replays of every policy at every budget, controls and speed: rows per prompt x policy x budget."
-    threads = torch.get_num_threads()
-    if cfg.threads: torch.set_num_threads(cfg.threads)
-    try: return _run(cfg)
-    finally: torch.set_num_threads(threads)
+    with torch_threads(cfg.threads or torch.get_num_threads()): return _run(cfg)
 
 def _run(cfg):
     t0 = time.perf_counter(); model, tok = _model(), load_tokenizer('smollm2-135m')
@@ -566,10 +585,14 @@ def _run(cfg):
     choice = choose_window(pd.DataFrame(rows)); choice[cfg.fractions[-1]] = (None, choice[cfg.judged[-1]][1])  # the top budget: baselines only
     groups = [['streamingllm', 'tova', 'h2o', 'h2o-r', 'morphkv-sum', 'morphkv-max'], ['snapkv']]
     groups += [[p] for p in cfg.presses if p == 'kvpress-snapkv'] + [[p for p in cfg.presses if p != 'kvpress-snapkv']]
-    todo = [(f, [p for p in g if f in cfg.judged or not p.startswith('morphkv')]) for f in cfg.fractions for g in groups]
+    at_morph = lambda p: p.startswith('morphkv') or (p.startswith('kvpress') and p != 'kvpress-snapkv')   # judged budgets only
+    todo = [(f, [p for p in g if f in cfg.judged or not at_morph(p)]) for f in cfg.fractions for g in groups]
     for f, g in progress([(f, g) for f, g in todo if g], 'replays'):        # 2. every policy at every budget
         pol, R = choice[f]
-        u = unit(dict(unit='replay', fraction=f, group=g, window=R, kept_every=cfg.kept_every), lambda: _replay_unit(model, ev, cfg, f, g, R))
+        key = dict(unit='replay', fraction=f, group=g, window=R, kept_every=cfg.kept_every)
+        pb = morph_bytes(cfg.budget(f), R, model.config) if at_morph(g[0]) and g[0].startswith('kvpress') else None   # kvpress: MorphKV's bytes
+        if pb: key |= dict(interval=cfg.press_interval, press_bytes=pb)
+        u = unit(key, lambda: _replay_unit(model, ev, cfg, f, g, R, pb))
         rows += [dict(r, chosen=r['policy'] == pol) for r in u['rows']]; curves += u['curves']; kept += u['kept']
         _log(cfg, f'replay f={f} {g} ({time.perf_counter() - t0:.0f} s)')
     rows += unit(dict(unit='controls'), lambda: dict(rows=_controls(model, ev, cfg)))['rows']   # 3. the full cache and the no-prompt control
@@ -577,12 +600,61 @@ def _run(cfg):
     for p in progress(cfg.speed_policies, 'speed'):                              # 4. decode time per token vs the full cache
         speed.append(unit(dict(unit='speed', policy=p, steps=cfg.speed_steps, repeats=cfg.speed_repeats, window=R), lambda: _speed_unit(model, ev, cfg, p, C, R)))
         _log(cfg, f'speed {p}: {speed[-1]["ratio"]:.3f}x ({time.perf_counter() - t0:.0f} s)')
-    tables = dict(prompts=_prompt_table(tok, prompts, refs, (ho, ev)), curves=curves, kept=kept, speed=speed)
-    res = Results('morphkv', cfg, rows, seeds=[cfg.seed], tables=tables, notes=_notes(cfg, choice), wall_time_s=time.perf_counter() - t0)
+    lrows, lcurves, lprompts, lchoice = _long_part(model, tok, cfg, prompts, ho, unit, lambda m: _log(cfg, f'{m} ({time.perf_counter() - t0:.0f} s)'))   # 5. long responses
+    rows += lrows
+    tables = dict(prompts=_prompt_table(tok, prompts, refs, (ho, ev)), curves=curves, kept=kept, speed=speed, long_curves=lcurves, long_prompts=lprompts)
+    res = Results('morphkv', cfg, rows, seeds=[cfg.seed], tables=tables, notes=_notes(cfg, choice, lchoice), wall_time_s=time.perf_counter() - t0)
     return res.conclude(verdict, claims(res), headline(res))
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0lg001
+def _long_heldout_unit(model, ctx, cfg, budget, windows) -> dict:
+    "MorphKV-sum and -max at a byte budget of `budget` entries' worth, per window R (one batch per R: the entries differ), on the held-out prompts."
+    n, rows = cfg.heldout_tokens, []
+    for R in windows:
+        e = policy_entries('morphkv-sum', budget, R, model.config)
+        trs = decode_stacked(model, ctx['ids'], [MorphKVCache(e, R, a) for a in ('sum', 'max')], n, teacher=ctx['resp'][:, :n],
+                             reference=ctx['lp']()[:, :n], keep_logits=False)
+        rows += _rows(trs, ['morphkv-sum', 'morphkv-max'], dict(ctx, n=n), cfg.long_fraction, [e, e], [R, R], 'heldout-long')
+    return dict(rows=rows)
+
+def _long_replay_unit(model, ctx, cfg, members) -> dict:
+    "Replay the long responses under `members` [(policy, entries, window)] of one entry count (one stacked batch): rows with early/late KL, and KL curves."
+    P, n = len(ctx['names']), ctx['resp'].shape[1]; names = [p for p, e, w in members]
+    trs = decode_stacked(model, ctx['ids'], [make_policy(p, e, w, cfg.n_sink) for p, e, w in members], n, teacher=ctx['resp'],
+                         reference=ctx['lp'](), keep_logits=False)
+    win = [e // 2 if p == 'h2o' else w if p == 'h2o-r' or p.startswith('morphkv') else None for p, e, w in members]
+    rows = _rows(trs, names, ctx, cfg.long_fraction, [e for p, e, w in members], win, 'long')
+    q = ctx['n'] // 4
+    for r, tr in zip(rows, trs): r.update(kl_first=float(tr.kl[:q].mean()), kl_last=float(tr.kl[ctx['n'] - q:ctx['n']].mean()))   # first and last quarter
+    return dict(rows=rows, curves=_curves(trs, names, P, cfg.long_fraction, ctx['n'], bins=min(16, ctx['n'])))
+
+def _long_part(model, tok, cfg, prompts, ho, unit, log) -> tuple:
+    "Long responses: references of `long_tokens`, MorphKV's (aggregate, R) chosen at equal bytes on the held-out prompts, then MorphKV and the baselines at equal bytes."
+    lp = [build_prompt(tok, k, cfg.prompt_tokens) for k in cfg.long_prompts]; Cb = cfg.long_budget
+    refs = unit(dict(unit='long-references', prompts=list(cfg.long_prompts), tokens=cfg.long_tokens),
+                lambda: _references(model, tok, torch.stack([p['ids'] for p in lp]), cfg, cfg.long_tokens))['tokens']
+    log('long references')
+    ctx = _context(model, tok, cfg, lp, refs, 'long', names=cfg.long_prompts)
+    Rs = [R for R in cfg.windows if policy_entries('morphkv-sum', Cb, R, model.config) > R]      # the windows whose queries leave room for entries
+    if not Rs: raise ValueError(f"no window in {cfg.windows} fits the long byte budget {Cb}")
+    hrows = unit(dict(unit='long-heldout', budget=Cb, windows=Rs), lambda: _long_heldout_unit(model, ho, cfg, Cb, Rs))['rows']
+    pol, R = pd.DataFrame(hrows).groupby(['policy', 'window']).kl.mean().idxmin(); R = int(R)
+    log(f'long held-out: {pol} R={R}')
+    rows, curves, e = list(hrows), [], policy_entries(pol, Cb, R, model.config)
+    base, morph = [(p, Cb, R) for p in cfg.long_policies], [(pol, e, R)]                 # two batches: the entries differ
+    for grp in (base, morph):
+        key = dict(unit='long-replay', prompts=list(cfg.long_prompts), tokens=cfg.long_tokens, members=[list(m) for m in grp])
+        u = unit(key, lambda: _long_replay_unit(model, ctx, cfg, grp))
+        rows += [dict(r, chosen=r['policy'] == pol) for r in u['rows']]; curves += u['curves']
+        log(f'long replay {[m[0] for m in grp]}')
+    rows += unit(dict(unit='long-controls', prompts=list(cfg.long_prompts), tokens=cfg.long_tokens),
+                 lambda: dict(rows=_controls(model, ctx, cfg, 'long', cfg.long_fraction)))['rows']
+    table = [dict(prompt=p['name'], kind=p['kind'], tokens=len(r), fact_n=len(f), **{f'distinct_{k}': round(distinct_n(r, k), 4) for k in (2, 3, 4)},
+                  start=tok.decode(r[:40]), end=tok.decode(r[-40:])) for p, r, f in zip(lp, refs, ctx['fpos'])]
+    return rows, curves, table, (pol, R)
+
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex006
-def _notes(cfg, choice) -> str:
+def _notes(cfg, choice, lchoice=None) -> str:
     ch = '; '.join(f'{f:.1%}: {p} R={R}' for f, (p, R) in choice.items() if p)
     return (f"SmolLM2-135M-Instruct fp32 on CPU; {sum(PROMPTS[p][1] == 'eval' for p in cfg.prompts)} evaluated and {sum(PROMPTS[p][1] == 'heldout' for p in cfg.prompts)} held-out prompts of {cfg.prompt_tokens} tokens, "
             f"responses of {cfg.response_tokens} tokens sampled from the full cache (temperature {cfg.temperature}); budgets "
@@ -590,13 +662,16 @@ def _notes(cfg, choice) -> str:
             f"MorphKV chosen on the held-out prompts ({ch}, first {cfg.heldout_tokens} response tokens); teacher-forced replays scored "
             f"against the full cache (KL, top-1), on a fact-recall probe after the response and on late fact use (facts written from "
             f"response token {cfg.fact_after} on); no free generation, no LLM-judged task accuracy, "
-            f"no fused MorphKV (CPU time); kvpress presses replayed: {', '.join(cfg.presses) or 'none (CPU time)'}; speed on shared CPU cores.")
+            f"no fused MorphKV (CPU time); kvpress presses on the frontier: {', '.join(cfg.presses) or 'none'} (decoding presses at MorphKV's bytes, re-compressing every {cfg.press_interval} steps); "
+            f"long part: {len(cfg.long_prompts)} evaluated prompts with responses of {cfg.long_tokens} tokens, MorphKV and {', '.join(cfg.long_policies)} at a byte budget of "
+            f"{cfg.long_budget} entries' worth ({cfg.long_fraction:.1%}), MorphKV {lchoice[0] if lchoice else '?'} R={lchoice[1] if lchoice else '?'} chosen at those bytes on the held-out prompts; speed on shared CPU cores.")
 
 def claims(results: Results) -> list:
     "Per judged budget: KL of the best other policy at MorphKV's measured bytes minus MorphKV's, and MorphKV's fact recall after the response minus the best other's."
     df = results.df; ev = df[(df.split == 'eval') & df.fraction.notna() & (df.fraction < 1)]; out = []
     for f in results.config['fractions'][:-1]:                                 # the last budget bounds the baselines' range only
         m = ev[(ev.fraction == f) & (ev.chosen == True)].set_index('prompt')
+        if m.empty: continue                                                   # no frontier run at this budget
         b, name = float(m.peak_bytes.mean()), f"{m.policy.iloc[0]} R={int(m.window.iloc[0])}"
         p, kl_o = best_other(ev, b, 'kl')
         if p is None: continue                                                 # no other policy measured at these bytes
@@ -606,15 +681,38 @@ def claims(results: Results) -> list:
         idx = [] if pr_o is None else pr_o.dropna().index.intersection(mp.index)
         if len(idx) < 2: continue                                              # no recall probe to compare
         out.append(claim(f"{f:.1%} bytes, fact recall after the response: MorphKV ({name}) − best other ({p})", paired_bootstrap(mp[idx], pr_o[idx], unit='prompts'), 'higher'))
+    return out + long_claims(results)
+
+def long_best(results: Results, metric: str='kl'):
+    "The long part at equal bytes: MorphKV's chosen rows and the best baseline's (by mean `metric`), indexed by prompt; (None, None, None) without a long part."
+    lg = results.df[results.df.split == 'long'] if 'split' in results.df else results.df.iloc[:0]
+    m = lg[lg.chosen == True].set_index('prompt') if not lg.empty else lg
+    if m.empty: return None, None, None
+    o = lg[lg.policy.isin(results.config['long_policies'])]
+    mean = o.groupby('policy')[metric].mean(); best = mean.idxmin() if metric.startswith('kl') else mean.idxmax()
+    return m, best, o[o.policy == best].set_index('prompt')
+
+def long_claims(results: Results) -> list:
+    "Long responses, at equal bytes: KL of the best baseline minus MorphKV's, and MorphKV's fact recall after the response minus the best baseline's (paired t over the long prompts: few prompts)."
+    out, cfg = [], results.config
+    for metric, what in (('kl', 'KL'), ('probe_acc', 'fact recall after the response')):
+        m, best, o = long_best(results, metric)
+        if m is None: return out
+        idx = m[metric].dropna().index.intersection(o[metric].dropna().index)
+        a, b = (o[metric][idx], m[metric][idx]) if metric == 'kl' else (m[metric][idx], o[metric][idx])
+        name = f"{m.policy.iloc[0]} R={int(m.window.iloc[0])}"
+        head = f"{cfg['long_tokens']}-token responses, {cfg['long_fraction']:.1%} bytes, {what}: "
+        out.append(claim(head + (f"best other ({best}) − MorphKV ({name})" if metric == 'kl' else f"MorphKV ({name}) − best other ({best})"),
+                         paired_t(a, b, unit='prompts'), 'higher'))
     return out
 
 def verdict(results: Results) -> str:
-    "Reproduced when, at every budget, MorphKV beats the best other policy at its measured bytes on both KL and fact recall after the response (95% paired bootstrap over prompts); partly when at least one of those comparisons shows; else not reproduced."
+    "Reproduced when, at every budget of the frontier and on the long responses, MorphKV beats the best other policy at its measured bytes on both KL and fact recall after the response (95% intervals over prompts); partly when at least one of those comparisons shows; else not reproduced."
     return judge(claims(results))
 
 def headline(results: Results) -> str:
     "Our measured figure in words: how many budgets MorphKV wins at equal bytes, the speed budget's numbers, and its decode time."
-    cl, df = claims(results), results.df; kl_c, fa_c = [c for c in cl if ', KL:' in c.name], [c for c in cl if 'fact recall' in c.name]
+    cl, df = claims(results), results.df; fr = [c for c in cl if 'token responses' not in c.name]; kl_c, fa_c = [c for c in fr if ', KL:' in c.name], [c for c in fr if 'fact recall' in c.name]
     k, j, nb = sum(c.shows for c in kl_c), sum(c.shows for c in fa_c), len(kl_c)
     f = results.config['speed_fraction']; m = df[(df.split == 'eval') & (df.fraction == f) & (df.chosen == True)]
     p, kl_o = best_other(df[(df.split == 'eval') & df.fraction.notna() & (df.fraction < 1)], float(m.peak_bytes.mean()), 'kl')
@@ -622,8 +720,11 @@ def headline(results: Results) -> str:
     ms = mp if mp in sp else next((q for q in sp if q.startswith('morphkv')), None)   # the timed MorphKV
     tail = f"; {ms} decodes at {sp[ms]['ratio']:.2f}x [{sp[ms]['lo']:.2f}, {sp[ms]['hi']:.2f}] the full cache's time per token" if ms else ''
     vs = f" vs {kl_o.mean():.3g} ({p})" if p else ''
+    lm, lb, lo = long_best(results); lc = [c for c in cl if 'token responses' in c.name]
+    lt = (f"; on {results.config['long_tokens']}-token responses at {results.config['long_fraction']:.1%} bytes it wins {sum(c.shows for c in lc)}/{len(lc)} "
+          f"(KL {lm.kl.mean():.3g} vs {lo.kl.mean():.3g} ({lb}), {len(lm)} prompts)") if lm is not None else ''
     return (f"at equal bytes MorphKV beats the best other policy on KL at {k}/{nb} budgets and on fact recall at {j}/{len(fa_c)}; "
-            f"at {f:.0%}: KL {m.kl.mean():.3g} ({mp}){vs}{tail}")
+            f"at {f:.0%}: KL {m.kl.mean():.3g} ({mp}){vs}{tail}{lt}")
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0vz002
 _METRICS = {'kl': 'KL(p_full || p_policy), nats', 'top1': 'top-1 agreement with the full cache', 'probe_acc': 'fact recall after the response',
@@ -636,7 +737,7 @@ def fig_frontier(df: pd.DataFrame, metric: str='kl', prompt: str|None=None, titl
     check_choice('metric', metric, tuple(_METRICS))
     d = df[(df.split == 'eval') & df.fraction.notna() & df[metric].notna()]
     if prompt is not None: d = d[d.prompt == prompt]
-    full = df[df.policy == 'full'].peak_bytes.mean(); fig = go.Figure()
+    full = df[(df.policy == 'full') & (df.split == 'eval')].peak_bytes.mean(); fig = go.Figure()   # the frontier's full cache (not the long part's)
     for k, (p, g) in enumerate(sorted(d.groupby('policy'), key=lambda x: (x[0] == 'full', x[0]))):
         s = g.groupby('fraction').agg(b=('peak_bytes', 'mean'), v=(metric, list)).sort_values('b')
         ci = [mean_ci(v, unit='prompts') if len(v) > 1 else None for v in s.v]
