@@ -177,6 +177,23 @@ def test_labels_mask_image_and_question():
     assert (r['labels'][:n] == -100).all() and (r['labels'][n:] != -100).all() and r['labels'][-1] == EOS
 
 
+def test_cell_labels_and_encoder_loss():
+    "Per-cell labels follow the scene graph (row-major, 0 = empty); the encoder loss is finite, reaches the encoder, and is off at cell_weight=0."
+    from workbench.multimodal.mmmc import cell_labels, cell_loss, vlm_loss, probe_kind
+    from workbench.train import collate
+    sc = Scene((Obj('cross', 'blue', 0, 2), Obj('circle', 'red', 2, 0)))
+    y = cell_labels(sc)
+    assert y.shape == (N_IMG, 2) and y[2].tolist() == [1 + SHAPES.index('cross'), 1 + COLOURS.index('blue')]
+    assert y[6].tolist() == [1 + SHAPES.index('circle'), 1 + COLOURS.index('red')] and int((y[:, 0] > 0).sum()) == 2
+    m = TinyVLM(seed=1); e = make_dataset(2, seed=3)
+    b = collate([lm_row(x, images_to_tensor(x.image)[0]) for x in e])
+    l = cell_loss(m, b['pixel_values'], b['cell_labels']); l.backward()
+    assert torch.isfinite(l) and m.patch_embed[0].weight.grad.abs().sum() > 0
+    m.zero_grad(); vlm_loss(m, b).backward()
+    assert m.cell_head.weight.grad is None or m.cell_head.weight.grad.abs().sum() == 0
+    assert [probe_kind(q) for q in ('is there a cross ?', 'is the cross red ?', 'is the cross above the circle ?')] == ['existence', 'colour', 'relation']
+
+
 def test_config_and_recorded_verdict():
     with pytest.raises(ValueError, match='group_size'): MMMCConfig(batch_size=30)
     assert MMMCConfig(mode='full').n_seeds >= 3
