@@ -9,8 +9,11 @@ from workbench.registry import METHODS, experiment_api, is_built
 RESULTS = sorted(get_settings().results_path.glob('*.json'))
 
 
+PLATFORM_RESULTS = {'kvcache': 'workbench.inference.kvcache'}   # platform notebooks with an experiment of their own
+
+
 def _api(slug):
-    try: return experiment_api(METHODS[slug].module)
+    try: return experiment_api(METHODS[slug].module if slug in METHODS else PLATFORM_RESULTS[slug])
     except ModuleNotFoundError: return None
     except ValueError as e:
         if 'does not offer the experiment API' in str(e): return None

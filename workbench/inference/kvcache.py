@@ -19,7 +19,8 @@ from ..measure import check_int, check_choice, kl_from_logits
 __all__ = ['ATTN_NAME', 'check_window', 'held_bytes', 'cache_bytes', 'PolicyLayer', 'PolicyCache', 'policy_attention',
            'DecodeTrace', 'decode', 'decode_batch', 'reference_logprobs', 'decode_more', 'group_attention',
            'recent_topk', 'StreamingLLMCache', 'H2OCache', 'TOVACache', 'SnapKVCache', 'fidelity',
-           'generation_similarity', 'StackedPolicies', 'decode_stacked', 'replay_after_prefill']
+           'generation_similarity', 'StackedPolicies', 'decode_stacked', 'replay_after_prefill', 'KVCacheConfig',
+           'sink_prompts', 'run_experiment', 'claims', 'verdict', 'headline']
 
 # %% ../../nbs/inference/00_kvcache.ipynb #b1c013d6
 def check_window(budget, window, name='window'):
@@ -391,3 +392,76 @@ def replay_after_prefill(model, input_ids: torch.Tensor, cache: Cache, tokens: t
             ref = reference[r, 1:n].to(lp.device)
             tr.kl = torch.cat([tr.kl, kl_from_logits(ref, lp[r], 'none').cpu()]); tr.top1 = torch.cat([tr.top1, (pred[r] == ref.argmax(-1)).cpu()])
     return trs
+
+# %% ../../nbs/inference/00_kvcache.ipynb #kvx00002
+from ..core import ExperimentConfig, size, Results, judge, cached_unit, Timer, progress
+from ..measure import paired_bootstrap, claim, check_int, torch_threads
+
+@dataclass
+class KVCacheConfig(ExperimentConfig):
+    "The attention-sink experiment of the shared KV-cache notebook."
+    n_prompts: int = size(quick=2, full=8)        # prompts (documents of the prose validation split)
+    prompt_len: int = 16                           # prompt tokens
+    n_tokens: int = size(quick=48, full=160)       # real continuation tokens replayed teacher-forced
+    budgets: tuple = size(quick=(16,), full=(32, 64))   # cache entries per layer and KV head
+    n_sink: int = 4                                # sink tokens (the paper's 4)
+    model: str = 'smollm2-135m'                    # a registry model of `workbench.models`
+    def validate(self):
+        for f in ('n_prompts', 'prompt_len', 'n_tokens', 'n_sink'): check_int(f, getattr(self, f), lo=1)
+        for b in self.budgets:
+            check_int('budget', b, lo=self.n_sink + 1)
+            if b >= self.prompt_len + self.n_tokens: raise ValueError(f"budget {b} never evicts: it must be < prompt_len + n_tokens = {self.prompt_len + self.n_tokens}")
+
+def sink_prompts(cfg: KVCacheConfig, tok) -> torch.Tensor:
+    "(P, prompt_len + n_tokens) token ids: the first tokens of the longest prose validation documents, one per document."
+    from workbench.data import load_corpus, split_groups
+    L, docs = cfg.prompt_len + cfg.n_tokens, load_corpus('prose')
+    docs = [d['text'] for d, v in zip(docs, split_groups(docs)) if v]                          # the validation groups
+    ids = [x for x in (tok(t, add_special_tokens=False)['input_ids'][:L] for t in docs) if len(x) == L]
+    if len(ids) < cfg.n_prompts: raise ValueError(f"only {len(ids)} prose documents have {L} tokens; lower n_prompts or n_tokens")
+    return torch.tensor(ids[:cfg.n_prompts])
+
+# %% ../../nbs/inference/00_kvcache.ipynb #kvx00003
+def _sink_unit(cfg, model, ids, budget, n_sink):
+    "Mean KL to the full cache and NLL of the real tokens, per prompt, under StreamingLLMCache(budget, n_sink)."
+    T = cfg.prompt_len; ref = reference_logprobs(model, ids[:, :T], ids[:, T:])             # (P, n, V)
+    out = dict(kl=[], nll=[], nll_full=[])
+    for p in range(len(ids)):
+        tr = decode(model, ids[p:p + 1, :T], StreamingLLMCache(budget, n_sink), cfg.n_tokens, teacher=ids[p, T:], reference=ref[p])
+        out['kl'].append(tr.kl.mean().item()); out['nll'].append(-tr.logp.mean().item())
+        out['nll_full'].append(-ref[p].gather(-1, ids[p, T:, None]).mean().item())
+    return out
+
+def run_experiment(cfg: KVCacheConfig|None=None) -> Results:
+    "Sinks + window vs window alone at each budget, every prompt; rows per prompt x policy x budget."
+    cfg = cfg or KVCacheConfig(); cfg.validate()
+    from workbench.models import load_model, load_tokenizer
+    with Timer() as wall, torch_threads(1):
+        model, tok = load_model(cfg.model).eval(), load_tokenizer(cfg.model); ids = sink_prompts(cfg, tok)
+        rows = []
+        for b, ns in progress([(b, ns) for b in cfg.budgets for ns in (cfg.n_sink, 0)], desc='kvcache units'):
+            u = cached_unit('kvcache', cfg, dict(budget=b, n_sink=ns), lambda b=b, ns=ns: _sink_unit(cfg, model, ids, b, ns))
+            rows += [dict(prompt=p, budget=b, policy='sinks+window' if ns else 'window', n_sink=ns, kl=u['kl'][p], nll=u['nll'][p],
+                          nll_full=u['nll_full'][p]) for p in range(len(ids))]
+    res = Results('kvcache', cfg, rows, seeds=[cfg.seed], wall_time_s=wall.s,
+                  notes=f"{cfg.model} fp32, one thread; {cfg.n_prompts} prose validation documents: {cfg.prompt_len} prompt tokens, then "
+                        f"{cfg.n_tokens} real tokens replayed teacher-forced; kl = mean KL(p_full || p_policy), nll = mean NLL of the real tokens (nats).")
+    return res.conclude(verdict, claims(res), headline(res))
+
+def claims(res: Results) -> list:
+    "Per budget: KL(window) − KL(sinks + window) over prompts (paired bootstrap)."
+    df = res.df; out = []
+    for b in sorted(set(df.budget)):
+        d = df[df.budget == b].pivot(index='prompt', columns='policy', values='kl')
+        out.append(claim(f'budget {b}: KL(window) − KL(sinks+window)', paired_bootstrap(d['window'].to_numpy(), d['sinks+window'].to_numpy(), unit='prompts'), better='higher'))
+    return out
+
+def verdict(res: Results) -> str:
+    "Reproduced when keeping the sinks lowers the KL to the full cache beyond its 95% CI at every budget; partly at some; otherwise not."
+    return judge(claims(res))
+
+def headline(res: Results) -> str:
+    "Mean NLL of the real tokens per policy and budget beside the full cache's."
+    g = res.df.groupby(['budget', 'policy']).nll.mean(); full = res.df.nll_full.mean()
+    parts = [f"C={b}: sinks+window {g[(b, 'sinks+window')]:.2f}, window {g[(b, 'window')]:.2f}" for b in sorted(set(res.df.budget))]
+    return f"NLL of the real text (nats), full cache {full:.2f}; " + '; '.join(parts) + f" ({len(set(res.df.prompt))} prompts, SmolLM2-135M)"
