@@ -362,19 +362,19 @@ class MorphKVConfig(ExperimentConfig):
     "Long-response replays of SmolLM2-135M under every KV-cache policy at several byte budgets."
     prompts: tuple = size(quick=('doc-hamlet', 'doc-code', 'doc-macbeth'), full=tuple(PROMPTS))  # prompt names (their split: see PROMPTS)
     prompt_tokens: int = size(quick=48, full=128)              # T: every prompt is cut to this many tokens (one batch)
-    response_tokens: int = size(quick=8, full=128)             # n: tokens of each sampled reference response
+    response_tokens: int = size(quick=8, full=512)             # n: tokens of each sampled reference response (full: the paper's long-response regime, issue 29)
     fractions: tuple = size(quick=(0.25, 0.5), full=(0.0625, 0.125, 0.25, 0.5, 0.75))  # budgets (entries kept), shares of the full cache's final size; the last is a baseline point only
     windows: tuple = size(quick=(2, 4), full=(8, 16, 32))      # MorphKV windows R swept on the held-out prompts
     snapkv_window: int = size(quick=8, full=32)                # SnapKV's observation window W (the published default is 32)
     n_sink: int = 4                                            # StreamingLLM's (ours and kvpress's) sink tokens
-    presses: tuple = size(quick=('kvpress-snapkv', 'kvpress-knorm'), full=('kvpress-expected-attention',))  # the kvpress peers on the frontier (full: kvpress's own selector; its SnapKV and StreamingLLM keep our sets: tested)
+    presses: tuple = size(quick=('kvpress-snapkv', 'kvpress-knorm'), full=('kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm'))  # the kvpress peers on the frontier (full: its decoding presses; its SnapKV and StreamingLLM keep our sets: tested)
     press_interval: int = size(quick=2, full=4)                # kvpress decoding presses re-compress every this many steps (buffering the hidden states in between)
     long_prompts: tuple = size(quick=('doc-hamlet', 'doc-code'), full=('list-market', 'steps-tea', 'story-lighthouse', 'code-tests'))  # evaluated prompts of the long-response part
     long_tokens: int = size(quick=12, full=512)                # tokens of each long sampled response (the paper's regime: budget << response)
     long_fraction: float = size(quick=0.25, full=0.125)        # byte budget of the long part, in entries' worth: a share of T + long_tokens
     long_policies: tuple = ('streamingllm', 'h2o', 'tova')     # the baselines of the long part, each given MorphKV's bytes
     temperature: float = 0.7                                   # sampling temperature of the references (0: greedy)
-    fact_after: int = size(quick=2, full=64)                   # the fact-use task scores facts written from this response token on
+    fact_after: int = size(quick=2, full=256)                  # the fact-use task scores facts written from this response token on (full: after several hundred tokens)
     speed_fraction: float = size(quick=0.25, full=0.5)         # a judged budget at which decoding is timed (and the keep-set raster recorded)
     speed_steps: int = size(quick=2, full=8)                   # m: decode steps per timed call
     speed_repeats: int = size(quick=2, full=3)                 # interleaved timing rounds per policy
