@@ -648,14 +648,14 @@ class PuzzleConfig(ExperimentConfig):
     linear: bool = size(quick=True, full=False)             # include the one-linear-map attention and FFN variants
     ffn_fracs: tuple = (0.5, 0.25)                          # pruned FFN widths, as fractions of the parent's d_ff
     seq_len: int = size(quick=64, full=256)                 # tokens per sequence, everywhere
-    n_bld: int = size(quick=16, full=96)                    # distinct BLD sequences (train split), streamed through the parent once; BLD cycles over them
-    bld_steps: int = size(quick=20, full=100)               # Adam steps of BLD per trainable variant (after the closed-form refit)
+    n_bld: int = size(quick=16, full=800)                   # distinct BLD sequences (train split), streamed through the parent once; BLD cycles over them (full: 204,800 tokens, issue 30 asks >= 200k)
+    bld_steps: int = size(quick=20, full=200)               # Adam steps of BLD per trainable variant (after the closed-form refit); full: one pass over the n_bld sequences
     bld_batch: int = size(quick=4, full=4)                  # sequences per BLD step (tokens seen per variant: bld_steps x bld_batch x seq_len)
     bld_lr: float = 3e-3                                    # BLD peak learning rate (warm-up + cosine; best of 1e-4..1e-2 on one SmolLM2 layer)
     n_score: int = size(quick=4, full=8)                    # held-out sequences of the replace-one-block scores (validation split)
-    n_gkd: int = size(quick=16, full=60)                    # GKD sequences (train split, after the BLD ones)
+    n_gkd: int = size(quick=16, full=300)                   # GKD sequences (train split, after the BLD ones)
     gkd_len: int = size(quick=64, full=128)                 # tokens of each GKD sequence used (its first gkd_len)
-    gkd_steps: int = size(quick=10, full=100)               # GKD updates per MIP child
+    gkd_steps: int = size(quick=10, full=300)               # GKD updates per MIP child (full: one pass over the n_gkd sequences)
     gkd_batch: int = size(quick=2, full=1)                  # sequences per GKD update
     gkd_lr: float = size(quick=3e-4, full=1e-4)             # GKD peak learning rate (quick: 1e-3 overshot on the tiny parent)
     gkd_eval: int = size(quick=2, full=2)                   # held-out sequences of the GKD KL curve (validation split)
