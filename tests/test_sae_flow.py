@@ -247,7 +247,7 @@ def test_config_sizes_and_checks():
     assert full.layers == [6, 7, 8, 9, 10, 11] and len(full.sites) == 18 and full.n_targets >= 100 and full.n_prompts >= 30
     assert SAEFlowConfig(mode='full', seed=1).seed == 1
     assert full.n_train_tokens == TRAIN_TOKENS_FULL and full.n_train_tokens % (full.batch_windows * (full.seq_len - 1)) == 0   # whole updates
-    assert SAEFlowConfig(mode='full', n_train_tokens=2_000_000).n_train_tokens == 2_000_000                                  # the GPU user's one field
+    assert SAEFlowConfig(mode='full', n_train_tokens=2_000_000).n_train_tokens == 2_000_000                                  # the one field that sets the training tokens
     with pytest.raises(ValueError, match='themes must be one of'): SAEFlowConfig(themes=('jazz',))
     with pytest.raises(ValueError, match='n_layers must be an int'): SAEFlowConfig(n_layers=1)
 
