@@ -55,7 +55,9 @@ def test_sampled_subtrees_respect_depth_and_breadth(tree, shape):
             for p in s.paths():
                 if len(p) >= d: assert set(s.node(p[:d - 1]).children) == set(tree.node(p[:d - 1]).children)
         assert set(s.paths()) <= set(tree.paths()) and 'workflow' in s.children
-        assert s.depth() <= tree.depth()
+        for p in [()] + [q[:d] for q in s.paths() for d in range(1, min(len(shape), len(q)))]:   # a node at depth ≤ len(shape) keeps exactly min(c_d, |C|) children
+            assert len(s.node(p).children) == min(shape[len(p)], len(tree.node(p).children)), (p, shape)
+        if len(shape) >= tree.depth(): assert len(s.paths()) <= math.prod(shape)     # a full-depth shape bounds the leaves
     a, b = tree.sample(shape, 10, rng=7), tree.sample(shape, 10, rng=7)
     assert sorted(a.paths()) == sorted(b.paths())
     for bad in ((), (0,), (2, -1), (1.5,), 'ab'):
@@ -134,6 +136,20 @@ def test_tiny_end_to_end_run():
     res = run_experiment(cfg)
     assert set(res.df.method) == set(cfg.methods) and (res.df.n == 6).all()
     assert res.verdict == verdict(res) and len(res.claims) == 4 and 'equal request' in headline(res)
+    rq = res.df.pivot(index='seed', columns='method', values='requested')
+    assert np.allclose(rq['flat_random'], rq['epicoder']) and (rq['seed_synth'] <= rq['epicoder'] + 1e-9).all()   # equal request (seed snippets: capped by the seed's own features)
+    assert 'not tested' in headline(res)
+
+
+def test_llm_model_reaches_the_generator(monkeypatch):
+    import workbench.data_selection.epicoder as E
+    seen = {}
+    def fake(prompts, max_new_tokens=160, model_name='smollm2-135m', batch_size=8):
+        seen['model'] = model_name; return ["```python\ndef solve(data, text):\n    return [len(data)]\n```"] * len(prompts)
+    monkeypatch.setattr(E, 'llm_generate', fake)
+    cfg = EpiCoderConfig(mode='quick', n_modules=8, n_seed_functions=10, evolve_steps=2, llm_samples=2, llm_model='my-org/bigger-coder')
+    out = E.llm_unit(cfg, E.build_corpus(cfg), cfg.seed)
+    assert seen['model'] == 'my-org/bigger-coder' and len(out['samples']) == 4 and all(s['status'] == 'pass' for s in out['samples'])
 
 
 def test_recorded_verdict():
