@@ -117,12 +117,12 @@ def test_recorded_verdict():
     except FileNotFoundError: pytest.skip('no recorded econ results yet')
     assert verdict(R) == R.verdict
     n_big = len(set(R.df.n_agents) - {len(PROFILES)}) if 'n_agents' in R.df else 0
-    assert len(claims(R)) == 3 + 2 * n_big                        # two claims per larger team (adding agents)
+    assert len(claims(R)) == 4 + 2 * n_big                        # two claims per larger team (adding agents)
     if n_big: assert all(r['same_executors'] for r in R.tables['scale'])
 
 
 # --- adding agents (issue 26) ---
-from workbench.collaboration.econ import run_scale, run_seed, scale_name
+from workbench.collaboration.econ import run_scale, run_seed, scale_name, CHANCE, old_verdict, ABLATION
 from workbench.core import _unit_config
 
 
@@ -137,7 +137,29 @@ def test_scale_config_errors_and_unit_key():
 def test_larger_team_starts_with_the_same_executors():
     cfg = ECONConfig(mode='quick', exec_steps=5, n_rl=24, n_test=16, m=2, episodes=32, scale_agents=4)
     u, x = run_seed(cfg, 0), run_scale(cfg, 0)
-    assert x['n_agents'] == 4 and set(x['acc']) == {'single', 'self-consistency', 'majority vote', 'ECON'}
+    assert x['n_agents'] == 4 and set(x['acc']) == {'single', 'self-consistency', 'majority vote', 'ECON', *CHANCE}
+    for c in (u['cost'], x['cost']):                               # compute per question: calls, FLOPs, seconds
+        assert c['single']['calls'] == 1 and c['self-consistency']['calls'] == 3 and c[CHANCE[1]]['flops'] == 0
+        assert c['ECON']['flops'] > c['majority vote']['flops'] > 0 and c['ECON']['sec'] > 0
+    assert u['cost']['MAD R=1']['calls'] == 6 and u['cost']['MAD R=1']['flops'] > u['cost']['majority vote']['flops']
+    rec = u['inspect'][0]                                          # the inspector holds each agent's beliefs about the others
+    assert np.array(rec['beliefs']).shape == (3, 2, 5) and np.allclose(np.array(rec['beliefs']).sum(-1), 1, atol=1e-2)
+    assert 0 <= u['chance_regret'] <= 1
     assert np.allclose(x['check_mv3'], u['acc']['majority vote'])  # the first three are the 3-agent unit's executors, same draws
     assert all(0 <= a <= 1 for v in x['acc'].values() for a in v) and x['tok']['ECON'] > u['tok']['ECON']
     assert scale_name('ECON', 4) == 'ECON (4 agents)'
+
+
+def test_verdict_rule_reversal_is_not_reproduced():
+    from workbench.core import Claim
+    from workbench.collaboration import econ
+    up = Claim(name='a', estimate=0.1, lo=0.05, hi=0.15, better='higher', null=0.0, n=10, ci='t')
+    down = Claim(name='b', estimate=-0.1, lo=-0.15, hi=-0.05, better='higher', null=0.0, n=10, ci='t')
+    flat = Claim(name='c', estimate=0.0, lo=-0.1, hi=0.1, better='higher', null=0.0, n=10, ci='t')
+    class _R: pass
+    orig = econ.claims
+    try:
+        for cs, want in (([up, flat], 'partly'), ([up, down], 'not reproduced'), ([up, up], 'reproduced'), ([flat], 'not reproduced')):
+            econ.claims = lambda r, cs=cs: cs
+            assert econ.verdict(_R()) == want
+    finally: econ.claims = orig

@@ -22,13 +22,14 @@ from ..train import TrainConfig, train, generate_ids
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['VOCAB', 'STOI', 'EOS', 'SPLITS', 'PROFILES', 'TEMPS', 'INVALID', 'TAGS', 'BASELINES', 'encode', 'decode', 'split_of',
-           'make_arith_tasks', 'executor_rows', 'train_executor', 'answer', 'observe', 'answer_code', 'build_bank',
-           'weighted_vote', 'majority_vote', 'econ_rewards', 'BeliefNetwork', 'BeliefEncoder', 'QMixer',
-           'best_response_profile', 'equilibrium_gap', 'ECONTeam', 'q_fns', 'decide', 'team_step', 'value_table',
-           'regret', 'train_team', 'answer_len', 'vote_outcome', 'independent_tokens', 'debate', 'ECONConfig',
-           'run_seed', 'run_scale', 'scale_name', 'run_experiment', 'strongest', 'claims', 'verdict', 'headline',
-           'fig_pareto', 'ParetoExplorer', 'fig_learning', 'LearningExplorer', 'fig_question', 'QuestionExplorer']
+__all__ = ['VOCAB', 'STOI', 'EOS', 'SPLITS', 'PROFILES', 'TEMPS', 'INVALID', 'CHANCE', 'TAGS', 'BASELINES', 'ABLATION',
+           'COST_AXES', 'encode', 'decode', 'split_of', 'make_arith_tasks', 'executor_rows', 'train_executor', 'answer',
+           'observe', 'flops_per_token', 'answer_code', 'build_bank', 'weighted_vote', 'majority_vote', 'econ_rewards',
+           'BeliefNetwork', 'BeliefEncoder', 'QMixer', 'best_response_profile', 'equilibrium_gap', 'ECONTeam', 'q_fns',
+           'decide', 'team_step', 'value_table', 'regret', 'train_team', 'answer_len', 'vote_outcome',
+           'independent_tokens', 'debate', 'ECONConfig', 'run_seed', 'run_scale', 'scale_name', 'run_experiment',
+           'strongest', 'claims', 'verdict', 'old_verdict', 'headline', 'fig_pareto', 'ParetoExplorer', 'fig_learning',
+           'LearningExplorer', 'fig_question', 'QuestionExplorer']
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000008
 VOCAB = ' 0123456789+-*=|,\n'      # id 0 pads; '\n' ends an answer
@@ -81,10 +82,11 @@ PROFILES = (dict(name='A', ops={'+': .45, '-': .45, '*': .1}, d_model=64),   # t
             dict(name='B', ops={'+': .1, '-': .1, '*': .8}, d_model=64),     # the x specialist
             dict(name='C', ops={'+': 1, '-': 1, '*': 1}, d_model=32))        # a smaller generalist
 
-def train_executor(profile: dict, steps: int, batch_size: int=32, seed: int=0, lr: float=3e-3):
-    "A character-level `tiny_llama` trained with the platform's `train` on `profile['ops']` (eval mode on return)."
-    check_int('steps', steps, lo=1)
-    m = tiny_llama(len(VOCAB), 2, profile['d_model'], 4, max_len=32, seed=seed)
+def train_executor(profile: dict, steps: int, batch_size: int=32, seed: int=0, lr: float=3e-3, width: int=64):
+    "A character-level `tiny_llama` of width `profile['d_model'] * width / 64`, trained with the platform's `train` on `profile['ops']` (eval mode on return)."
+    check_int('steps', steps, lo=1); check_int('width', width, lo=8)
+    if width % 8: raise ValueError(f"width must be a multiple of 8 (4 heads, half width for C), got {width}")
+    m = tiny_llama(len(VOCAB), 2, profile['d_model'] * width // 64, 4, max_len=32, seed=seed)
     train(m, executor_rows(profile['ops'], steps * batch_size, seed), TrainConfig(steps=steps, batch_size=batch_size, lr=lr, progress=False, seed=seed))
     return m.eval()
 
@@ -108,6 +110,11 @@ def observe(model, prompts: list[str]) -> Tensor:
     h = model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).last_hidden_state  # (B, L, d)
     return (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
 
+# %% ../../nbs/collaboration/81_econ.ipynb #ec000015b
+def flops_per_token(model) -> int:
+    "$2P$: twice the weights of every linear layer of `model` (the FLOPs of one token's forward pass, attention scores aside)."
+    return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000018
 TEMPS = (0.2, 0.5, 0.8, 1.1, 1.4)
 INVALID = -10**6
@@ -117,12 +124,13 @@ def answer_code(s: str, agent: int=0) -> int:
     "The integer an answer states, or `INVALID - agent` when it states none."
     return int(s) if _INT.fullmatch(s) else INVALID - agent
 
-def build_bank(executors, tasks, m: int, seed: int=0, temps=TEMPS) -> np.ndarray:
-    "(Q, N, K, m) int64 answer codes: `m` samples per question, agent and temperature."
+def build_bank(executors, tasks, m: int, seed: int=0, temps=TEMPS, secs: np.ndarray|None=None) -> np.ndarray:
+    "(Q, N, K, m) int64 answer codes: `m` samples per question, agent and temperature; `secs` (N, K), if given, gets the seconds per answer."
     prompts, out = [t['expr'] + '=' for t in tasks], np.empty((len(tasks), len(executors), len(temps), m), np.int64)
     for i, ex in enumerate(executors):
         for k, T in enumerate(temps):
-            a = answer(ex, prompts, T, seed=seed * 1000 + 10 * i + k, n=m)
+            t0 = time.perf_counter(); a = answer(ex, prompts, T, seed=seed * 1000 + 10 * i + k, n=m)
+            if secs is not None: secs[i, k] = (time.perf_counter() - t0) / (len(tasks) * m)
             out[:, i, k] = np.array([answer_code(s, i) for s in a]).reshape(len(tasks), m)
     return out
 
@@ -245,12 +253,12 @@ def q_fns(team: ECONTeam, b: Tensor) -> list:
     return [lambda a, i=i: team.nets[i].q(b[:, i], _others(a, i)) for i in range(team.N)]
 
 @torch.no_grad()
-def decide(team: ECONTeam, obs: list[Tensor], max_iter: int=5):
-    "Greedy profile (B, N), converged (B,), equilibrium gap (B,): best responses to beliefs, then iterated best response."
+def decide(team: ECONTeam, obs: list[Tensor], max_iter: int=5, bel: tuple|None=None):
+    "Greedy profile (B, N), converged (B,), equilibrium gap (B,): best responses to beliefs (`bel` = `team.beliefs(obs)` if given), then iterated best response."
     if team.independent:
         a = torch.stack([q(o).argmax(-1) for q, o in zip(team.qind, obs)], 1)
         return a, torch.ones(len(a), dtype=torch.bool), torch.zeros(len(a))
-    b, pis, _ = team.beliefs(obs); fns = q_fns(team, b)
+    b, pis, _ = team.beliefs(obs) if bel is None else bel; fns = q_fns(team, b)
     init = torch.stack([team.nets[i].q(b[:, i], pis[i].argmax(-1)).argmax(-1) for i in range(team.N)], 1)
     a, ok = best_response_profile(fns, init, max_iter)
     return a, ok, equilibrium_gap(fns, a)
@@ -342,8 +350,8 @@ def independent_tokens(U: np.ndarray, plen: np.ndarray) -> np.ndarray:
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000047
 def _astext(c) -> str: return '' if c <= INVALID + 100 else str(int(c))
 
-def debate(executors, tasks, U0: np.ndarray, rounds: int, temperature: float, seed: int=0) -> tuple[list, list]:
-    "Answers after each round [U0, U1, ...] (Q, N, m), and tokens (Q,) of an r-round debate for r = 0..rounds."
+def debate(executors, tasks, U0: np.ndarray, rounds: int, temperature: float, seed: int=0, cost: dict|None=None) -> tuple[list, list]:
+    "Answers after each round [U0, U1, ...] (Q, N, m), and tokens (Q,) of an r-round debate for r = 0..rounds; `cost`, if given, gets each debate round's executor FLOPs (Q,) and seconds per question."
     check_int('rounds', rounds, lo=0)
     Q, N, m = U0.shape
     if N != len(executors) or N != 3: raise ValueError(f"debate uses the executors' two-peer format: need 3 agents with answers U0 (Q, 3, m), got {N} and {len(executors)}")
@@ -351,12 +359,15 @@ def debate(executors, tasks, U0: np.ndarray, rounds: int, temperature: float, se
     hist, spent = [U0], N * plen + answer_len(U0).mean(2).sum(1)             # executors' tokens so far
     toks = [spent + plen + answer_len(U0).mean(2).sum(1)]                     # + the coordinator's read
     for r in range(rounds):
-        prev, new = hist[-1], np.empty_like(U0)
+        prev, new, fl, sec = hist[-1], np.empty_like(U0), np.zeros(Q), 0.0
         for i, ex in enumerate(executors):
             prompts = [f"{t['expr']}=|{','.join(_astext(prev[q, k, j]) for k in range(N) if k != i)}|" for q, t in enumerate(tasks) for j in range(m)]
+            t0 = time.perf_counter()
             new[:, i] = np.array([answer_code(s, i) for s in answer(ex, prompts, temperature, seed=seed * 7919 + 100 * r + i)]).reshape(Q, m)
-            spent = spent + np.array([len(p) for p in prompts]).reshape(Q, m).mean(1) + answer_len(new[:, i]).mean(1)
+            sec, read = sec + (time.perf_counter() - t0) / (Q * m), np.array([len(p) for p in prompts]).reshape(Q, m).mean(1) + answer_len(new[:, i]).mean(1)
+            spent, fl = spent + read, fl + flops_per_token(ex) * read       # $2P\,$(prompt + answer) per generation
         hist.append(new); toks.append(spent + plen + answer_len(new).mean(2).sum(1))
+        if cost is not None: cost.setdefault('flops', []).append(fl); cost.setdefault('seconds', []).append(sec)
     return hist, toks
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000050
@@ -371,14 +382,16 @@ class ECONConfig(ExperimentConfig):
     episodes: int = size(quick=640, full=6000)   # RL episodes (questions) per team
     batch: int = 16                               # episodes per team update
     lr: float = 3e-3                              # Adam learning rate of the teams
-    rounds: tuple = (1, 2)                        # debate rounds to run
+    rounds: tuple = size(quick=(1, 2), full=(1, 2, 3))   # debate rounds to run (the paper compares with 3-round debate)
+    exec_width: int = 64                          # executor width (A and B; C gets half): the one field a GPU user would raise
     n_seeds: int = size(quick=1, full=3)          # seeds (each retrains the executors)
     scale_agents: int = 6                         # "adding an agent": a team of this many executors (the seed's three, then copies sampling on their own); 0 = not run
     n_scale_seeds: int = size(quick=1, full=3)    # the first seeds that also run the larger team
     unit_fields: ClassVar[tuple] = ('n_seeds', 'scale_agents', 'n_scale_seeds')
-    cache_version: ClassVar[int] = 1
+    cache_version: ClassVar[int] = 2              # 2: units also record compute, chance levels and beliefs
     def validate(self):
         for f in ('exec_steps', 'exec_batch', 'n_rl', 'n_test', 'm', 'episodes', 'batch', 'n_seeds'): check_int(f, getattr(self, f), lo=1)
+        if check_int('exec_width', self.exec_width, lo=8) % 8: raise ValueError(f"exec_width must be a multiple of 8, got {self.exec_width}")
         check_num('lr', self.lr, lo=0, lo_open=True)
         if not self.rounds or any(not isinstance(r, int) or r < 1 for r in self.rounds): raise ValueError(f"rounds must be positive ints, got {self.rounds!r}")
         if self.scale_agents: check_int('scale_agents', self.scale_agents, lo=len(PROFILES) + 1, hi=10)
@@ -401,77 +414,127 @@ def _sc(U1: np.ndarray, y: np.ndarray, k: int=3) -> np.ndarray:
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000052
 def run_seed(cfg: ECONConfig, seed: int) -> dict:
-    "One seed: executors, banks, teams, baselines; per-method item accuracies and tokens, learning logs, inspector data."
+    "One seed: executors, banks, teams, baselines; per-method item accuracies, tokens and compute, learning logs, inspector data."
     torch.manual_seed(seed)
-    exs = [train_executor(p, cfg.exec_steps, cfg.exec_batch, seed=seed * 10 + i) for i, p in enumerate(PROFILES)]
+    exs = [train_executor(p, cfg.exec_steps, cfg.exec_batch, seed=seed * 10 + i, width=cfg.exec_width) for i, p in enumerate(PROFILES)]
     rl, te = make_arith_tasks(cfg.n_rl, 'rl', seed=seed), make_arith_tasks(cfg.n_test, 'test', seed=seed + 1)
     y_rl, y_te = (np.array([int(t['answer']) for t in ts]) for ts in (rl, te))
-    B_rl, B_te = build_bank(exs, rl, cfg.m, seed), build_bank(exs, te, cfg.m, seed + 1)
-    o_rl, o_te = ([observe(e, [t['expr'] + '=' for t in ts]) for e in exs] for ts in (rl, te))
+    secs = np.zeros((len(exs), len(TEMPS)))                                   # measured seconds per answer (agent, bin)
+    B_rl, B_te = build_bank(exs, rl, cfg.m, seed), build_bank(exs, te, cfg.m, seed + 1, secs=secs)
+    o_rl = [observe(e, [t['expr'] + '=' for t in rl]) for e in exs]
+    t0 = time.perf_counter(); o_te = [observe(e, [t['expr'] + '=' for t in te]) for e in exs]; obs_sec = (time.perf_counter() - t0) / len(te)
     V = value_table(B_rl, y_rl)
     teams, logs = {}, {}
     for name, kw in (('ECON', {}), ('independent', dict(independent=True)), ('ECON fixed-T', dict(fixed=_best_choices(B_rl, y_rl)[2]))):
         teams[name], logs[name] = train_team(o_rl, B_rl, y_rl, cfg.episodes, seed, cfg.batch, cfg.lr, V=V, **kw)
-    return _score(cfg, seed, exs, te, y_te, B_rl, y_rl, B_te, o_te, teams, logs)
+    # chance regret per episode: a uniformly random joint action, $\mathbb E_q\,\mathrm{mean}_a[V(q,a^\star_q)-V(q,a)]$
+    ctx = dict(secs=secs, obs_sec=obs_sec, chance_regret=float((V.max(1)[:, None] - V).mean()))
+    return _score(cfg, seed, exs, te, y_te, B_rl, y_rl, B_te, o_te, teams, logs, ctx)
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000052b
 def run_scale(cfg: ECONConfig, seed: int) -> dict:
     "One seed with `cfg.scale_agents` executors (the seed's three, then copies sampling on their own): ECON and the answer-alone baselines."
     torch.manual_seed(seed)
-    base = [train_executor(p, cfg.exec_steps, cfg.exec_batch, seed=seed * 10 + i) for i, p in enumerate(PROFILES)]
+    base = [train_executor(p, cfg.exec_steps, cfg.exec_batch, seed=seed * 10 + i, width=cfg.exec_width) for i, p in enumerate(PROFILES)]
     exs = [base[i % len(base)] for i in range(cfg.scale_agents)]
     rl, te = make_arith_tasks(cfg.n_rl, 'rl', seed=seed), make_arith_tasks(cfg.n_test, 'test', seed=seed + 1)
     y_rl, y_te = (np.array([int(t['answer']) for t in ts]) for ts in (rl, te))
-    B_rl, B_te = build_bank(exs, rl, cfg.m, seed), build_bank(exs, te, cfg.m, seed + 1)      # agent i samples with its own seed
-    o_rl, o_te = ([observe(e, [t['expr'] + '=' for t in ts]) for e in exs] for ts in (rl, te))
+    secs = np.zeros((len(exs), len(TEMPS)))
+    B_rl, B_te = build_bank(exs, rl, cfg.m, seed), build_bank(exs, te, cfg.m, seed + 1, secs=secs)      # agent i samples with its own seed
+    o_rl = [observe(e, [t['expr'] + '=' for t in rl]) for e in exs]
+    t0 = time.perf_counter(); o_te = [observe(e, [t['expr'] + '=' for t in te]) for e in exs]; obs_sec = (time.perf_counter() - t0) / len(te)
     team, log = train_team(o_rl, B_rl, y_rl, cfg.episodes, seed, cfg.batch, cfg.lr)
-    i1, k1, kv = _best_choices(B_rl, y_rl)
     plen, Q, N = np.array([len(t['expr']) + 1 for t in te], float), len(te), len(exs)
-    one = B_te[:, i1, k1]
-    acc = {'single': (one == y_te[:, None]).mean(1), 'self-consistency': _sc(one, y_te), 'majority vote': vote_outcome(B_te[:, :, kv], y_te)}
-    tok = {'single': plen + answer_len(one).mean(1), 'self-consistency': 3 * (plen + answer_len(one).mean(1)) + plen + 3 * answer_len(one).mean(1),
-           'majority vote': independent_tokens(B_te[:, :, kv], plen)}
-    a, ok, gap = decide(team, o_te)
-    w = team.omega(*team.beliefs(o_te)[::2]).detach().numpy()
+    acc, tok, cost, (i1, k1, kv), fpt = _alone(exs, B_rl, y_rl, B_te, y_te, plen, secs, seed)
+    a, ok, gap, w, _, tfl, tsec = _run_team(team, o_te)
     U = B_te[np.arange(Q)[:, None], np.arange(N)[None], a.numpy()]
     acc['ECON'], tok['ECON'] = vote_outcome(U, y_te, w), independent_tokens(U, plen)
+    gf, gs = _gen_cost(fpt, secs, plen, U, a.numpy())
+    cost['ECON'] = _cost(N, gf + (fpt * plen[:, None]).sum(1) + tfl, gs + obs_sec + tsec)
     kv3 = _best_choices(B_rl[:, :len(PROFILES)], y_rl)[2]
-    return dict(n_agents=N, acc={k: v.round(4).tolist() for k, v in acc.items()}, tok={k: float(np.mean(v)) for k, v in tok.items()},
+    return dict(n_agents=N, acc={k: np.asarray(v).round(4).tolist() for k, v in acc.items()}, tok={k: float(np.mean(v)) for k, v in tok.items()}, cost=cost,
                 eq=dict(converged=float(ok.float().mean()), gap=float(gap.mean())), bins=F.one_hot(a, team.K).float().mean(0).round(decimals=3).tolist(),
                 choices=dict(single_agent=f"{PROFILES[i1 % len(PROFILES)]['name']}{i1 // len(PROFILES) + 1}", single_T=TEMPS[k1], vote_T=TEMPS[kv]),
                 check_mv3=vote_outcome(B_te[:, :len(PROFILES), kv3], y_te).round(4).tolist())
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000060
 def _inspect(te, y, B, prof, kv, n: int=12) -> list[dict]:
-    "Inspector records of the first `n` test questions: bank correctness (N, K), ECON's bins, weights, answers (draw 0), commitment."
-    a, ok, gap, w = prof
+    "Inspector records of the first `n` test questions: bank correctness (N, K), ECON's bins, beliefs, weights, answers (draw 0), commitment."
+    a, ok, gap, w, (b, pis, E) = prof
+    pi = [torch.softmax(p, -1).numpy() for p in pis]                          # N x (Q, N-1, K): $\hat\pi_{-i}$
     out = []
     for q in range(min(n, len(te))):
         U = B[q, np.arange(B.shape[1]), a[q].numpy(), 0]
         C = int(weighted_vote(torch.from_numpy(U)[None], torch.as_tensor(w[q:q + 1]))[0])
         out.append(dict(expr=te[q]['expr'], truth=int(y[q]), tag=te[q]['tag'], correct=(B[q] == y[q]).mean(-1).round(3).tolist(),
-                        bins=a[q].tolist(), omega=np.round(w[q], 3).tolist(), answers=[_astext(u) for u in U], commit=_astext(C), vote_bin=kv))
+                        bins=a[q].tolist(), omega=np.round(w[q], 3).tolist(), answers=[_astext(u) for u in U], commit=_astext(C), vote_bin=kv,
+                        beliefs=[p[q].astype(float).round(3).tolist() for p in pi], b=b[q].numpy().astype(float).round(2).tolist()))
     return out
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000053
-def _score(cfg, seed, exs, te, y_te, B_rl, y_rl, B_te, o_te, teams, logs) -> dict:
+CHANCE = ('random T (chance)', 'most frequent answer (chance)')   # chance levels: majority vote over uniformly random bins; the RL split's most frequent answer
+
+def _cost(calls: int, flops, sec) -> dict:
+    "Per-question compute of a method: executor generation calls, FLOPs and measured seconds (means over questions)."
+    return dict(calls=int(calls), flops=float(np.mean(flops)), sec=float(np.mean(sec)))
+
+def _gen_cost(fpt, secs, plen, U, a) -> tuple:
+    "(Q,) executor FLOPs $\\sum_i 2P_i(\\text{prompt}+\\text{answer})$ and measured seconds of N agents answering once at bins a (Q, N)."
+    L = answer_len(U).mean(2)                                               # (Q, N)
+    return ((plen[:, None] + L) * fpt[None]).sum(1), secs[np.arange(U.shape[1])[None], a].sum(1)
+
+def _alone(exs, B_rl, y_rl, B_te, y_te, plen, secs, seed) -> tuple:
+    "Answer-alone baselines and the two chance levels: item accuracies, tokens (Q,), cost, the RL split's choices, FLOPs per token."
     i1, k1, kv = _best_choices(B_rl, y_rl)
-    plen, Q, N = np.array([len(t['expr']) + 1 for t in te], float), len(te), len(exs)
-    one = B_te[:, i1, k1]                                                   # (Q, m) the best single agent's answers
-    acc = {'single': (one == y_te[:, None]).mean(1), 'self-consistency': _sc(one, y_te), 'majority vote': vote_outcome(B_te[:, :, kv], y_te)}
+    Q, N, K = B_te.shape[:3]; fpt = np.array([flops_per_token(e) for e in exs], float)
+    one = B_te[:, i1, k1]; f1 = fpt[i1] * (plen + answer_len(one).mean(1))    # (Q, m) the best single agent's answers
+    a_rand = np.random.default_rng(seed).integers(0, K, (Q, N))
+    U_mv, U_rand = B_te[:, :, kv], B_te[np.arange(Q)[:, None], np.arange(N)[None], a_rand]
+    mode = np.bincount(y_rl - y_rl.min()).argmax() + y_rl.min()
+    acc = {'single': (one == y_te[:, None]).mean(1), 'self-consistency': _sc(one, y_te), 'majority vote': vote_outcome(U_mv, y_te),
+           CHANCE[0]: vote_outcome(U_rand, y_te), CHANCE[1]: (y_te == mode).astype(float)}
     tok = {'single': plen + answer_len(one).mean(1), 'self-consistency': 3 * (plen + answer_len(one).mean(1)) + plen + 3 * answer_len(one).mean(1),
-           'majority vote': independent_tokens(B_te[:, :, kv], plen)}
-    hist, toks = debate(exs, te, B_te[:, :, kv], max(cfg.rounds), TEMPS[kv], seed)
-    for R in cfg.rounds: acc[f'MAD R={R}'], tok[f'MAD R={R}'] = vote_outcome(hist[R], y_te), toks[R]
+           'majority vote': independent_tokens(U_mv, plen), CHANCE[0]: independent_tokens(U_rand, plen), CHANCE[1]: np.zeros(Q)}
+    cost = {'single': _cost(1, f1, secs[i1, k1]), 'self-consistency': _cost(3, 3 * f1, 3 * secs[i1, k1]),
+            'majority vote': _cost(N, *_gen_cost(fpt, secs, plen, U_mv, np.full((Q, N), kv))),
+            CHANCE[0]: _cost(N, *_gen_cost(fpt, secs, plen, U_rand, a_rand)), CHANCE[1]: _cost(0, 0, 0)}
+    return acc, tok, cost, (i1, k1, kv), fpt
+
+# %% ../../nbs/collaboration/81_econ.ipynb #ec000053a
+def _run_team(team, obs, fixed: int|None=None) -> tuple:
+    "A trained team's test-time decision: profile, converged, gap, weights (or None), beliefs (or None), and its FLOPs and seconds per question."
+    from torch.utils.flop_counter import FlopCounterMode
+    @torch.no_grad()
+    def go():
+        bel = None if team.independent else team.beliefs(obs)
+        if fixed is None: a, ok, gap = decide(team, obs, bel=bel)
+        else: a = torch.full((len(obs[0]), team.N), fixed); ok, gap = torch.ones(len(a), dtype=torch.bool), torch.zeros(len(a))
+        return a, ok, gap, None if bel is None else team.omega(bel[0], bel[2]).numpy(), bel
+    t0 = time.perf_counter(); out = go(); sec = (time.perf_counter() - t0) / len(obs[0])
+    fc = FlopCounterMode(display=False)
+    with fc: go()                                                           # counted apart: the counter slows the timed run
+    return (*out, fc.get_total_flops() / len(obs[0]), sec)
+
+# %% ../../nbs/collaboration/81_econ.ipynb #ec000053b
+def _score(cfg, seed, exs, te, y_te, B_rl, y_rl, B_te, o_te, teams, logs, ctx) -> dict:
+    plen, Q, N = np.array([len(t['expr']) + 1 for t in te], float), len(te), len(exs)
+    acc, tok, cost, (i1, k1, kv), fpt = _alone(exs, B_rl, y_rl, B_te, y_te, plen, ctx['secs'], seed)
+    dc = {}; hist, toks = debate(exs, te, B_te[:, :, kv], max(cfg.rounds), TEMPS[kv], seed, cost=dc)
+    for R in cfg.rounds:
+        acc[f'MAD R={R}'], tok[f'MAD R={R}'] = vote_outcome(hist[R], y_te), toks[R]
+        mv = cost['majority vote']                                          # round 0 is majority vote's answering
+        cost[f'MAD R={R}'] = dict(calls=N * (R + 1), flops=mv['flops'] + float(sum(f.mean() for f in dc['flops'][:R])), sec=mv['sec'] + float(sum(dc['seconds'][:R])))
     prof = {}
     for name, team in teams.items():
-        a, ok, gap = decide(team, o_te)
-        if name == 'ECON fixed-T': a = torch.full_like(a, kv)
-        w = None if team.independent else team.omega(*team.beliefs(o_te)[::2]).detach().numpy()
+        a, ok, gap, w, bel, tfl, tsec = _run_team(team, o_te, kv if name == 'ECON fixed-T' else None)
         U = B_te[np.arange(Q)[:, None], np.arange(N)[None], a.numpy()]        # (Q, N, m)
-        acc[name], tok[name], prof[name] = vote_outcome(U, y_te, w), independent_tokens(U, plen), (a, ok, gap, w)
-    return dict(acc={k: v.round(4).tolist() for k, v in acc.items()}, tok={k: float(np.mean(v)) for k, v in tok.items()},
+        acc[name], tok[name], prof[name] = vote_outcome(U, y_te, w), independent_tokens(U, plen), (a, ok, gap, w, bel)
+        gf, gs = _gen_cost(fpt, ctx['secs'], plen, U, a.numpy())
+        cost[name] = _cost(N, gf + (fpt * plen[:, None]).sum(1) + tfl, gs + ctx['obs_sec'] + tsec)   # + each executor's observation pass and the decision
+    return dict(acc={k: np.asarray(v).round(4).tolist() for k, v in acc.items()}, tok={k: float(np.mean(v)) for k, v in tok.items()}, cost=cost,
                 tags=[t['tag'] for t in te], choices=dict(single_agent=PROFILES[i1]['name'], single_T=TEMPS[k1], vote_T=TEMPS[kv]),
+                params={p['name']: int(sum(x.numel() for x in e.parameters())) for p, e in zip(PROFILES, exs)},
+                econ_bins=F.one_hot(prof['ECON'][0], len(TEMPS)).float().mean(0).numpy().astype(float).round(3).tolist(), chance_regret=ctx['chance_regret'],
                 logs=logs, eq=dict(converged=float(prof['ECON'][1].float().mean()), gap=float(prof['ECON'][2].mean())),
                 inspect=_inspect(te, y_te, B_te, prof['ECON'], kv))
 
@@ -479,14 +542,23 @@ def _score(cfg, seed, exs, te, y_te, B_rl, y_rl, B_te, o_te, teams, logs) -> dic
 TAGS = ('add', 'mult', 'mixed')
 BASELINES = ('single', 'self-consistency', 'majority vote')   # answer-alone baselines at ECON's token budget
 
+def _cost_fields(c: dict) -> dict: return dict(gen_calls=c['calls'], flops=round(c['flops'], 1), time_ms=round(1e3 * c['sec'], 4))
+
+def _quarters(reg) -> dict:
+    "Mean per-episode regret in each quarter of training."
+    return {f'regret_q{k + 1}': float(np.mean(x)) for k, x in enumerate(np.array_split(np.asarray(reg, float), 4))}
+
 def _rows(seed: int, u: dict) -> tuple[list, dict]:
     "Rows (one per method) and table records of one seed's unit."
     tags, rows, items, learn = np.array(u['tags']), [], [], []
+    n_ep = len(u['logs']['ECON']['regret'])                                  # episodes each team played
     for meth, acc in u['acc'].items():
         acc, log = np.array(acc), u['logs'].get(meth)
-        r = dict(seed=seed, method=meth, n_agents=len(PROFILES), acc=float(acc.mean()), tokens=round(u['tok'][meth], 2),
+        r = dict(seed=seed, method=meth, n_agents=len(PROFILES), acc=float(acc.mean()), tokens=round(u['tok'][meth], 2), **_cost_fields(u['cost'][meth]),
                  **{f'acc_{t}': float(acc[tags == t].mean()) for t in TAGS},
-                 cum_regret=float(np.sum(log['regret'])) if log else None)
+                 cum_regret=float(np.sum(log['regret'])) if log else u['chance_regret'] * n_ep if meth == CHANCE[0] else None)
+        if log: r.update(_quarters(log['regret']))
+        if meth == CHANCE[0]: r.update(_quarters([u['chance_regret']] * 4))
         if meth == 'ECON': r.update(eq_converged=u['eq']['converged'], eq_gap=u['eq']['gap'])
         rows.append(r); items.append(dict(seed=seed, method=meth, acc=acc.tolist()))
         if log: learn.append(dict(seed=seed, method=meth, cum_regret=np.cumsum(log['regret'])[::8].round(3).tolist(), **{k: log[k] for k in ('bins', 'belief_acc', 'gap', 'acc')}))
@@ -499,7 +571,8 @@ def _scale_rows(seed: int, x: dict, tags) -> tuple[list, list]:
     tags, N, rows, items = np.array(tags), x['n_agents'], [], []
     for meth, acc in x['acc'].items():
         acc = np.array(acc); name = scale_name(meth, N)
-        r = dict(seed=seed, method=name, n_agents=N, acc=float(acc.mean()), tokens=round(x['tok'][meth], 2), **{f'acc_{t}': float(acc[tags == t].mean()) for t in TAGS})
+        r = dict(seed=seed, method=name, n_agents=N, acc=float(acc.mean()), tokens=round(x['tok'][meth], 2), **_cost_fields(x['cost'][meth]),
+                 **{f'acc_{t}': float(acc[tags == t].mean()) for t in TAGS})
         if meth == 'ECON': r.update(eq_converged=x['eq']['converged'], eq_gap=x['eq']['gap'])
         rows.append(r); items.append(dict(seed=seed, method=name, acc=acc.tolist()))
     return rows, items
@@ -512,7 +585,7 @@ def run_experiment(cfg: ECONConfig) -> Results:
         u = cached_unit('econ', cfg, dict(seed=seed), lambda: run_seed(cfg, seed))
         r, t = _rows(seed, u); rows += r
         for k in ('items', 'learning'): tables[k] += t[k]
-        tables['choices'].append(dict(seed=seed, **u['choices']))
+        tables['choices'].append(dict(seed=seed, **u['choices'], econ_bins=u['econ_bins'], params=u['params']))
         if seed == cfg.seeds[0]: tables['inspect'] = u['inspect']
         if cfg.scale_agents and seed in cfg.seeds[:cfg.n_scale_seeds]:
             x = cached_unit('econ', cfg, dict(seed=seed, part='scale', n_agents=cfg.scale_agents), lambda: run_scale(cfg, seed))
@@ -521,7 +594,9 @@ def run_experiment(cfg: ECONConfig) -> Results:
                                         same_executors=bool(np.allclose(x['check_mv3'], u['acc']['majority vote']))))
     res = Results('econ', cfg, rows, seeds=cfg.seeds, tables=tables, wall_time_s=time.time() - t0,
                   notes='Accuracy per test question is the mean over the bank draws; tokens are characters read or written by anyone '
-                        '(executors and the coordinator). Regret is that of each team\'s greedy profile under plain majority vote, from the RL bank.')
+                        '(executors and the coordinator). Regret is that of each team\'s greedy profile under plain majority vote, from the RL bank. '
+                        'Compute per question: executor generation calls, FLOPs (2 x linear weights per token passed through an executor, plus the '
+                        'measured FLOPs of the belief networks / vote) and measured seconds (batched, one thread).')
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000056
@@ -534,8 +609,10 @@ def strongest(res, among) -> str:
     df = res.df
     return max(among, key=lambda mth: df[df.method == mth].acc.mean())
 
+ABLATION = 'accuracy: ECON − ECON fixed-T (paper ablation: beliefs and best responses add to the learned vote)'
+
 def claims(res: Results) -> list[Claim]:
-    "ECON vs the strongest answer-alone baseline and vs the best debate (items x seeds), and regret vs independent learners (seeds)."
+    "ECON vs the strongest answer-alone baseline, the best debate and its own learned vote alone (items x seeds), and regret vs independent learners (seeds)."
     mads = sorted({r['method'] for r in res.rows if r['method'].startswith('MAD')})
     b, d, e = strongest(res, BASELINES), strongest(res, mads), _items(res, 'ECON')
     df = res.df.set_index(['method', 'seed']).sort_index()
@@ -543,7 +620,8 @@ def claims(res: Results) -> list[Claim]:
     n_items = len(e)
     out = [claim(f'accuracy: ECON − {b} (strongest of {", ".join(BASELINES)})', paired_bootstrap(e, _items(res, b), unit='items'), better='higher'),
            claim(f'accuracy: ECON − {d} (best debate, more tokens)', paired_bootstrap(e, _items(res, d), unit='items'), better='higher'),
-           claim('cumulative regret: independent learners − ECON', paired_t(reg('independent'), reg('ECON')), better='higher')]
+           claim('cumulative regret: independent learners − ECON', paired_t(reg('independent'), reg('ECON')), better='higher'),
+           claim(ABLATION, paired_bootstrap(e, _items(res, 'ECON fixed-T'), unit='items'), better='higher')]
     sc = res.df[res.df.n_agents > len(PROFILES)] if 'n_agents' in res.df else None       # results before the larger team have no n_agents
     for n in ([] if sc is None else sorted({int(x) for x in sc.n_agents})):
         seeds = sorted(set(sc[sc.n_agents == n].seed)); e_n = _items(res, scale_name('ECON', n), seeds)
@@ -555,15 +633,21 @@ def claims(res: Results) -> list[Claim]:
     return out
 
 def verdict(res: Results) -> str:
-    "Reproduced when ECON beats the strongest answer-alone baseline and the best debate beyond their 95% CIs, has lower cumulative regret than independent learners, gains from more executors and beats the strongest answer-alone baseline at that size; partly when some of these show."
-    return judge(claims(res))
+    "Reproduced when ECON beats the strongest answer-alone baseline, the best debate and its learned vote alone beyond their 95% CIs, has lower cumulative regret than independent learners, gains from more executors and beats the strongest answer-alone baseline at that size; not reproduced when none of these shows or any goes the other way beyond its CI; else partly."
+    cs = claims(res)
+    return 'not reproduced' if any(c.opposite for c in cs) else judge(cs)
+
+def old_verdict(res: Results) -> str:
+    "The rule before this version (kept to report what it gives): `judge` over the claims without the ablation, a reversal counting as 'no effect'."
+    return judge([c for c in claims(res) if c.name != ABLATION])
 
 def headline(res: Results) -> str:
     "ECON's test accuracy beside the strongest baselines and its token saving against the longest debate."
     df = res.df.groupby('method')[['acc', 'tokens']].mean()
     mads = [m for m in df.index if m.startswith('MAD')]; dl = max(mads, key=lambda m: int(m.split('=')[1]))
     b = strongest(res, BASELINES)
-    s = (f"ECON {df.acc['ECON']:.1%} vs {b} {df.acc[b]:.1%} and {dl} {df.acc[dl]:.1%} test accuracy; "
+    s = (f"ECON {df.acc['ECON']:.1%} vs {b} {df.acc[b]:.1%}, its learned vote alone {df.acc['ECON fixed-T']:.1%}, {dl} {df.acc[dl]:.1%}, "
+         f"chance (random temperatures) {df.acc[CHANCE[0]]:.1%} test accuracy; "
          f"{1 - df.tokens['ECON'] / df.tokens[dl]:.0%} fewer tokens than {dl} (paper: +11.2% over multi-LLM baselines, 21.4% fewer tokens than 3-round MAD)")
     big = [m for m in df.index if m.startswith('ECON (')]
     for m in big:
@@ -572,34 +656,40 @@ def headline(res: Results) -> str:
     return s
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000065
-def fig_pareto(df, title: str='Test accuracy against communication tokens per question') -> go.Figure:
-    "Mean accuracy (95% CI over seeds) against mean tokens, one point per method; `df` is `Results.df`."
-    fig = go.Figure()
+COST_AXES = dict(tokens=('tokens', 'tokens (characters) per question', False), flops=('flops', 'executor + network FLOPs per question (log)', True),
+                 time=('time_ms', 'measured ms per question (batched, one thread; log)', True), calls=('gen_calls', 'executor generation calls per question', False))
+
+def fig_pareto(df, x: str='tokens', title: str|None=None) -> go.Figure:
+    "Mean accuracy (95% CI over seeds) against a mean cost (`x`: tokens, flops, time or calls), one point per method; chance levels as grey crosses; `df` is `Results.df`."
+    if x not in COST_AXES: raise ValueError(f"x must be one of {list(COST_AXES)}, got {x!r}")
+    col, label, log = COST_AXES[x]; fig = go.Figure()
     for k, (meth, g) in enumerate(df.groupby('method', sort=False)):
         ci = mean_ci(g.acc.to_numpy()) if len(g) > 1 else None
         err = None if ci is None else dict(type='data', symmetric=False, array=[ci.hi - ci.estimate], arrayminus=[ci.estimate - ci.lo])
-        fig.add_scatter(x=[g.tokens.mean()], y=[g.acc.mean()], error_y=err, name=meth, mode='markers+text', text=[meth], textposition='top center',
-                        marker=dict(size=14 if meth == 'ECON' else 10, color=PALETTE[k % len(PALETTE)], symbol='star' if meth == 'ECON' else 'circle'),
-                        hovertemplate=f'{meth}<br>tokens %{{x:.1f}}<br>accuracy %{{y:.3f}}<extra></extra>')
-    fig.update_xaxes(title_text='tokens (characters) per question'); fig.update_yaxes(title_text='test accuracy')
-    return fig.update_layout(title=title, height=420, template='plotly_white', showlegend=False, margin=dict(t=50, l=60, r=20, b=40))
+        chance, xv = '(chance)' in meth, max(g[col].mean(), 1e-3 if log else 0)     # a zero cost sits at the log axis' left edge
+        mk = dict(size=14 if meth == 'ECON' else 10, color='#999999' if chance else PALETTE[k % len(PALETTE)], symbol='x' if chance else 'star' if meth == 'ECON' else 'circle')
+        fig.add_scatter(x=[xv], y=[g.acc.mean()], error_y=err, name=meth, mode='markers+text', text=[meth], textposition='top center', marker=mk,
+                        hovertemplate=f'{meth}<br>{col} %{{x:.4g}}<br>accuracy %{{y:.3f}}<br>calls {g.gen_calls.mean():.0f}<extra></extra>')
+    fig.update_xaxes(title_text=label, type='log' if log else 'linear'); fig.update_yaxes(title_text='test accuracy')
+    return fig.update_layout(title=title or f'Test accuracy against {x} per question', height=420, template='plotly_white', showlegend=False, margin=dict(t=50, l=60, r=20, b=40))
 
 class ParetoExplorer(Explorer):
-    "Method selector and a question-type toggle over `fig_pareto`."
+    "Method selector, question-type, team-size and cost-axis toggles over `fig_pareto`."
     def __init__(self, df):
         self.df = df
         self.methods = W.SelectMultiple(options=list(dict.fromkeys(df.method)), value=tuple(dict.fromkeys(df.method)), description='methods', rows=5)
         self.tag = W.ToggleButtons(options=['all', *TAGS], value='all', description='questions')
         ns = sorted({int(n) for n in df.n_agents}) if 'n_agents' in df else []
         self.agents = W.ToggleButtons(options=['all', *ns], value='all', description='executors')
+        self.x = W.ToggleButtons(options=list(COST_AXES), value='tokens', description='cost')
         self.fig = go.FigureWidget(self.figure())
-        for w in (self.methods, self.tag, self.agents): w.observe(self._update, names='value')
-        self.widget = W.VBox([W.HBox([self.methods, W.VBox([self.tag, self.agents])]), self.fig])
+        for w in (self.methods, self.tag, self.agents, self.x): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.methods, W.VBox([self.tag, self.agents, self.x])]), self.fig])
     def figure(self):
         d = self.df[self.df.method.isin(self.methods.value or self.df.method.unique()[:1])].copy()
         if self.agents.value != 'all': d = d[d.n_agents == self.agents.value]
         if self.tag.value != 'all': d['acc'] = d[f'acc_{self.tag.value}']
-        return fig_pareto(d, title=f'Accuracy ({self.tag.value} questions) against tokens')
+        return fig_pareto(d, self.x.value, title=f'Accuracy ({self.tag.value} questions) against {self.x.value} per question')
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000069
 def fig_learning(learning, seed: int|None=None, agent: int=0, step: int=-1, episodes_per_point: int=8, batch: int=16) -> go.Figure:
@@ -634,14 +724,24 @@ class LearningExplorer(Explorer):
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000073
 def fig_question(rec: dict) -> go.Figure:
-    "Heatmap agent x temperature of bank correctness for one inspector record, ECON's bins ringed, weights and answers in the labels."
+    "One inspector record: bank correctness per agent x temperature with ECON's bins ringed (left), each agent's belief about each co-agent's bin with the realised bin ringed (middle), the belief vectors b_i (right)."
+    from plotly.subplots import make_subplots
     names = [f"{p['name']} (ω={w:.2f}, says {a or '?'})" for p, w, a in zip(PROFILES, rec['omega'], rec['answers'])]
-    fig = go.Figure(go.Heatmap(z=rec['correct'], x=[f'T={t}' for t in TEMPS], y=names, zmin=0, zmax=1, colorscale='Blues', colorbar=dict(title='right')))
-    fig.add_scatter(x=[f'T={TEMPS[b]}' for b in rec['bins']], y=names, mode='markers', showlegend=False,
-                    marker=dict(size=26, color='rgba(0,0,0,0)', line=dict(color='#d62728', width=3)))
+    xs, N = [f'T={t}' for t in TEMPS], len(rec['bins'])
+    has_b = 'beliefs' in rec                                                # records before beliefs were recorded have none
+    fig = make_subplots(rows=1, cols=3 if has_b else 1, column_widths=[0.38, 0.34, 0.28] if has_b else None, horizontal_spacing=0.12,
+                        subplot_titles=('bank: fraction right', 'belief π̂: agent → co-agent', 'belief vector b_i') if has_b else None)
+    fig.add_heatmap(z=rec['correct'], x=xs, y=names, zmin=0, zmax=1, colorscale='Blues', showscale=False, row=1, col=1)
+    fig.add_scatter(x=[xs[b] for b in rec['bins']], y=names, mode='markers', showlegend=False, marker=dict(size=22, color='rgba(0,0,0,0)', line=dict(color='#d62728', width=3)), row=1, col=1)
+    if has_b:
+        pairs = [(i, j) for i in range(N) for j in range(N) if j != i]          # agent i's belief rows are its co-agents in order
+        ys = [f"{PROFILES[i]['name']} → {PROFILES[j]['name']}" for i, j in pairs]
+        fig.add_heatmap(z=[row for bl in rec['beliefs'] for row in bl], x=xs, y=ys, zmin=0, zmax=1, colorscale='Greens', showscale=False, row=1, col=2)
+        fig.add_scatter(x=[xs[rec['bins'][j]] for i, j in pairs], y=ys, mode='markers', showlegend=False, marker=dict(size=16, color='rgba(0,0,0,0)', line=dict(color='#d62728', width=2)), row=1, col=2)
+        fig.add_heatmap(z=rec['b'], y=[p['name'] for p in PROFILES[:N]], colorscale='RdBu', zmid=0, showscale=False, row=1, col=3)
     ok = 'right' if rec['commit'] == str(rec['truth']) else 'wrong'
-    return fig.update_layout(title=f"{rec['expr']} = {rec['truth']} ({rec['tag']}): ECON commits {rec['commit'] or '?'} ({ok})",
-                             height=300, template='plotly_white', margin=dict(t=50, l=220, r=20, b=40))
+    return fig.update_layout(title=f"{rec['expr']} = {rec['truth']} ({rec['tag']}): ECON commits {rec['commit'] or '?'} ({ok}); red rings: ECON's chosen bins",
+                             height=340, width=1100 if has_b else None, template='plotly_white', margin=dict(t=70, l=200, r=20, b=40))
 
 class QuestionExplorer(Explorer):
     "Dropdown over the inspector's questions."
