@@ -167,8 +167,15 @@ def test_kl_term_zero_at_start_of_rl():
         assert torch.equal(response_logprobs(pol, b), response_logprobs(ref, b))
     log = rl_train(pol, ref, ex, steps=1, batch_size=8, lr=1e-3, seed=0)
     assert log[0]['kl'] == 0.0
-    A = reinforcepp_advantages(torch.tensor([1., -1.]), torch.zeros(2, 3), torch.ones(2, 3), beta=0.01)
-    assert torch.allclose(A, reinforcepp_advantages(torch.tensor([1., -1.]), torch.zeros(2, 3), torch.ones(2, 3), beta=0.0))
+    # the zero is the policy's, not a dead KL term: once the policy moves, the same samples have non-zero log-ratios,
+    # the logged KL is non-zero and β changes the advantages
+    with torch.no_grad():
+        for p in pol.parameters(): p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        logratio = response_logprobs(pol, b) - response_logprobs(ref, b)
+    m = b['resp_mask'].float(); R = torch.tensor([1., -1.] * 4)
+    assert (logratio * m).abs().max() > 1e-4
+    assert not torch.allclose(reinforcepp_advantages(R, logratio, m, beta=0.5), reinforcepp_advantages(R, logratio, m, beta=0.0))
+    assert rl_train(pol, ref, ex, steps=1, batch_size=8, lr=1e-3, seed=0)[0]['kl'] != 0.0
 
 
 def test_labels_mask_image_and_question():
@@ -206,3 +213,28 @@ def test_config_and_recorded_verdict():
     assert set(tr['method']) >= set(METHODS) and set(tr['template']) == set(TEMPLATES)
     assert len(tr) == len(R.seeds) * len(set(tr['method'])) * len(TEMPLATES)
     assert np.allclose(tr['detection'], tr['flag_conflict'] - tr['flag_normal'])
+
+
+def test_stricter_rule_gives_no_credit_for_refusing():
+    "A remedy that refuses everything (hallucination 0, detection 0, normal accuracy 0) shows a drop but gets no credit; one that detects does."
+    from workbench.core import Results
+    from workbench.multimodal.mmmc import REFUSE, gates, credited
+    cfg, rows = MMMCConfig(mode='full'), []
+    for i, s in enumerate(cfg.seeds):
+        j = 0.01 * i                                                              # small seed-to-seed jitter: finite intervals
+        arms = {'base': (0.7 + j, 0.9, 0.0), 'PE: instruction': (0.7 + j, 0.9, 0.0), 'PE: verify-then-answer': (0.3, 0.7, 0.4), 'SFT': (0.1 + j, 0.8 - j, 0.7 + j),
+                'RL (REINFORCE++)': (0.0, 0.05 + j, j - 0.02), REFUSE: (0.0, 0.0, 0.0)}    # (hallucination, normal accuracy, detection)
+        for m, (hl, acc, det) in arms.items():
+            rows += [dict(record='eval', seed=s, method=m, conflict_type=t, hallu=0.0 if t == 'none' else hl, acc=acc if t == 'none' else 0.5) for t in TYPES]
+            rows += [dict(record='template', seed=s, method=m, template=k, detection=det + (0.01 if k == 'where' else 0)) for k in TEMPLATES]
+            rows.append(dict(record='run', seed=s, method=m, instability=0.1 + (0.05 + j if m.startswith('RL') else 0)))
+    res = Results('mmmc', cfg, rows, seeds=cfg.seeds)
+    g = gates(res)
+    assert g['SFT']['credited'] and g['SFT']['detection'].shows and g['SFT']['normal_acc'].opposite   # detects: credited despite lost accuracy
+    assert not g['RL (REINFORCE++)']['credited']                                   # refuses: neither detection nor accuracy
+    assert g['PE: instruction']['credited'] and not g['PE: instruction']['normal_acc'].opposite
+    cs, cr = claims(res), credited(res)
+    rl_drop = next(i for i, c in enumerate(cs) if c.name == 'hallucination rate: RL (REINFORCE++) − base')
+    assert cs[rl_drop].shows and not cr[rl_drop]                                   # the old rule would count it, the new one does not
+    assert all(not ok for c, ok in zip(cs, cr) if c.name.startswith('hallucination rate on'))   # RL's lead over SFT: bought with refusal too
+    assert sum(cr) < sum(c.shows for c in cs) and verdict(res) == 'partly'

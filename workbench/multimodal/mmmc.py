@@ -7,7 +7,7 @@ Docs: https://workbench-dev.github.io/workbench/multimodal/mmmc.html.md"""
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000003
 from __future__ import annotations
 import math, time, copy, zlib
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, asdict, replace
 from typing import ClassVar
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch
-from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, get_device
 from ..measure import check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids
@@ -26,16 +26,17 @@ from ..viz import PALETTE, Explorer
 # %% auto #0
 __all__ = ['SHAPES', 'COLOURS', 'RGB', 'ROWS', 'COLS', 'RELATIONS', 'GRID', 'CELL', 'BACKGROUND', 'SPECIALS', 'WORDS', 'VOCAB',
            'TOK', 'PAD', 'IMG', 'EOS', 'N_IMG', 'INSTRUCTION', 'CONFLICTS', 'TYPES', 'TEMPLATES', 'KINDS', 'APPLIES',
-           'PROBE_KINDS', 'MMMC_MIX', 'EVAL_MIX', 'LABELS', 'SCORE', 'METHODS', 'GROUP', 'OTHERS', 'LABEL_COLOURS',
-           'METRICS', 'Obj', 'Scene', 'sample_scene', 'relation_holds', 'render_scene', 'images_to_tensor',
-           'check_pixels', 'encode', 'decode', 'MMMCExample', 'no_object', 'no_attribute', 'no_relation', 'scene_split',
-           'template_shares', 'make_example', 'probe_kind', 'question_kind', 'premise_holds', 'check_mix',
-           'make_dataset', 'template_table', 'TinyVLM', 'WithImages', 'prompt_ids', 'lm_row', 'cell_labels',
-           'cell_loss', 'vlm_loss', 'left_pad', 'pixels_of', 'respond', 'judge_answer', 'rouge_l', 'verify_questions',
-           'verify_then_answer', 'score_answers', 'says_conflict', 'template_rates', 'summarise', 'base_mix',
-           'training_rows', 'fit', 'ProbeCurve', 'instability', 'sample_responses', 'response_logprobs',
-           'reinforcepp_advantages', 'group_advantages', 'policy_loss', 'rl_step', 'rl_train', 'MMMCConfig',
-           'make_data', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline', 'scene_of', 'fig_conflict',
+           'PROBE_KINDS', 'MMMC_MIX', 'EVAL_MIX', 'LABELS', 'SCORE', 'METHODS', 'GROUP', 'REFUSE', 'OTHERS', 'GATED',
+           'LABEL_COLOURS', 'METRICS', 'Obj', 'Scene', 'sample_scene', 'relation_holds', 'render_scene',
+           'images_to_tensor', 'check_pixels', 'encode', 'decode', 'MMMCExample', 'no_object', 'no_attribute',
+           'no_relation', 'scene_split', 'template_shares', 'make_example', 'probe_kind', 'question_kind',
+           'premise_holds', 'check_mix', 'make_dataset', 'template_table', 'TinyVLM', 'WithImages', 'prompt_ids',
+           'lm_row', 'cell_labels', 'cell_loss', 'vlm_loss', 'left_pad', 'model_device', 'pixels_of', 'respond',
+           'judge_answer', 'rouge_l', 'verify_questions', 'verify_then_answer', 'score_answers', 'says_conflict',
+           'template_rates', 'summarise', 'base_mix', 'training_rows', 'fit', 'ProbeCurve', 'instability',
+           'sample_responses', 'response_logprobs', 'reinforcepp_advantages', 'group_advantages', 'policy_loss',
+           'rl_step', 'rl_train', 'MMMCConfig', 'make_data', 'refuse_everything', 'baseline_unit', 'run_unit',
+           'run_experiment', 'claims', 'gates', 'credited', 'verdict', 'headline', 'scene_of', 'fig_conflict',
            'ConflictExplorer', 'fig_rates', 'RatesExplorer', 'fig_training', 'fig_templates']
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000009
@@ -328,9 +329,9 @@ def forward(self: TinyVLM, input_ids: torch.Tensor, pixel_values: torch.Tensor|N
         n = is_img.sum(1)
         if (n != N_IMG).any(): raise ValueError(f"every row must hold exactly {N_IMG} <img> tokens, got {sorted(set(n.tolist()))}")
         if len(pixel_values) != len(input_ids): raise ValueError(f"got {len(pixel_values)} images for {len(input_ids)} rows")
-        emb = emb.masked_scatter(is_img[..., None], self.encode_images(pixel_values).to(emb.dtype))  # row-major fill
+        emb = emb.masked_scatter(is_img[..., None], self.encode_images(pixel_values.to(emb.device)).to(emb.dtype))  # row-major fill, on the model's device
     out = self.lm(inputs_embeds=emb, **kw)
-    out.logits = out.logits.masked_fill(_NEVER, float('-inf'))                          # <pad> and <img> are never outputs
+    out.logits = out.logits.masked_fill(_NEVER.to(out.logits.device), float('-inf'))                          # <pad> and <img> are never outputs
     return out
 
 class WithImages(nn.Module):
@@ -374,12 +375,16 @@ def left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     T = max(map(len, seqs))
     ids = torch.tensor([[PAD] * (T - len(s)) + s for s in seqs]); return ids, (ids != PAD).long()
 
-def pixels_of(examples, cache: dict|None=None) -> torch.Tensor:
-    "Pixel values (B, 3, 30, 30) of the examples' scenes (rendered once per scene when `cache` is given)."
+def model_device(model) -> torch.device:
+    "The device of the model's weights: every input is put there."
+    return next(model.parameters()).device
+
+def pixels_of(examples, cache: dict|None=None, device=None) -> torch.Tensor:
+    "Pixel values (B, 3, 30, 30) of the examples' scenes on `device` (rendered once per scene when `cache` is given)."
     if cache is None: cache = {}
     for e in examples:
         if e.image_id not in cache: cache[e.image_id] = images_to_tensor(render_scene(e.scene))[0]
-    return torch.stack([cache[e.image_id] for e in examples])
+    return torch.stack([cache[e.image_id] for e in examples]).to(device)
 
 def respond(model: TinyVLM, examples, instruct: bool=False, questions=None, greedy: bool=True, temperature: float=1.0,
             seed: int=0, max_new_tokens: int=14, batch_size: int=256, cache=None) -> list[str]:
@@ -388,7 +393,7 @@ def respond(model: TinyVLM, examples, instruct: bool=False, questions=None, gree
     for i in range(0, len(examples), batch_size):
         ex = examples[i:i + batch_size]; qs = None if questions is None else questions[i:i + batch_size]
         ids, mask = left_pad([prompt_ids(e, instruct, None if qs is None else qs[j]) for j, e in enumerate(ex)])
-        out = generate_ids(WithImages(model, pixels_of(ex, cache)), ids, max_new_tokens, greedy, temperature, seed + i, eos_id=EOS, attention_mask=mask, pad_id=PAD)
+        out = generate_ids(WithImages(model, pixels_of(ex, cache, model_device(model))), ids, max_new_tokens, greedy, temperature, seed + i, eos_id=EOS, attention_mask=mask, pad_id=PAD)
         texts += [decode(r[ids.shape[1]:]) for r in out]
     return texts
 
@@ -509,7 +514,7 @@ def instability(hallu: list[float]) -> float:
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000057
 def sample_responses(model: TinyVLM, examples, temperature: float=1.0, seed: int=0, max_new_tokens: int=14, cache=None) -> dict:
     "Sampled answers: prompts (B, T) with mask, responses (B, n) with a mask up to and including the first <eos>, pixels, texts."
-    ids, mask = left_pad([prompt_ids(e) for e in examples]); px = pixels_of(examples, cache)
+    dev = model_device(model); ids, mask = (t.to(dev) for t in left_pad([prompt_ids(e) for e in examples])); px = pixels_of(examples, cache, dev)
     out = generate_ids(WithImages(model, px), ids, max_new_tokens, greedy=False, temperature=temperature, seed=seed,
                        eos_id=EOS, attention_mask=mask, pad_id=PAD)
     resp = out[:, ids.shape[1]:]; is_eos = (resp == EOS).long()                          # (B, n)
@@ -534,7 +539,7 @@ def reinforcepp_advantages(rewards: torch.Tensor,   # (B,) sequence reward R (gi
     if (m.sum(1) < 1).any(): raise ValueError("every response needs at least one token")
     # $r_t=-\beta\log\frac{\pi_\theta}{\pi_{ref}}(a_t|s_t)+\mathbb 1[t=|\mathcal A|]\,R$
     r = -beta * logratio.detach() * m
-    r[torch.arange(len(m)), m.sum(1).long() - 1] += rewards.float()
+    r[torch.arange(len(m), device=m.device), m.sum(1).long() - 1] += rewards.float().to(m.device)
     # $G_t=\sum_{s\ge t}r_s$, then $\hat A_t=(G_t-\mu_{batch})/\sigma_{batch}$ over all response tokens
     G = r.flip(1).cumsum(1).flip(1)
     mu = (G * m).sum() / m.sum(); sd = (((G - mu) ** 2) * m).sum().div(m.sum()).sqrt()
@@ -560,7 +565,7 @@ def rl_step(policy, ref, opt, examples, estimator: str='reinforce++', beta: floa
     check_choice('estimator', estimator, ('reinforce++', 'group'))
     b = sample_responses(policy, examples, temperature, seed, cache=cache)
     labels = [judge_answer(t, e) for t, e in zip(b['texts'], examples)]
-    R = torch.tensor([1.0 if l == 'correct' else -1.0 for l in labels])
+    R = torch.tensor([1.0 if l == 'correct' else -1.0 for l in labels], device=b['resp'].device)
     logp = response_logprobs(policy, b)
     with torch.no_grad(): ref_lp = response_logprobs(ref, b)
     m = b['resp_mask'].float(); logratio = logp.detach() - ref_lp
@@ -575,7 +580,8 @@ def rl_step(policy, ref, opt, examples, estimator: str='reinforce++', beta: floa
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000065
 def rl_train(policy, ref, examples, steps: int, batch_size: int, lr: float, estimator: str='reinforce++', beta: float=0.01,
              group_size: int=4, temperature: float=1.0, seed: int=0, callbacks=(), cache=None) -> list[dict]:
-    "RL from `ref`'s weights: `steps` updates of `batch_size` sampled answers (for 'group': batch_size/group_size prompts × group_size)."
+    "RL from `ref`'s weights on the `device` setting's device: `steps` updates of `batch_size` sampled answers (for 'group': batch_size/group_size prompts × group_size)."
+    dev = get_device(); policy.to(dev); ref.to(dev)                                       # both models on the device; inputs follow them
     rng = np.random.default_rng(seed); opt = torch.optim.Adam(policy.parameters(), lr=lr); log = []
     k = batch_size // group_size if estimator == 'group' else batch_size
     for step in range(steps):
@@ -588,6 +594,7 @@ def rl_train(policy, ref, examples, steps: int, batch_size: int, lr: float, esti
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000069
 METHODS = ('base', 'PE: instruction', 'PE: verify-then-answer', 'SFT', 'RL (REINFORCE++)')
 GROUP = 'RL (group-relative, extra)'
+REFUSE = 'refuse everything'           # the trivial baseline: a conflict claim on every question (no model)
 
 @dataclass
 class MMMCConfig(ExperimentConfig):
@@ -642,11 +649,21 @@ def make_data(cfg: MMMCConfig, seed: int) -> dict:
                 probe=make_dataset(4 * cfg.n_probe, EVAL_MIX, seed=cfg.data_seed + 1, split='test'),
                 perception=make_dataset(2 * cfg.n_eval, dict(probe=1.0), seed=cfg.data_seed + 2, split='test'))
 
+def refuse_everything(examples) -> list[str]:
+    "The trivial baseline: 'no , there is no S .' about the first shape each question names — no hallucination, every normal question refused, detection 0 on every template."
+    return [no_object(e.question.split()[4]) for e in examples]
+
+def baseline_unit(cfg: MMMCConfig, test) -> dict:
+    "Refuse-everything's answers to the test set, scored like a trained method's (the same for every seed: it has no weights)."
+    ans = refuse_everything(test)
+    return dict(summary=summarise(score_answers(ans, test)), templates=template_rates(ans, test), answers=ans[:cfg.n_show],
+                labels=[judge_answer(a, e) for a, e in zip(ans[:cfg.n_show], test)])
+
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000072
 def run_unit(cfg: MMMCConfig, seed: int) -> dict:
     "Pretrain a base VLM, then answer the test set with the base, both prompting remedies, SFT, RL (and the group extra)."
     seed_everything(seed); data, cache, ans, curves, logs, secs = make_data(cfg, seed), {}, {}, {}, {}, {}
-    base, ev = TinyVLM(cfg.d_model, cfg.n_layers, cfg.n_heads, seed=seed), data['test']
+    base, ev = TinyVLM(cfg.d_model, cfg.n_layers, cfg.n_heads, seed=seed).to(get_device()), data['test']
     with Timer() as t: fit(base, training_rows(data['pretrain'], seed, cfg.instruct_frac, cache), cfg.pretrain_steps, cfg.batch_size, cfg.pretrain_lr, seed, cell_weight=cfg.cell_weight)
     secs['pretrain'] = t.s
     ans['base'], ans['PE: instruction'] = respond(base, ev, cache=cache), respond(base, ev, instruct=True, cache=cache)
@@ -667,11 +684,14 @@ def run_unit(cfg: MMMCConfig, seed: int) -> dict:
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000074
 def _r4(xs): return [round(float(x), 4) for x in xs]
 
-def _rows(cfg: MMMCConfig, out: dict) -> list[dict]:
-    "One 'eval' row per (seed, method, conflict type) and one 'run' row per (seed, method)."
+def _rows(cfg: MMMCConfig, out: dict, refuse: dict) -> list[dict]:
+    "One 'eval' row per (seed, method, conflict type), one 'template' row per (seed, method, template) and one 'run' row per (seed, trained method); refuse-everything repeated for each seed."
     rows = []
     for s in cfg.seeds:
         u = out[s]
+        rows += [dict(record='eval', seed=s, method=REFUSE, conflict_type=t, **refuse['summary'][t]) for t in TYPES]
+        rows += [dict(record='template', seed=s, method=REFUSE, conflict_type=None, template=k, **v, detection=v['flag_conflict'] - v['flag_normal'])
+                 for k, v in refuse['templates'].items()]
         for m in cfg.methods:
             rows += [dict(record='eval', seed=s, method=m, conflict_type=t, **u['summary'][m][t]) for t in TYPES]
             rows += [dict(record='template', seed=s, method=m, conflict_type=None, template=k, **v, detection=v['flag_conflict'] - v['flag_normal'])
@@ -682,15 +702,15 @@ def _rows(cfg: MMMCConfig, out: dict) -> list[dict]:
                              **{f'base_perception_{k}': u['perception_kind'][k] for k in PROBE_KINDS}))
     return rows
 
-def _tables(cfg: MMMCConfig, out: dict, data: dict) -> dict:
+def _tables(cfg: MMMCConfig, out: dict, data: dict, refuse: dict) -> dict:
     curves = [dict(seed=s, method=m, step=[r['step'] for r in c], hallu=_r4(r['hallu'] for r in c), acc=_r4(r['acc'] for r in c))
               for s in cfg.seeds for m, c in out[s]['curves'].items()]
     logs = [dict(seed=s, method=m, step=[r['step'] for r in l], reward=_r4(r['reward'] for r in l), kl=_r4(r['kl'] for r in l),
                  hallu=_r4(0 if math.isnan(r['hallu']) else r['hallu'] for r in l)) for s in cfg.seeds for m, l in out[s]['rl_log'].items()]
-    s0 = cfg.seeds[0]; u = out[s0]
+    s0 = cfg.seeds[0]; u = dict(answers={**out[s0]['answers'], REFUSE: refuse['answers']}, labels={**out[s0]['labels'], REFUSE: refuse['labels']})
     ex = [dict(seed=s0, item=i, question=e.question, reference=e.answer, conflict_type=e.conflict_type,
                objects=[[o.shape, o.colour, o.row, o.col] for o in e.scene.objects], method=m, answer=u['answers'][m][i], label=u['labels'][m][i])
-          for i, e in enumerate(data['test'][:cfg.n_show]) for m in cfg.methods]
+          for i, e in enumerate(data['test'][:cfg.n_show]) for m in cfg.methods + (REFUSE,)]
     return dict(curves=curves, rl_log=logs, examples=ex)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000075
@@ -700,9 +720,12 @@ def run_experiment(cfg: MMMCConfig) -> Results:
     t0 = time.perf_counter(); out = {}
     for s in progress(cfg.seeds, desc='mmmc: seeds'):
         out[s] = cached_unit('mmmc', cfg, dict(seed=s), lambda: run_unit(cfg, s))
-    res = Results('mmmc', cfg, _rows(cfg, out), seeds=cfg.seeds, tables=_tables(cfg, out, make_data(cfg, cfg.seeds[0])), wall_time_s=time.perf_counter() - t0,
+    data = make_data(cfg, cfg.seeds[0]); refuse = baseline_unit(cfg, data['test'])
+    res = Results('mmmc', cfg, _rows(cfg, out, refuse), seeds=cfg.seeds, tables=_tables(cfg, out, data, refuse), wall_time_s=time.perf_counter() - t0,
                   notes=f"TinyVLM (patch-linear encoder with a per-cell shape/colour loss of weight {cfg.cell_weight} + {cfg.n_layers}-block Llama, d={cfg.d_model}) trained from scratch on rendered shape scenes; "
                         f"{len(cfg.seeds)} seeds; {cfg.n_eval} test items per conflict type; rule-based judge instead of the paper's LLM judge")
+    res.tables['gates'] = [dict(method=m, credited=g['credited'], **{f"{k}_{x}": getattr(g[k], x) for k in ('detection', 'normal_acc') for x in ('estimate', 'lo', 'hi')})
+                           for m, g in gates(res).items()]                                # the stricter rule's inputs, recorded beside the claims
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000077
@@ -729,18 +752,45 @@ def claims(results: Results) -> list[Claim]:
     out.append(claim("training instability (mean |Δ| of the probe hallucination rate, 2nd half): RL (REINFORCE++) − SFT", paired_t(_run(df, 'RL (REINFORCE++)'), _run(df, 'SFT')), better='higher'))
     return out
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000133
+GATED = {'PE: instruction': ('hallucination rate: PE: instruction − base',), 'SFT': ('hallucination rate: SFT − base',),
+         'RL (REINFORCE++)': ('hallucination rate: RL (REINFORCE++) − base',) + tuple(f"hallucination rate on {t} conflicts: RL (REINFORCE++) −" for t in CONFLICTS)}
+
+def _det(df, method) -> np.ndarray:
+    "Per-seed detection of `method`, averaged over templates, sorted by seed (refuse-everything: 0 when the file predates its rows)."
+    d = df[(df['record'] == 'template') & (df['method'] == method)]
+    if d.empty and method == REFUSE: return np.zeros(df['seed'].nunique())          # it flags every question: detection 0 on every template
+    return d.groupby('seed')['detection'].mean().sort_index().to_numpy(float)
+
+def gates(results: Results) -> dict:
+    "Per remedy: detection − refuse-everything's and normal accuracy − base's (95% CIs over seeds), and whether its hallucination claims are credited."
+    df, out = results.df, {}
+    for m in GATED:
+        det = claim(f"detection: {m} − {REFUSE}", paired_t(_det(df, m), _det(df, REFUSE)), better='higher')
+        acc = claim(f"normal-question accuracy: {m} − base", paired_t(_arm(df, m, ('none',), 'acc'), _arm(df, 'base', ('none',), 'acc')), better='higher')
+        out[m] = dict(detection=det, normal_acc=acc, credited=bool(det.shows or not acc.opposite))
+    return out
+
+def credited(results: Results) -> list[bool]:
+    "Per claim: whether it counts for the verdict (it shows and, for a remedy's hallucination claim, the remedy passes its gate)."
+    g = gates(results)
+    return [c.shows and all(g[m]['credited'] for m, names in GATED.items() if c.name.startswith(names)) for c in claims(results)]
+
 def verdict(results: Results) -> str:
-    "Reproduced when every claim (base hallucination above 40%; PE, SFT and RL each below the base; RL below the best other remedy on each conflict type; RL less stable than SFT) shows beyond its 95% CI over seeds, partly when at least one does, else not reproduced."
-    return judge(claims(results))
+    "Reproduced when every claim (base hallucination above 40%; PE, SFT and RL each below the base; RL below the best other remedy on each conflict type; RL less stable than SFT) shows beyond its 95% CI over seeds, partly when at least one does, else not reproduced; a remedy's hallucination claims count only if its detection beats refuse-everything's (0) beyond its CI or its normal-question accuracy is not below the base's beyond its CI."
+    return judge([c if ok else replace(c, lo=math.nan, hi=math.nan) for c, ok in zip(claims(results), credited(results))])
 
 def headline(results: Results) -> str:
     "Our measured figure in words."
-    df = results.df; h = lambda m: f"{100 * _arm(df, m).mean():.0f}%"; cs = claims(results)
+    df = results.df; h = lambda m: f"{100 * _arm(df, m).mean():.0f}%"; cs, cr = claims(results), credited(results)
     ev = df[(df.record == 'eval') & (df.conflict_type == 'none')] if 'record' in df else df[df.conflict_type == 'none']
     fc = lambda m: f"{100 * ev[ev.method == m].false_conflict.mean():.0f}%"       # normal questions answered as conflicts
+    g = gates(results); nc = [m for m, v in g.items() if not v['credited']]
     return (f"hallucination on conflict questions: base {h('base')}, PE {h('PE: instruction')}, verify-then-answer {h('PE: verify-then-answer')}, "
             f"SFT {h('SFT')}, RL {h('RL (REINFORCE++)')}, with false conflicts on normal questions SFT {fc('SFT')}, "
-            f"RL {fc('RL (REINFORCE++)')}, base {fc('base')}; {sum(c.shows for c in cs)}/{len(cs)} claims beyond their CI over {len(results.seeds)} seeds")
+            f"RL {fc('RL (REINFORCE++)')}, base {fc('base')}" + (f" (refuse-everything: {h(REFUSE)} and {fc(REFUSE)})" if (ev.method == REFUSE).any() else '') + "; "
+            f"{sum(cr)}/{len(cs)} claims credited beyond their CI over {len(results.seeds)} seeds ({sum(c.shows for c in cs)} show"
+            + (f"; no credit for {', '.join(nc)}: detection not above refuse-everything's and normal accuracy below the base's)" if nc else ")"))
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000083
 LABEL_COLOURS = dict(correct='#2ca02c', partial='#bcbd22', wrong='#ff7f0e', hallucinated='#d62728', false_conflict='#9467bd', other='#7f7f7f')
