@@ -33,6 +33,10 @@ def test_scorer_official_ign_f1():
     P = {('d', 'a', 'b', 'works_for'), ('d', 'a', 'c', 'spouse'), ('d', 'q', 'z', 'born_in')}
     s0, s1 = docre_scores(P, G, set()), docre_scores(P, G, {('a', 'b', 'works_for')})
     assert s0['ign_f1'] == s0['f1']                                  # no training fact: Ign-F1 = F1
+    disjoint = {('a', 'c', 'works_for'), ('b', 'x', 'spouse'), ('q', 'z', 'born_in')}   # training facts, none a gold (test) fact; one equals a wrong prediction
+    assert not {f[1:] for f in G} & disjoint
+    s2 = docre_scores(P, G, disjoint)
+    assert s2['n_correct_train'] == 0 and s2['ign_f1'] == s2['f1'] == s0['f1'] and s2['f1'] < 1
     assert s1['r'] == s0['r'] and abs(s1['ign_f1'] - 4 / 7) < 1e-12   # recall unchanged; hand-computed official formula
     assert docre_scores(list(P) + list(P), G, set())['n_pred'] == 3   # duplicates counted once
     assert docre_scores({('d', 'c', 'a', 'spouse')}, G, set())['n_correct'] == 1
@@ -66,23 +70,24 @@ def test_head_shape_and_loss(ds, kb):
     assert atlop_threshold_loss(logits, y).item() > 0
 
 def test_bad_inputs(ds, kb):
-    with pytest.raises(KeyError): rel_id('married_to')
-    with pytest.raises(ValueError): kb.search('x', k=-1)
+    with pytest.raises(KeyError, match='unknown relation'): rel_id('married_to')
+    with pytest.raises(ValueError, match=r'^k must be an int in \[0'): kb.search('x', k=-1)
     kg = DocKG.from_documents(ds.train, ds.world['types'], epochs=0)
-    with pytest.raises(ValueError): kg.retrieve(['x'], tau_eq=1.5)
-    with pytest.raises(ValueError): DocKG.from_documents(ds.train, ds.world['types'], tau_er=-0.1)
-    with pytest.raises(ValueError): DocKSConfig(mode='quick', tau_eq=-2.0)
-    with pytest.raises(ValueError): DocKSConfig(mode='quick', k=-1)
+    with pytest.raises(ValueError, match=r'^tau_eq must be a finite number in \[-1, 1\], got 1.5'): kg.retrieve(['x'], tau_eq=1.5)
+    with pytest.raises(ValueError, match=r'^tau_er must be a finite number in \[0, 1\], got -0.1'): DocKG.from_documents(ds.train, ds.world['types'], tau_er=-0.1)
+    with pytest.raises(ValueError, match=r'^tau_eq must be a finite number in \[-1, 1\], got -2.0'): DocKSConfig(mode='quick', tau_eq=-2.0)
+    with pytest.raises(ValueError, match=r'^k must be an int in \[0'): DocKSConfig(mode='quick', k=-1)
+    with pytest.raises(ValueError, match=r'^tau_eq must be a finite number'): build_hybrid_prompt(ds.test[0], *ds.test[0]['entities'][:2], kg, kb, tau_eq=float('nan'))
 
 def test_recorded_verdict():
     p = get_settings().results_path / 'docks_rag.json'
     if not p.is_file(): pytest.skip('no full run recorded yet')
     R = load_results('docks_rag')
-    assert R.mode == 'full' and len(R.seeds) >= 3 and verdict(R) == R.verdict
+    assert R.mode == 'full' and len(R.seeds) >= 5 and verdict(R) == R.verdict
 
 # --- sweeps and the untuned-LLM probe (issue 23: B4, k and tau_eq sweeps) ---
 from workbench.retrieval.docks_rag import (with_k, with_link, exact_link, AliasLinker, alias, split_features, llm_relation_scores,
-                                           probe_prompt, _load_llm, VERBAL, _unit_cfg)
+                                           probe_prompt, _load_llm, VERBAL, _unit_cfg, calibrated_scores, PROBE_CANDS, build_pipeline)
 
 @pytest.fixture(scope='module')
 def prompts(ds, kb):
@@ -112,18 +117,42 @@ def test_exact_link_reproduces_features_and_alias_links_shrink(ds, kb, prompts):
 
 def test_llm_relation_scores_prefers_the_stated_relation(ds, kb, prompts):
     model, tok = _load_llm('smollm2-135m')
+    cands = ('works_for', 'founded_by', 'located_in', 'NA')
     s = llm_relation_scores(model, tok, 'Ann Bo works for Kilo Group. Question: how is Ann Bo related to Kilo Group?\nAnswer:',
-                            [VERBAL[r].format(h='Ann Bo', t='Kilo Group') for r in ('works_for', 'founded_by', 'NA')])
-    assert s.shape == (3,) and torch.isfinite(s).all() and (s <= 0).all()
+                            [VERBAL[r].format(h='Ann Bo', t='Kilo Group') for r in cands])
+    assert s.shape == (4,) and torch.isfinite(s).all() and (s <= 0).all()
+    assert cands[int(s.argmax())] == 'works_for', s                    # the stated relation scores highest
+    hp = build_hybrid_prompt({'sents': ['Ann Bo works for Kilo Group.'], 'entities': ['Ann Bo', 'Kilo Group'],
+                              'vertexSet': [[dict(name='Ann Bo', sent_id=0, type='PER')], [dict(name='Kilo Group', sent_id=0, type='ORG')]], 'labels': []},
+                             'Ann Bo', 'Kilo Group', prompts[0], kb, k=0)
+    cal, raw, null = calibrated_scores(model, tok, hp, ('ctx',))
+    assert cal.shape == (len(PROBE_CANDS),) and torch.allclose(cal, raw - null)
+    assert PROBE_CANDS[int(cal.argmax())] == 'works_for', cal          # calibrated: still the stated relation, over all relations and NA
     one = llm_relation_scores(model, tok, 'Ann Bo works for Kilo Group.', ['Ann Bo works for Kilo Group.'])
     assert torch.isclose(one, llm_relation_scores(model, tok, 'Ann Bo works for Kilo Group.', ['Ann Bo works for Kilo Group.', 'x'])[:1], atol=1e-4).all()
     kg, _, P5 = prompts
     assert 'Known facts' not in probe_prompt(P5[0], ('ctx',)) and probe_prompt(P5[0]).endswith('Answer:')
 
 def test_sweep_config_errors_and_unit_key():
-    with pytest.raises(ValueError): DocKSConfig(mode='quick', tau_grid=(0.5, 1.2))
-    with pytest.raises(ValueError): DocKSConfig(mode='quick', k_grid=(-1,))
-    with pytest.raises(ValueError): DocKSConfig(mode='quick', n_sweep_seeds=2)        # more sweep seeds than seeds
+    with pytest.raises(ValueError, match=r'^tau_grid item must be a finite number in \[-1, 1\], got 1.2'): DocKSConfig(mode='quick', tau_grid=(0.5, 1.2))
+    with pytest.raises(ValueError, match='k_grid item'): DocKSConfig(mode='quick', k_grid=(-1,))
+    with pytest.raises(ValueError, match='n_sweep_seeds'): DocKSConfig(mode='quick', n_sweep_seeds=2)        # more sweep seeds than seeds
     a, b = DocKSConfig(mode='full'), DocKSConfig(mode='full', k_grid=(), tau_grid=(), n_probe=0)
     from workbench.core import _unit_config
     assert _unit_config(_unit_cfg(a)) == _unit_config(_unit_cfg(b))   # the sweeps never invalidate the seed units
+
+def test_pipeline_prompts_retrieve_only_training_documents():
+    "Every hit in the prompts build_pipeline / build_split make is a training sentence, never from the prompt's own document; the KGs hold only training triples."
+    cfg = DocKSConfig(mode='quick', n_train=10, n_test=4, kg_epochs=0, n_folds=2, k=3, k_grid=(0, 5), tau_grid=())
+    pipe = build_pipeline(cfg, 5)
+    train_ids, test_ids = {d['title'] for d in pipe.ds.train}, {d['title'] for d in pipe.ds.test}
+    train_trip = {(d['entities'][l['h']], l['r'], d['entities'][l['t']]) for d in pipe.ds.train for l in d['labels']}
+    n = 0
+    for P, meta in ((pipe.train[0], pipe.train[3]), (pipe.test[0], pipe.test[3])):
+        assert len(P) == len(meta) > 0
+        for hp, (doc, h, t) in zip(P, meta):
+            assert len(hp.hits) == 5 and all(x.doc_id in train_ids and x.doc_id != doc for x in hp.hits), (doc, [x.doc_id for x in hp.hits])
+            assert all(tr in train_trip for x in hp.hits for tr in x.triples)
+            n += len(hp.hits)
+    assert n and not test_ids & train_ids
+    assert {(h, r, t) for h, t, r in pipe.kg.g.edges(keys=True)} <= train_trip

@@ -23,14 +23,15 @@ import plotly.graph_objects as go, ipywidgets as W
 
 # %% auto #0
 __all__ = ['TYPES', 'BASE', 'RULES', 'RELATIONS', 'REL_ID', 'SYMMETRIC', 'TEMPLATES', 'DISTRACT', 'PARTS', 'VARIANTS', 'SUPPORTS',
-           'VERBAL', 'REL_TYPES', 'TYPE_COLOR', 'rel_id', 'make_world', 'make_document', 'DocREDataset',
+           'VERBAL', 'REL_TYPES', 'PROBE_CANDS', 'TYPE_COLOR', 'rel_id', 'make_world', 'make_document', 'DocREDataset',
            'make_docre_dataset', 'DocKG', 'Hit', 'embed', 'SentenceKB', 'HybridPrompt', 'exact_link', 'kg_block',
            'set_block', 'build_hybrid_prompt', 'with_k', 'with_link', 'HybridRelationHead', 'atlop_threshold_loss',
            'predict_relations', 'fit_head', 'docre_scores', 'DocKSConfig', 'split_features', 'build_split', 'Pipeline',
-           'build_pipeline', 'fit_variant', 'train_heads', 'predict_facts', 'type_prior_facts', 'evaluate', 'run_unit',
-           'alias', 'AliasLinker', 'probe_prompt', 'llm_relation_scores', 'probe_pairs', 'run_probe', 'run_extra',
-           'run_experiment', 'claims', 'verdict', 'headline', 'fig_pair', 'DocExplorer', 'fig_scores', 'ScoresExplorer',
-           'fig_sweeps', 'SweepExplorer']
+           'build_pipeline', 'fit_variant', 'train_heads', 'predict_facts', 'type_prior_facts', 'evaluate',
+           'hop_closure', 'run_unit', 'alias', 'AliasLinker', 'probe_prompt', 'calibrated_scores',
+           'llm_relation_scores', 'probe_pairs', 'run_probe', 'run_extra', 'run_experiment', 'claims', 'verdict',
+           'headline', 'doc_predictions', 'fig_pair', 'DocExplorer', 'fig_scores', 'ScoresExplorer', 'fig_sweeps',
+           'SweepExplorer']
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks007
 TYPES = ('PER', 'ORG', 'CITY', 'COUNTRY')
@@ -451,7 +452,7 @@ SUPPORTS = ('explicit', 'coref', 'composed_doc', 'composed_kg')
 
 @dataclass
 class DocKSConfig(ExperimentConfig):
-    n_seeds: int = size(quick=1, full=4)          # seeds: each draws a new world, documents and head initialisation
+    n_seeds: int = size(quick=1, full=6)          # seeds: each draws a new world, documents and head initialisation
     n_train: int = size(quick=30, full=100)       # training (observed) documents: DocKG, sentence KB and head training
     n_test: int = size(quick=16, full=40)         # test documents (never in the KG or the KB)
     n_entities: int = 150                         # entities in the synthetic world
@@ -462,14 +463,14 @@ class DocKSConfig(ExperimentConfig):
     k: int = 5                                    # SetRAG: retrieved sentences
     k_grid: tuple = size(quick=(0,), full=(0, 1, 3, 8, 10))    # the paper's k sweep: the hybrid head (B3) retrained with each k (k=0 is B1: same inputs)
     tau_grid: tuple = size(quick=(0.0, 1.0), full=(0.0, 0.2, 0.5, 0.7, 0.9, 1.0))  # the paper's tau_eq sweep, on alias queries (see `AliasLinker`)
-    n_sweep_seeds: int = size(quick=1, full=3)    # the first seeds also run the k / tau_eq sweeps and the SmolLM2 probe
+    n_sweep_seeds: int = size(quick=1, full=6)    # the first seeds also run the k / tau_eq sweeps and the SmolLM2 probe
     n_probe: int = size(quick=1, full=16)         # test pairs per sweep seed scored by untuned SmolLM2 (half with a gold relation)
-    probe_model: str = 'smollm2-135m'             # the untuned LLM of the probe (B4); a GPU user would put a larger instruct model here
+    probe_model: str = 'smollm2-135m'             # the untuned LLM of the probe (B4): registry name or local HF folder; the GPU field (a larger instruct model runs on the settings' device)
     epochs: int = size(quick=40, full=20)         # head training epochs (quick: fewer pairs, so more epochs)
     d_hidden: int = 128                           # head hidden width
     lr: float = 2e-3                              # head learning rate
     unit_fields: ClassVar[tuple] = ('n_seeds', 'tau_grid', 'n_sweep_seeds', 'n_probe', 'probe_model')   # k_grid: see `_unit_cfg`
-    cache_version: ClassVar[int] = 1
+    cache_version: ClassVar[int] = 2              # 2: rows carry Ign-F1's counts and the hop-closure statistic; the probe scores every relation, calibrated
     @property
     def seeds(self) -> list: return self.seed_list(self.n_seeds)
     @property
@@ -577,6 +578,16 @@ def evaluate(pipe: Pipeline, pred: set) -> dict:
                       {f for f in gold if f[0] == d['title']}, tf).items() if k in ('f1', 'ign_f1')}) for d in pipe.ds.test]
     return out
 
+def hop_closure(pipe: Pipeline) -> dict:
+    "Of the test's composed_kg facts (h, r1∘r2, t): the share whose missing hop (m, r2, t), m co-mentioned with h, is in P_KG / in P_Set's retrieved triples (k = cfg.k)."
+    P, _, _, meta = pipe.test; ix = {m: i for i, m in enumerate(meta)}; n = kg = st = 0
+    for d in pipe.ds.test:
+        for l in d['labels']:
+            if l['support'] != 'composed_kg': continue
+            hp, j = P[ix[(d['title'], d['entities'][l['h']], d['entities'][l['t']])]], _BASE_R.index(RULES[l['r']][1])
+            n += 1; kg += bool(hp.feats['kg.doc_hop'][j]); st += bool(with_k(hp, pipe.kb, pipe.cfg.k).feats['set.doc_hop'][j])
+    return dict(n_composed_kg=n, hop_in_kg=kg / n if n else None, hop_in_set=st / n if n else None)
+
 def run_unit(cfg: DocKSConfig, seed: int, pipe: Pipeline | None = None) -> dict:
     "One seed: the four variants at k = cfg.k and the type prior."
     pipe = train_heads(pipe or build_pipeline(cfg, seed))
@@ -584,7 +595,9 @@ def run_unit(cfg: DocKSConfig, seed: int, pipe: Pipeline | None = None) -> dict:
     out['prior'] = evaluate(pipe, type_prior_facts(pipe))
     out['loss'] = {v: [round(x, 4) for x in h] for v, h in pipe.losses.items()}
     out['sizes'] = dict(train_pairs=len(pipe.train[3]), test_pairs=len(pipe.test[3]), kg_edges=pipe.kg.g.number_of_edges(),
-                        kg_inferred=sum(d['inferred'] for *_, d in pipe.kg.g.edges(data=True)), kb_sentences=len(pipe.kb.texts))
+                        kg_inferred=sum(d['inferred'] for *_, d in pipe.kg.g.edges(data=True)), kb_sentences=len(pipe.kb.texts),
+                        sents_min=min(len(d['sents']) for d in pipe.ds.train + pipe.ds.test), sents_max=max(len(d['sents']) for d in pipe.ds.train + pipe.ds.test),
+                        **hop_closure(pipe))
     return out
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks040b
@@ -623,25 +636,36 @@ VERBAL = {'works_for': '{h} works for {t}.', 'born_in': '{h} was born in {t}.', 
 REL_TYPES = {**BASE, 'works_in': ('PER', 'CITY'), 'nationality': ('PER', 'COUNTRY')}
 
 def probe_prompt(hp: HybridPrompt, parts=PARTS) -> str:
-    "The text an untuned LLM reads: optional DocKG lines and retrieved sentences, then the pair's sentences and the question."
+    "The text an untuned LLM reads: optional DocKG lines and retrieved sentences, then the pair's sentences and the question; parts=() gives the content-free prompt (question only)."
     s = ''
     if 'kg' in parts and hp.kg: s += f"Known facts:\n{hp.kg}\n"
     if 'set' in parts and hp.set: s += f"Similar sentences and their facts:\n{hp.set}\n"
-    return s + f"Document: {hp.ctx}\nQuestion: how is {hp.h} related to {hp.t}?\nAnswer:"
+    if 'ctx' in parts: s += f"Document: {hp.ctx}\n"
+    return s + f"Question: how is {hp.h} related to {hp.t}?\nAnswer:"
+
+PROBE_CANDS = RELATIONS + ('NA',)                          # every relation (ill-typed ones too) and 'no relation'
+
+def calibrated_scores(model, tokenizer, hp: HybridPrompt, parts, null: Tensor | None = None) -> tuple:
+    "$s(r)=\\bar\\ell(v_r\\mid P)-\\bar\\ell(v_r\\mid P_\\varnothing)$ over PROBE_CANDS: mean log-likelihood after the prompt minus after the content-free prompt -> (calibrated (n,), raw (n,), null (n,))."
+    verb = [VERBAL[r].format(h=hp.h, t=hp.t) for r in PROBE_CANDS]
+    null = llm_relation_scores(model, tokenizer, probe_prompt(hp, ()), verb) if null is None else null
+    raw = llm_relation_scores(model, tokenizer, probe_prompt(hp, parts), verb)
+    return raw - null, raw, null
 
 @torch.no_grad()
 def llm_relation_scores(model, tokenizer, prompt: str, verbalizations: list) -> Tensor:
     "Mean token log-likelihood of each verbalization after `prompt`, (n,); one prefill whose KV cache is repeated over the n candidates."
-    ids = tokenizer(prompt, return_tensors='pt').input_ids                                   # (1, P)
+    dev = next(model.parameters()).device
+    ids = tokenizer(prompt, return_tensors='pt').input_ids.to(dev)                           # (1, P)
     out = model(ids, use_cache=True)
     cont = [tokenizer(' ' + v, add_special_tokens=False).input_ids for v in verbalizations]
     L, n = max(map(len, cont)), len(cont)
-    x = torch.tensor([c + [c[-1]] * (L - len(c)) for c in cont])                            # (n, L), right padding never read back
+    x = torch.tensor([c + [c[-1]] * (L - len(c)) for c in cont], device=dev)                # (n, L), right padding never read back
     cache = out.past_key_values; cache.batch_repeat_interleave(n)
     lp = torch.cat([out.logits[:, -1:].expand(n, 1, -1), model(x, past_key_values=cache).logits[:, :-1]], 1).log_softmax(-1)   # (n, L, V)
     tok = lp.gather(-1, x[..., None])[..., 0]                                                # (n, L)
-    mask = torch.tensor([[j < len(c) for j in range(L)] for c in cont], dtype=tok.dtype)
-    return (tok * mask).sum(1) / mask.sum(1)
+    mask = torch.tensor([[j < len(c) for j in range(L)] for c in cont], dtype=tok.dtype, device=dev)
+    return ((tok * mask).sum(1) / mask.sum(1)).cpu()
 
 def probe_pairs(pipe: Pipeline, n: int, seed: int) -> list:
     "Indices of `n` test pairs whose types admit a relation, half with a gold relation (as far as there are)."
@@ -652,25 +676,24 @@ def probe_pairs(pipe: Pipeline, n: int, seed: int) -> list:
     return sorted(rng.sample(pos, npos) + rng.sample(neg, min(len(neg), n - npos)))
 
 def run_probe(pipe: Pipeline, model, tokenizer, idx: list) -> list:
-    "Per probe pair: gold relations, B3's prediction, and SmolLM2's top relation with the plain and the hybrid prompt."
+    "Per probe pair: gold relations, B3's prediction, SmolLM2's top calibrated candidate (and raw top) with the plain and the hybrid prompt."
     P, X, Y, meta = pipe.test
     with torch.no_grad(): b3 = predict_relations(pipe.heads['B3'](X['B3'][idx]))           # (n, |R|)
-    ty, rows = pipe.ds.world['types'], []
+    rows, top = [], lambda s: [] if PROBE_CANDS[int(s.argmax())] == 'NA' else [PROBE_CANDS[int(s.argmax())]]
     for j, i in enumerate(idx):
         (doc, h, t), hp = meta[i], with_k(P[i], pipe.kb, pipe.cfg.k)
-        cands = [r for r in RELATIONS if REL_TYPES[r] == (ty[h], ty[t])] + ['NA']
-        verb = [VERBAL[r].format(h=h, t=t) for r in cands]
         row = dict(seed=pipe.seed, doc=doc, h=h, t=t, gold=[RELATIONS[r] for r in Y[i, 1:].nonzero()[:, 0].tolist()],
                    B3=[RELATIONS[r] for r in b3[j].nonzero()[:, 0].tolist()])
+        null = None
         for name, parts in (('B4_plain', ('ctx',)), ('B4_hybrid', PARTS)):
-            pr = probe_prompt(hp, parts); s = llm_relation_scores(model, tokenizer, pr, verb)
-            top = cands[int(s.argmax())]
-            row[name] = [] if top == 'NA' else [top]; row[name + '_tokens'] = len(tokenizer(pr).input_ids)
+            cal, raw, null = calibrated_scores(model, tokenizer, hp, parts, null)
+            row[name], row[name + '_raw'] = top(cal), top(raw)
+            row[name + '_scores'] = [round(float(x), 3) for x in cal]; row[name + '_tokens'] = len(tokenizer(probe_prompt(hp, parts)).input_ids)
         rows.append(row)
     return rows
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks040e
-def _scores(m: dict) -> dict: return {x: m.get(x) for x in _METRICS}
+def _scores(m: dict) -> dict: return {x: m.get(x) for x in _METRICS + _COUNTS}
 
 def run_extra(cfg: DocKSConfig, seed: int, pipe: Pipeline | None = None) -> dict:
     "One sweep seed: B3 retrained at each k of k_grid; the B3 head (k = cfg.k) on alias queries at each tau of tau_grid; the SmolLM2 probe."
@@ -705,6 +728,7 @@ def _load_llm(name: str) -> tuple:
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks041
 _METRICS = ('f1', 'ign_f1', 'p', 'r', 'inter_f1') + tuple(f'recall_{s}' for s in SUPPORTS)
+_COUNTS = ('n_pred', 'n_correct', 'n_correct_train')            # Ign-F1's inputs: predictions, correct ones, correct ones seen in training
 
 def _unit_cfg(cfg: DocKSConfig) -> DocKSConfig:
     "The config units are keyed on: `k_grid` is reset like the unit_fields (the sweep unit puts it in its key), so the seed units of runs made before the sweep stay valid."
@@ -764,7 +788,7 @@ def _probe_claims(results) -> list:
     return out
 
 def claims(results) -> list:
-    "B3 against each ablation (F1, Ign-F1; paired t over seeds); the paper's inverted U in k and tau_eq (F1 at the default against both ends of each grid; paired t over sweep seeds); tuning against the untuned SmolLM2 probe and the probe's hybrid against plain prompt (paired bootstrap over pairs)."
+    "B3 against each ablation (F1, Ign-F1; paired t over seeds); the paper's inverted U in k (default against the smallest k > 0 and the largest) and in tau_eq (default against both ends and both grid neighbours), F1, paired t over sweep seeds; tuning against the untuned SmolLM2 probe and the probe's hybrid against plain prompt (paired bootstrap over pairs)."
     df, out = results.df, []
     d = df[~df.sweep].sort_values('seed')
     for metric in ('f1', 'ign_f1'):
@@ -774,22 +798,22 @@ def claims(results) -> list:
     if 'part' not in df: return out
     cfg = results.config
     main = d[d.variant == 'B3'].set_index('seed').f1
-    ks = df[df.part == 'k']
+    ks = df[(df.part == 'k') & (df.k > 0) & (df.k != cfg['k'])]         # k=0 is B1's row: B3 − B1 is already a claim above
     if len(ks):
         for k in sorted({min(ks.k), max(ks.k)}):
             x = ks[ks.k == k].set_index('seed').f1.sort_index()
             out.append(claim(f"k sweep f1: B3 at k={cfg['k']} − B3 at k={int(k)}", paired_t(main[x.index].to_numpy(), x.to_numpy()), better='higher'))
     ts = df[df.part == 'tau_eq']
     if len(ts) and cfg['tau_eq'] in set(ts.tau_eq):
-        ref = ts[ts.tau_eq == cfg['tau_eq']].set_index('seed').f1.sort_index()
-        for t in (min(ts.tau_eq), max(ts.tau_eq)):
-            if t == cfg['tau_eq']: continue
+        ref, g = ts[ts.tau_eq == cfg['tau_eq']].set_index('seed').f1.sort_index(), sorted(set(ts.tau_eq))
+        i = g.index(cfg['tau_eq'])
+        for t in sorted({g[0], g[-1]} | set(g[max(i - 1, 0):i + 2]) - {cfg['tau_eq']}):   # both ends and both neighbours of the default
             x = ts[ts.tau_eq == t].set_index('seed').f1.sort_index()
             out.append(claim(f"tau_eq sweep f1 (alias queries): B3 at tau_eq={cfg['tau_eq']} − at tau_eq={t}", paired_t(ref.to_numpy(), x.to_numpy()), better='higher'))
     return out + _probe_claims(results)
 
 def verdict(results) -> str:
-    "Reproduced when every claim shows beyond its 95% CI (B3 over each ablation in F1 and Ign-F1, the inverted U in k and in tau_eq, tuning over the untuned SmolLM2 probe, the hybrid over the plain prompt for the probe), partly when some show, else not reproduced."
+    "Reproduced when every claim shows beyond its 95% CI (B3 over each ablation in F1 and Ign-F1, the inverted U in k (k > 0) and in tau_eq (ends and neighbours), tuning over the untuned SmolLM2 probe, the hybrid over the plain prompt for the probe), partly when some show, else not reproduced."
     return judge(claims(results))
 
 def headline(results) -> str:
@@ -813,9 +837,22 @@ def _linked_graph(kg: DocKG, nodes: set) -> nx.MultiDiGraph:
         for a, r, b in kg.adj.get(e, ()): g.add_edge(a, b, key=r, **kg.g.edges[a, b, r])
     return g
 
-def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None, alias_tau: float | None = None) -> go.Figure:
-    "A test document (entities bracketed with their type), the DocKG neighbourhood of (h, t), the top-k sentences and B0/B3 margins; `alias_tau`: ask with alias queries linked at that tau_eq."
+def doc_predictions(pipe: Pipeline, doc_i: int, k: int | None = None, link=None, variants=('B0', 'B3')) -> list:
+    "Every fact of test document `doc_i` that is gold or predicted by a head in `variants`, re-retrieved at `k` (and P_KG under `link`): [dict(h, r, t, gold, <variant>: bool)]."
     d, k = pipe.ds.test[doc_i], pipe.cfg.k if k is None else k
+    lab, found = _labels(d), {}
+    for h, t in _pairs(d):
+        hp = build_hybrid_prompt(d, h, t, pipe.kg, pipe.kb, pipe.cfg.tau_eq, k)
+        if link is not None: hp = with_link(hp, pipe.kg, link)
+        for v in variants:
+            with torch.no_grad(): hit = predict_relations(pipe.heads[v](torch.tensor(hp.vector(VARIANTS[v]))[None]))[0]   # (|R|,)
+            for j in hit.nonzero()[:, 0].tolist(): found.setdefault((h, RELATIONS[j], t), set()).add(v)
+        for r in lab.get((h, t), ()): found.setdefault((h, r, t), set())
+    return [dict(h=h, r=r, t=t, gold=r in lab.get((h, t), ()), **{v: v in vs for v in variants}) for (h, r, t), vs in sorted(found.items())]
+
+def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None, alias_tau: float | None = None) -> go.Figure:
+    "A test document (entities bracketed with their type), the DocKG neighbourhood of (h, t), the top-k sentences, B0/B3 margins, and the document's predicted relations; `alias_tau`: ask with alias queries linked at that tau_eq."
+    d, k, link = pipe.ds.test[doc_i], pipe.cfg.k if k is None else k, None
     hp = build_hybrid_prompt(d, h, t, pipe.kg, pipe.kb, pipe.cfg.tau_eq, k)
     if alias_tau is None: g, title = pipe.kg.retrieve([h, t]), f'DocKG around {h} / {t}'
     else:
@@ -827,9 +864,9 @@ def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None, a
     sents = [s for s in d['sents']]
     for e, vs in zip(d['entities'], d['vertexSet']):
         for m in vs: sents[m['sent_id']] = sents[m['sent_id']].replace(m['name'], f"[{m['name']}|{m['type']}{'→' + e if m['name'] != e else ''}]", 1)
-    fig = make_subplots(rows=2, cols=3, row_heights=[.35, .65], column_widths=[.36, .34, .30], vertical_spacing=.08,
-                        specs=[[{'type': 'table', 'colspan': 3}, None, None], [{}, {}, {}]],
-                        subplot_titles=('', title, f'SetRAG top-{k}', f'logit − threshold ({h} → {t})'))
+    fig = make_subplots(rows=3, cols=3, row_heights=[.25, .45, .30], column_widths=[.36, .34, .30], vertical_spacing=.07,
+                        specs=[[{'type': 'table', 'colspan': 3}, None, None], [{}, {}, {}], [{'type': 'table', 'colspan': 3}, None, None]],
+                        subplot_titles=('', title, f'SetRAG top-{k}', f'logit − threshold ({h} → {t})', 'relations of the document: gold and predicted'))
     fig.add_trace(go.Table(columnwidth=[1, 12], header=dict(values=['#', d['title']]), cells=dict(values=[list(range(len(sents))), sents], align='left')), 1, 1)
     pos = nx.spring_layout(g, seed=0) if len(g) else {}
     big = {h, t} if alias_tau is None else h_ | t_
@@ -845,8 +882,15 @@ def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None, a
         if v not in pipe.heads: continue
         with torch.no_grad(): l = pipe.heads[v](torch.tensor(hp.vector(VARIANTS[v]))[None])[0]
         fig.add_trace(go.Bar(y=list(RELATIONS), x=(l[1:] - l[0]).tolist(), orientation='h', name=v, marker_color=PALETTE[j]), 2, 3)
+    vs = [v for v in ('B0', 'B3') if v in pipe.heads]
+    if vs:
+        rows, mark = doc_predictions(pipe, doc_i, k, link, vs), lambda b: '✓' if b else '·'
+        cols = [[f"{x['h']} → {x['t']}" for x in rows], [x['r'] for x in rows], [mark(x['gold']) for x in rows]] + [[mark(x[v]) for x in rows] for v in vs]
+        fill = [['#e8f4e8' if x['gold'] and x[vs[-1]] else '#fbe9e7' if x['gold'] != x[vs[-1]] else 'white' for x in rows]]
+        fig.add_trace(go.Table(columnwidth=[5, 3, 1] + [1] * len(vs), header=dict(values=['pair', 'relation', 'gold'] + vs),
+                               cells=dict(values=cols, fill_color=fill * len(cols), align='left')), 3, 1)
     gold = _labels(d).get((h, t), set())
-    fig.update_layout(height=620, title=f"{d['title']}: ({h}, {t}) gold: {', '.join(sorted(gold)) or 'NA'}", margin=dict(t=60, l=20, r=20), barmode='group')
+    fig.update_layout(height=860, title=f"{d['title']}: ({h}, {t}) gold: {', '.join(sorted(gold)) or 'NA'}", margin=dict(t=60, l=20, r=20), barmode='group')
     fig.update_xaxes(visible=False, row=2, col=1); fig.update_yaxes(visible=False, row=2, col=1)
     return fig
 
