@@ -7,7 +7,8 @@ from workbench.core import Results, save_results, load_results
 from workbench.collaboration.fed_icl import (TOPICS, LETTERS, QAExample, make_fictional_qa, dirichlet_partition, Embeddings, Retriever, format_prompt,
     check_message, InProcessTransport, FedICLClient, FedICLServer, run_fed_icl, lsa_gamma, lsa_predict, linear_fed_icl, linear_theory, linear_case,
     lora_round_bytes, FedICLConfig, claims, verdict, headline, best_single, _acc, ProcessTransport, make_transport, encode_message, decode_message,
-    LMFuser, fusion_comparison)
+    LMFuser, fusion_comparison, MCScorer, load_scorer, CopyScorer, FlowerTransport, FLOWER_MISSING, answer_strings, fanout_score, fanout_norm,
+    fanoutqa_dev, run_fanoutqa_unit, FANOUT_SKIP)
 
 
 class FakeScorer:
@@ -143,7 +144,7 @@ def test_config(monkeypatch):
     assert full.seeds == [0, 1, 2] and len(full.alphas) >= 2 and full.n_clients == 3
     monkeypatch.setenv('WORKBENCH_SEED', '5'); assert FedICLConfig(mode='quick').seeds == [5]
     for kw, msg in ((dict(alphas=(0.0,)), 'alphas'), (dict(C=0), 'C'), (dict(backend='bm25'), 'backend'), (dict(variants=('free',)), 'variants'),
-                    (dict(n_queries=999), 'n_queries')):
+                    (dict(n_queries=999), 'n_queries'), (dict(fanout_n=-1), 'fanout_n')):
         with pytest.raises(ValueError, match=msg): FedICLConfig(mode='quick', **kw)
 
 
@@ -207,7 +208,7 @@ def test_process_transport_gives_the_same_answers_and_bytes_from_other_processes
     assert all(c.last == {} for c in remote_clients)                                 # the work happened in the client processes
     assert tr.workers == {} and not any(p.is_alive() for p in procs)                # closed on exit
     assert isinstance(make_transport('inprocess'), InProcessTransport) and isinstance(make_transport('process'), ProcessTransport)
-    with pytest.raises(ValueError, match='transport'): make_transport('flower')
+    with pytest.raises(ValueError, match='transport'): make_transport('grpc')
 
 
 def test_process_transport_reports_client_errors():
@@ -261,3 +262,64 @@ def test_fusion_is_reported_beside_the_claims_not_in_them():
     fc = fusion_comparison(r2)
     assert len(fc) == 4 and fc[0].estimate == pytest.approx(0.0)                    # fusion == vote here
     assert [c.name for c in claims(r2)] == [c.name for c in claims(r)] and verdict(r2) == verdict(r)
+
+
+def test_fanoutqa_string_accuracy():
+    ref = {'Pat Burrell': 'Right', 'JD Drew': 'Left'}
+    assert answer_strings(ref) == ['Pat Burrell', 'JD Drew', 'Right', 'Left'] and answer_strings([True, [1, {'a': 'b'}]]) == ['yes', '1', 'a', 'b']
+    assert fanout_score(ref, 'Pat Burrell: right. JD Drew: left!') == (1.0, True)
+    assert fanout_score(ref, 'Pat Burrell bats right') == (0.5, False)
+    assert fanout_score('tin', 'tinsel and zinc') == (0.0, False)                   # whole words only
+    assert fanout_norm('About 1,234,567 people; U.S.') == 'about 1234567 people us' and fanout_score(1234567, 'some 1,234,567') == (1.0, True)
+
+
+def test_fanoutqa_dev_questions_when_installed():
+    dev = fanoutqa_dev()
+    if dev is None:
+        with pytest.raises(ImportError, match='fq_site'): run_fanoutqa_unit('smollm2-135m', 1, 4, 0)   # the unit says how to get the package
+        pytest.skip(FANOUT_SKIP)
+    assert len(dev) > 100 and all(q['question'] and q['answer'] is not None for q in dev)
+    full = [fanout_score(q['answer'], ' ; '.join(answer_strings(q['answer'])))[1] for q in dev]
+    assert np.mean(full) > 0.9                                                         # the reference's own strings score as complete, except:
+    for q, ok in zip(dev, full):                                                     # strings like '$87 billion' or 'Italy (2021)', which FanOutQA's whole-word pattern misses too
+        assert ok or any(not re.fullmatch(r'\w(.*\w)?', fanout_norm(a), re.S) for a in answer_strings(q['answer']))
+
+
+def test_headline_reports_fanoutqa_when_present():
+    r = _fake(0.3)
+    assert 'FanOutQA' not in r.headline
+    fq = [dict(loose=0.2, echo_loose=0.0, strict=0), dict(loose=0.0, echo_loose=0.1, strict=0)]
+    r2 = Results('fed_icl', FedICLConfig(mode='quick'), r.rows, seeds=r.seeds, tables=dict(comm=r.table('comm').to_dict('records'), units=r.table('units').to_dict('records'), fanoutqa=fq))
+    assert 'string accuracy 0.10 (question-echo control 0.05) on 2 questions' in headline(r2)
+
+
+def test_scorer_pickles_as_its_model_name():
+    sc = MCScorer(None, None, name='smollm2-135m')
+    fn, args = sc.__reduce_ex__(4)
+    assert fn is load_scorer and args == ('smollm2-135m',)                              # another process reloads the model, no weights in the pickle
+    a, pr = CopyScorer()([('x', 'zinc'), ('y', 'tin'), ('z', 'zinc')], QAExample('q', ('tin', 'copper', 'zinc', 'iron'), None, 'bridge'))
+    assert a == 2 and abs(sum(pr) - 1) < 1e-9
+
+
+def test_flower_transport_says_how_to_install(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, 'flwr', None)                                     # as if flwr were not installed
+    with pytest.raises(ImportError, match=re.escape("pip install 'workbench[flower]'")): make_transport('flower')
+    assert 'workbench[flower]' in FLOWER_MISSING
+
+
+def test_flower_round_equals_in_process():
+    "Two rounds over Flower's deployment engine (a local SuperLink, one SuperNode per client) give the in-process messages byte for byte."
+    pytest.importorskip('flwr', reason="flwr is an optional extra: pip install 'workbench[flower]'")
+    cl, Q, emb, parts = _setup(L=2, alpha=1.0, M=4)
+    mk = lambda: [FedICLClient(i, p, CopyScorer(), emb, C=2) for i, p in enumerate(parts)]
+    ref = InProcessTransport(); local = run_fed_icl(mk(), FedICLServer(Q, 1), 2, ref)
+    remote_clients = mk()
+    with FlowerTransport(timeout=300) as ft:
+        remote = run_fed_icl(remote_clients, FedICLServer(Q, 1), 2, ft)
+        folder, procs = ft.dir, list(ft.procs)
+        assert len(ft.slots) == len(parts) and len(procs) == len(parts) + 1         # a SuperLink and one SuperNode per client
+    assert ft.log == ref.log and (ft.bytes_down, ft.bytes_up) == (ref.bytes_down, ref.bytes_up)
+    assert remote == local                                                           # same answers, votes and bytes each round
+    assert all(c.last == {} for c in remote_clients)                                 # answered in the SuperNodes' processes
+    assert all(p.poll() is not None for p in procs) and not folder.exists()          # stopped and cleaned up on exit

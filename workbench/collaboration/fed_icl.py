@@ -6,7 +6,9 @@ Docs: https://workbench-dev.github.io/workbench/collaboration/fed_icl.html.md"""
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000003
 from __future__ import annotations
-import json, math, os, random, functools, weakref
+import json, math, os, sys, time, random, re, functools, weakref, importlib.util, pickle, secrets, shutil, socket, subprocess, tempfile, threading
+import multiprocessing.connection as mpc
+from pathlib import Path
 import multiprocessing as mp
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -19,16 +21,19 @@ from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_bootstrap, claim
 from ..models import load_model, load_tokenizer, load_embedder
+from ..train import generate
 from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
-__all__ = ['TOPICS', 'LETTERS', 'NAMES', 'QAExample', 'make_fictional_qa', 'dirichlet_partition', 'Embeddings', 'Retriever',
-           'format_prompt', 'MCScorer', 'load_scorer', 'check_message', 'encode_message', 'decode_message',
-           'InProcessTransport', 'ProcessTransport', 'make_transport', 'FedICLClient', 'LMFuser', 'FedICLServer',
-           'run_fed_icl', 'lsa_gamma', 'lsa_predict', 'linear_fed_icl', 'linear_theory', 'linear_case', 'FedICLConfig',
-           'lora_round_bytes', 'run_unit', 'run_fuse_unit', 'run_experiment', 'linear_curves', 'best_single', 'claims',
-           'verdict', 'headline', 'fusion_comparison', 'accuracy_curves', 'fig_rounds', 'RoundsExplorer', 'fig_bytes',
-           'fig_round_diagram', 'RoundInspector']
+__all__ = ['TOPICS', 'LETTERS', 'FLOWER_MISSING', 'FANOUT_SKIP', 'FANOUT_PROMPT', 'NAMES', 'QAExample', 'make_fictional_qa',
+           'dirichlet_partition', 'Embeddings', 'Retriever', 'format_prompt', 'MCScorer', 'load_scorer',
+           'check_message', 'encode_message', 'decode_message', 'InProcessTransport', 'ProcessTransport', 'CopyScorer',
+           'flower_apps', 'FlowerTransport', 'make_transport', 'FedICLClient', 'LMFuser', 'FedICLServer', 'run_fed_icl',
+           'lsa_gamma', 'lsa_predict', 'linear_fed_icl', 'linear_theory', 'linear_case', 'fanoutqa_dev',
+           'answer_strings', 'fanout_norm', 'fanout_score', 'run_fanoutqa_unit', 'FedICLConfig', 'lora_round_bytes',
+           'run_unit', 'run_fuse_unit', 'run_experiment', 'linear_curves', 'best_single', 'claims', 'verdict',
+           'headline', 'fusion_comparison', 'accuracy_curves', 'fig_rounds', 'RoundsExplorer', 'fig_bytes',
+           'fig_bytes_rounds', 'round_accuracy', 'fig_round_diagram', 'RoundInspector']
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000007
 # topic -> (client wording, server wording, options); '{}' is the entity name
@@ -126,8 +131,11 @@ def format_prompt(demos: list[tuple[str, str]], question: str) -> str:
 
 class MCScorer:
     "Scores the options of a question after some demonstrations, by the LM's next-token logits of each option's first token (calibrated by default)."
-    def __init__(self, model, tok, calibrate: bool=True):
-        self.model, self.tok, self.calibrate, self.cache, self.n_forward = model, tok, calibrate, {}, 0
+    def __init__(self, model, tok, calibrate: bool=True, name: str|None=None):
+        self.model, self.tok, self.calibrate, self.cache, self.n_forward, self.name = model, tok, calibrate, {}, 0, name
+    def __reduce_ex__(self, protocol):
+        "A scorer of a registry model pickles as its name (another process reloads the model), not as its weights."
+        return (load_scorer, (self.name,)) if self.name and self.calibrate else super().__reduce_ex__(protocol)
     def option_ids(self, options) -> list[int]:
         ids = [self.tok(' ' + o, add_special_tokens=False).input_ids[0] for o in options]
         if len(set(ids)) != len(ids): raise ValueError(f"options {options} do not start with distinct tokens")
@@ -151,7 +159,7 @@ class MCScorer:
 @functools.lru_cache(maxsize=2)
 def load_scorer(model: str='smollm2-135m') -> MCScorer:
     "The MC scorer of a `workbench.models` registry model (loaded once per process)."
-    return MCScorer(load_model(model, dtype='float32'), load_tokenizer(model))
+    return MCScorer(load_model(model, dtype='float32'), load_tokenizer(model), name=model)
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000021
 LETTERS = 'ABCD'   # answers travel as option letters: a round's size does not depend on which options won
@@ -251,9 +259,197 @@ class ProcessTransport(InProcessTransport):
         workers.clear()
     def close(self): ProcessTransport._stop(self.workers)
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000235
+FLOWER_MISSING = "the Flower transport needs flwr 1.42: pip install 'workbench[flower]'"
+
+def _import_flwr():
+    "The `flwr` package, or an ImportError that says how to install it."
+    try: import flwr
+    except ImportError as e: raise ImportError(FLOWER_MISSING) from e
+    return flwr
+
+class CopyScorer:
+    "A model-free stand-in for MCScorer: the option named most often among the demonstrations' answers (nearer ones, later in the list, weigh more)."
+    def __call__(self, demos: list[tuple[str, str]], query: QAExample) -> tuple[int, list[float]]:
+        w = np.ones(len(query.options))
+        for j, (_, a) in enumerate(demos):
+            if a in query.options: w[list(query.options).index(a)] += 1 + j
+        pr = w / w.sum(); return int(np.argmax(pr)), [float(p) for p in pr]
+
+def _client_reply(handler, data: bytes) -> bytes:
+    "The encoded reply of `handler` to the encoded message `data`; an error as b'\\x00kind\\x00text'."
+    try: return encode_message(handler(decode_message(data)))
+    except Exception as e: return b'\x00' + f"{type(e).__name__}\x00{e}".encode()
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000236
+def _fl_rec(**kw):
+    "A Flower RecordDict holding one ConfigRecord 'fedicl' with the given entries (bytes of a message, or the hello handshake)."
+    from flwr.app import RecordDict, ConfigRecord
+    return RecordDict({'fedicl': ConfigRecord(kw)})
+
+def _flower_node(grid, nodes: dict, slot: int, timeout: float) -> int:
+    "The Flower node id serving client `slot`; new nodes are asked their slot (a hello message, not counted)."
+    from flwr.app import Message
+    t0 = time.time()
+    while slot not in nodes:
+        new = [n for n in grid.get_node_ids() if n not in nodes.values()]
+        for r in grid.send_and_receive([Message(_fl_rec(hello=1), n, 'query') for n in new], timeout=timeout) if new else []:
+            if not r.has_error(): nodes[int(r.content['fedicl']['slot'])] = r.metadata.src_node_id
+        if slot not in nodes:
+            if time.time() - t0 > timeout: raise TimeoutError(f"no SuperNode serves client slot {slot}")
+            time.sleep(0.2)
+    return nodes[slot]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000237
+def _flower_relay(grid, context, timeout: float):
+    "The ServerApp's main: take (slot, message bytes) from the transport, send them to that slot's SuperNode, hand back the reply's bytes; None ends the run."
+    from flwr.app import Message
+    rc, nodes = context.run_config, {}
+    conn = mpc.Client(('127.0.0.1', int(rc['bridge-port'])), authkey=bytes.fromhex(rc['bridge-key']))
+    while (req := conn.recv()) is not None:
+        slot, data = req
+        rep = list(grid.send_and_receive([Message(_fl_rec(msg=data), _flower_node(grid, nodes, slot, timeout), 'query', group_id=str(slot))], timeout=timeout))
+        conn.send(b'\x00TimeoutError\x00no reply within the timeout' if not rep else
+                  b'\x00RuntimeError\x00' + rep[0].error.reason.encode() if rep[0].has_error() else rep[0].content['fedicl']['msg'])
+    conn.close()
+
+def _flower_answer(msg, context):
+    "The ClientApp's query handler: load this node's client, answer the message bytes with it (or tell the hello its slot)."
+    from flwr.app import Message
+    r = msg.content['fedicl']
+    if 'hello' in r: return Message(_fl_rec(slot=int(context.node_config['slot'])), reply_to=msg)
+    with open(context.node_config['client-file'], 'rb') as f: handler = pickle.load(f)
+    return Message(_fl_rec(msg=_client_reply(handler, r['msg'])), reply_to=msg)
+
+def flower_apps(timeout: float=600.0) -> tuple:
+    "(ServerApp, ClientApp) on Flower's Message API, for the Flower App that `FlowerTransport` submits."
+    _import_flwr(); from flwr.serverapp import ServerApp; from flwr.clientapp import ClientApp
+    server, client = ServerApp(), ClientApp()
+    server.main()(lambda grid, context: _flower_relay(grid, context, timeout))
+    client.query()(_flower_answer)
+    return server, client
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000238
+_FLOWER_APP = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedicl-transport"
+version = "1.0.0"
+description = "Fed-ICL messages over Flower's Message API"
+license = "Apache-2.0"
+
+[tool.flwr.app]
+publisher = "workbench"
+
+[tool.flwr.app.components]
+serverapp = "fedicl_app:server_app"
+clientapp = "fedicl_app:client_app"
+
+[tool.flwr.app.config]
+bridge-port = 0
+bridge-key = ""
+"""
+
+def _free_port() -> int:
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000239
+class FlowerTransport(InProcessTransport):
+    "Clients as Flower SuperNodes (separate processes under a local SuperLink, --insecure); the same encoded message bytes cross Flower's Message API, counted the same way."
+    def __init__(self, timeout: float=600.0):
+        flwr = _import_flwr(); super().__init__()
+        self.timeout, self.slots, self.procs, self.st = timeout, {}, [], {}
+        self.dir = Path(tempfile.mkdtemp(prefix='fedicl-flower-')); self.port = _free_port()
+        site = str(Path(flwr.__file__).parents[1]); self.bin = Path(shutil.which('flower-superlink') or Path(site) / 'bin' / 'flower-superlink').parent
+        self.env = dict(os.environ, PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", FLWR_HOME=str(self.dir / 'home'), TOKENIZERS_PARALLELISM='false',
+                        PYTHONPATH=os.pathsep.join(dict.fromkeys([site, *[p for p in sys.path if p]])), FLWR_TELEMETRY_ENABLED='0', FLWR_DISABLE_UPDATE_CHECK='1')
+        (self.dir / 'app').mkdir(); (self.dir / 'app' / 'pyproject.toml').write_text(_FLOWER_APP)
+        (self.dir / 'app' / 'fedicl_app.py').write_text(f"from workbench.collaboration.fed_icl import flower_apps\n_apps = flower_apps({timeout})\nserver_app = _apps[0]\nclient_app = _apps[1]\n")
+        (self.dir / 'home').mkdir(); (self.dir / 'home' / 'config.toml').write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        weakref.finalize(self, FlowerTransport._stop, self.procs, self.st, self.dir)
+        self._spawn('superlink', ['flower-superlink', '--insecure', '--disable-runtime-dependency-installation', '--host', '127.0.0.1', '--port', str(self.port)])
+    def _spawn(self, name: str, cmd: list[str]):
+        with open(self.dir / f'{name}.log', 'wb') as log:
+            self.procs.append(subprocess.Popen([str(self.bin / cmd[0]), *cmd[1:]], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True))
+    def _slot(self, handler) -> int:
+        "The client slot of `handler`'s client; its SuperNode is started on first use, holding the client as it is now."
+        owner = getattr(handler, '__self__', handler); key = id(owner)
+        if key not in self.slots:
+            s = len(self.slots); f = self.dir / f'client{s}.pkl'; f.write_bytes(pickle.dumps(handler))
+            self._spawn(f'supernode{s}', ['flower-supernode', '--insecure', '--superlink', f'127.0.0.1:{self.port}', '--port', str(_free_port()),
+                                          '--node-config', f'slot={s} client-file="{f}"'])
+            self.slots[key] = (s, owner)
+        return self.slots[key][0]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000240
+@patch_to(FlowerTransport)
+def _log_tail(self, name: str) -> str:
+    p = self.dir / f'{name}.log'; return p.read_text(errors='replace')[-1500:] if p.exists() else ''
+
+@patch_to(FlowerTransport)
+def _wait_superlink(self):
+    "Block until the SuperLink answers on its HTTP port; raise with its log if it exited or timed out."
+    import httpx
+    t0 = time.time()
+    while time.time() - t0 < self.timeout:
+        if self.procs[0].poll() is not None: raise RuntimeError(f"flower-superlink exited: {self._log_tail('superlink')}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).is_success: return
+        except httpx.HTTPError: pass
+        time.sleep(0.3)
+    raise TimeoutError(f"the SuperLink did not start within {self.timeout} s: {self._log_tail('superlink')}")
+
+@patch_to(FlowerTransport)
+def _connect(self):
+    "Submit the Flower App (`flwr run`) and wait for its ServerApp to connect back to this transport."
+    self._wait_superlink(); key = secrets.token_bytes(16); lst = mpc.Listener(('127.0.0.1', 0), authkey=key); got = {}
+    th = threading.Thread(target=lambda: got.setdefault('c', lst.accept()), daemon=True); th.start()
+    cmd = [str(self.bin / 'flwr'), 'run', str(self.dir / 'app'), 'local', '--run-config', f"bridge-port={lst.address[1]} bridge-key='{key.hex()}'"]
+    out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, cwd=self.dir, timeout=self.timeout)
+    if out.returncode: raise RuntimeError(f"`flwr run` failed: {(out.stdout + out.stderr)[-2000:]}")
+    th.join(self.timeout)
+    if 'c' not in got: raise RuntimeError(f"the Flower ServerApp did not connect within {self.timeout} s; SuperLink log: {self._log_tail('superlink')}")
+    self.st.update(conn=got['c'], listener=lst)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000241
+@patch_to(FlowerTransport)
+def send(self, msg: dict, handler) -> dict:
+    "Send `msg` to the SuperNode of `handler`'s client through the SuperLink and return its checked reply."
+    slot = self._slot(handler)
+    if 'conn' not in self.st: self._connect()
+    b = encode_message(msg); self.log.append(b.decode()); self.bytes_down += len(b)
+    conn = self.st['conn']; conn.send((slot, b))
+    if not conn.poll(self.timeout): raise TimeoutError(f"no reply from client slot {slot} within {self.timeout} s")
+    r = conn.recv()
+    if r[:1] == b'\x00':
+        kind, err = r[1:].decode().split('\x00', 1)
+        raise (ValueError if kind == 'ValueError' else RuntimeError)(f"Flower client slot {slot}: {err}")
+    self.log.append(r.decode()); self.bytes_up += len(r)
+    return decode_message(r)
+
+@patch_to(FlowerTransport, static_method=True)
+def _stop(procs: list, st: dict, folder: Path):
+    "End the run (None to the ServerApp), stop the SuperNodes and the SuperLink, delete the working folder."
+    if 'conn' in st:
+        try: st['conn'].send(None); st['conn'].close(); st['listener'].close()
+        except OSError: pass
+        st.clear(); time.sleep(1)
+    for p in procs[::-1]:
+        if p.poll() is None: p.terminate()
+        try: p.wait(10)
+        except subprocess.TimeoutExpired: p.kill()
+    procs.clear(); shutil.rmtree(folder, ignore_errors=True)
+
+@patch_to(FlowerTransport)
+def close(self): FlowerTransport._stop(self.procs, self.st, self.dir)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000244
 def make_transport(name: str='inprocess') -> InProcessTransport:
-    "A fresh transport by name: 'inprocess' (the default) or 'process' (clients as separate OS processes)."
-    return {'inprocess': InProcessTransport, 'process': ProcessTransport}[check_choice('transport', name, ('inprocess', 'process'))]()
+    "A fresh transport by name: 'inprocess' (the default), 'process' (clients as separate OS processes) or 'flower' (clients as Flower SuperNodes; needs flwr)."
+    return {'inprocess': InProcessTransport, 'process': ProcessTransport, 'flower': FlowerTransport}[check_choice('transport', name, ('inprocess', 'process', 'flower'))]()
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000025
 class FedICLClient:
@@ -382,6 +578,57 @@ def linear_case(matched: bool, d: int=4, L: int=3, N: int=4000, M: int=4000, T: 
     Xc = g.standard_normal((L, N, d)) * np.sqrt(sc); Xs = g.standard_normal((M, d)) * np.sqrt(ss)
     return dict(Xc=Xc, yc=Xc @ w + 0.1 * g.standard_normal((L, N)), Xs=Xs, Gi=np.linalg.inv(lsa_gamma(np.eye(d), T)))
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000381
+FANOUT_SKIP = ("the fanoutqa package is not installed, so its unit was skipped: `pip install --target /tmp/fq_site --no-deps fanoutqa` "
+               "and run with PYTHONPATH=/tmp/fq_site")
+
+def fanoutqa_dev() -> list[dict]|None:
+    "FanOutQA's dev questions as shipped in the `fanoutqa` wheel (its data file, read without importing the package), or None when it is not installed."
+    spec = importlib.util.find_spec('fanoutqa')
+    if spec is None or not spec.submodule_search_locations: return None
+    p = Path(list(spec.submodule_search_locations)[0]) / 'data' / 'fanout-final-dev.json'
+    return json.loads(p.read_text()) if p.exists() else None
+
+def answer_strings(ref) -> list[str]:
+    "The strings a FanOutQA reference answer is made of: list items, dict keys and values (recursively), 'yes'/'no' for booleans."
+    if isinstance(ref, list): return [s for a in ref for s in answer_strings(a)]
+    if isinstance(ref, dict): return [s for a in [*ref.keys(), *ref.values()] for s in answer_strings(a)]
+    return ['yes' if ref else 'no'] if isinstance(ref, bool) else [str(ref)]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000382
+def fanout_norm(text) -> str:
+    "FanOutQA's string normalisation without its spaCy lemmas: lower case, '1,234' -> '1234', `,.?!:;` removed, whitespace collapsed."
+    t = re.sub(r"(\d+,)+\d+(\.\d+)?", lambda m: m[0].replace(',', ''), str(text).lower())
+    return re.sub(r"\s+", ' ', re.sub(r"[,.?!:;]", '', t)).strip()
+
+def fanout_score(ref, candidate: str) -> tuple[float, bool]:
+    "(loose accuracy: share of the reference's strings found as whole words in the candidate, strict: all of them found)."
+    c, refs = fanout_norm(candidate), [fanout_norm(a) for a in answer_strings(ref)]
+    found = [bool(a) and re.search(rf"\b{re.escape(a)}\b", c) is not None for a in refs]
+    return (sum(found) / len(found) if found else 0.0), bool(found) and all(found)
+
+def _pages(q: dict) -> set[str]:
+    "Titles of the Wikipedia pages cited by a question's human decomposition (the evidence a reader would fetch)."
+    return ({q['evidence']['title']} if q.get('evidence') else set()).union(*[_pages(d) for d in q['decomposition']])
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000385
+FANOUT_PROMPT = "Answer the question. Be brief; if it asks about several things, answer each one.\nQuestion: {}"
+
+def run_fanoutqa_unit(model: str, n: int, max_new_tokens: int, seed: int) -> dict:
+    "Lengths of all FanOutQA dev questions in the model's tokens, and closed-book answers to `n` of them scored by string accuracy (with the echo control)."
+    dev = fanoutqa_dev()
+    if dev is None: raise ImportError(FANOUT_SKIP)
+    S = load_scorer(model); tok = S.tok; ntok = lambda t: len(tok(t, add_special_tokens=False).input_ids)
+    lengths = dict(question_tokens=[ntok(q['question']) for q in dev], answer_tokens=[ntok(' '.join(answer_strings(q['answer']))) for q in dev],
+                   answer_strings=[len(answer_strings(q['answer'])) for q in dev], pages=[len(_pages(q)) for q in dev])
+    recs = []
+    for i in random.Random(seed).sample(range(len(dev)), n):
+        q = dev[i]; out = generate(S.model, tok, FANOUT_PROMPT.format(q['question']), max_new_tokens, chat=True)
+        (lo, st), (elo, _) = fanout_score(q['answer'], out), fanout_score(q['answer'], q['question'])
+        recs.append(dict(id=q['id'], question=q['question'], reference=json.dumps(q['answer'])[:300], answer=out[:300], loose=round(lo, 4), strict=int(st),
+                         echo_loose=round(elo, 4), question_tokens=lengths['question_tokens'][i], answer_strings=lengths['answer_strings'][i], pages=lengths['pages'][i]))
+    return dict(questions=recs, lengths=lengths)
+
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000038
 @dataclass
 class FedICLConfig(ExperimentConfig):
@@ -399,17 +646,20 @@ class FedICLConfig(ExperimentConfig):
     model: str = 'smollm2-135m'                               # client LM (a workbench.models registry name; a GPU user can pick a bigger one)
     lora_rank: int = 8                                        # r of the analytic LoRA FedAvg round
     aggregations: tuple = ('vote', 'fuse')                    # server aggregations of Fed-ICL: 'vote' (majority; the paper's rule for multiple choice) and 'fuse' (a fusion LM)
-    transport: str = 'inprocess'                              # 'inprocess', or 'process' (every client in its own OS process; same messages and answers)
+    transport: str = 'inprocess'                              # 'inprocess', 'process' (every client in its own OS process) or 'flower' (clients as Flower SuperNodes; needs flwr); same messages and answers
+    fanout_n: int = size(quick=1, full=24)                    # FanOutQA dev questions answered closed-book (0: none; the unit is skipped when fanoutqa is not installed)
+    fanout_tokens: int = 64                                   # new tokens per closed-book FanOutQA answer
     unit_fields: ClassVar[tuple] = ('n_seeds', 'alphas', 'aggregations', 'transport')   # transport: the answers do not depend on it (checked in the tests)
     cache_version: ClassVar[int] = 1
     def validate(self):
         for a in self.alphas: check_num('alphas', a, lo=0, lo_open=True)
-        for k in ('n_seeds', 'n_clients', 'n_topics', 'n_entities', 'n_queries', 'rounds', 'C', 'lora_rank'): check_int(k, getattr(self, k), lo=1)
+        for k in ('n_seeds', 'n_clients', 'n_topics', 'n_entities', 'n_queries', 'rounds', 'C', 'lora_rank', 'fanout_tokens'): check_int(k, getattr(self, k), lo=1)
+        check_int('fanout_n', self.fanout_n, lo=0)
         check_choice('backend', self.backend, ('minilm', 'tfidf'))
         if 'fed' not in self.variants or not set(self.variants) <= {'fed', 'free'}: raise ValueError(f"variants must include 'fed' and be drawn from ('fed', 'free'), got {self.variants}")
         if self.n_queries > self.n_topics * self.n_entities: raise ValueError(f"n_queries={self.n_queries} exceeds the {self.n_topics * self.n_entities} facts")
         if 'vote' not in self.aggregations or not set(self.aggregations) <= {'vote', 'fuse'}: raise ValueError(f"aggregations must include 'vote' and be drawn from ('vote', 'fuse'), got {self.aggregations}")
-        check_choice('transport', self.transport, ('inprocess', 'process'))
+        check_choice('transport', self.transport, ('inprocess', 'process', 'flower'))
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
 
@@ -461,6 +711,8 @@ def run_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
         for h in hist[mode]:
             rows += _items(mode, alpha, seed, h['round'], h['vote'], truth) + _items(mode + '_w', alpha, seed, h['round'], h['wvote'], truth)
             comm.append(dict(alpha=alpha, seed=seed, method=mode, round=h['round'], bytes_down=h['bytes_down'], bytes_up=h['bytes_up']))
+            if mode == 'fed':                                                         # every client's own answers in the round
+                for i, ans in enumerate(h['clients']): rows += _items('fed_client', alpha, seed, h['round'], ans, truth, client=i)
     hit = _hit_rate(parts, holder, Q, emb)
     answers = [dict(alpha=alpha, seed=seed, qid=m, question=q.question, options=list(q.options), truth=t, holder=h,
                     vote=[hh['vote'][m] for hh in hist['fed']], clients=[[c[m] for c in hh['clients']] for hh in hist['fed']])
@@ -494,10 +746,17 @@ def run_experiment(cfg: FedICLConfig) -> Results:
                 if 'fuse' in cfg.aggregations:
                     f = cached_unit('fed_icl', cfg, dict(alpha=alpha, seed=seed, aggregation='fuse'), lambda: run_fuse_unit(cfg, alpha, seed))
                     rows += f['rows']; comm += f['comm']; fusion.append(f['unit'])
+        fanout = dict(questions=[], lengths={})
+        if cfg.fanout_n and fanoutqa_dev() is not None:
+            fanout = cached_unit('fed_icl', cfg, dict(unit='fanoutqa', n=cfg.fanout_n), lambda: run_fanoutqa_unit(cfg.model, cfg.fanout_n, cfg.fanout_tokens, cfg.seed))
     notes = ("Accuracy is the server's answer (majority vote, ties by summed probability) against the true option; chance is 0.25. "
              "'fuse' is Fed-ICL with our fusion aggregation (a fusion LM's answer kept when clients support it more than the current one), reported beside the claims, not in them. "
-             "Bytes are UTF-8 JSON messages, both directions, all clients. The task is a copy-the-fact task on invented entities.")
-    res = Results('fed_icl', cfg, rows, seeds=cfg.seeds, tables=dict(comm=comm, answers=answers, units=units, fusion=fusion, linear=linear_curves()),
+             "Bytes are UTF-8 JSON messages, both directions, all clients. The task is a copy-the-fact task on invented entities. 'fed_client' rows are each client's own answer in a Fed-ICL round. "
+             + ("The fanoutqa tables hold FanOutQA dev questions answered closed-book (string accuracy) and every dev question's length." if fanout['questions']
+                else FANOUT_SKIP + '.' if cfg.fanout_n else "No FanOutQA questions were asked (fanout_n=0)."))
+    tables = dict(comm=comm, answers=answers, units=units, fusion=fusion, linear=linear_curves(), fanoutqa=fanout['questions'],
+                  fanoutqa_lengths=[fanout['lengths']] if fanout['lengths'] else [])
+    res = Results('fed_icl', cfg, rows, seeds=cfg.seeds, tables={k: v for k, v in tables.items() if v},   # a skipped unit leaves no (empty) table
                   notes=notes, wall_time_s=t.s)
     return res.conclude(verdict, claims(res), headline(res))
 
@@ -551,7 +810,9 @@ def headline(results: Results) -> str:
     parts = [f"α={a:g}: Fed-ICL {_acc(df, 'fed', a).mean():.2f} vs best client {best_single(df, a).mean():.2f}, GT {_acc(df, 'gt', a).mean():.2f}, "
              f"zero-shot {_acc(df, 'zero_shot', a).mean():.2f}, centralised {_acc(df, 'ub', a).mean():.2f}" for a in sorted(df.alpha.unique())]
     b = cm[cm.method == 'fed'][['bytes_down', 'bytes_up']].sum(1).mean()
-    return f"SmolLM2-135M, accuracy after {int(df[df.method == 'fed']['round'].max())} rounds — " + '; '.join(parts) + f"; {b / 1e3:.1f} kB per round vs {un.lora_bytes.mean() / 1e6:.1f} MB for LoRA FedAvg"
+    fq = pd.DataFrame(results.tables.get('fanoutqa') or [])
+    fq_txt = f"; FanOutQA dev closed-book: string accuracy {fq.loose.mean():.2f} (question-echo control {fq.echo_loose.mean():.2f}) on {len(fq)} questions" if len(fq) else ''
+    return f"SmolLM2-135M, accuracy after {int(df[df.method == 'fed']['round'].max())} rounds — " + '; '.join(parts) + f"; {b / 1e3:.1f} kB per round vs {un.lora_bytes.mean() / 1e6:.1f} MB for LoRA FedAvg" + fq_txt
 
 def fusion_comparison(results: Results) -> list[Claim]:
     "Per alpha: Fed-ICL with the fusion aggregation − with the vote, and − the best single client (last round; paired bootstrap over seed×question). Reported beside the claims, not in the verdict: the paper votes on multiple choice."
@@ -564,20 +825,24 @@ def fusion_comparison(results: Results) -> list[Claim]:
     return out
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000051
-NAMES = dict(fed='Fed-ICL', free='Fed-ICL-Free', fuse='Fed-ICL, fusion aggregation', zero_shot='zero-shot', single='best single client', gt='Fed-ICL-GT (1 round)', ub='centralised ICL (UB)')
+NAMES = dict(fed='Fed-ICL', fed_w='Fed-ICL, probability-weighted vote', free='Fed-ICL-Free', fuse='Fed-ICL, fusion aggregation', zero_shot='zero-shot', single='best single client', gt='Fed-ICL-GT (1 round)', ub='centralised ICL (UB)')
 
-def accuracy_curves(R: Results, alpha: float) -> dict:
-    "name -> (rounds, mean accuracy over seeds) at `alpha`; one-shot methods repeated over the rounds."
+def accuracy_curves(R: Results, alpha: float, clients: bool=False) -> dict:
+    "name -> (rounds, mean accuracy over seeds) at `alpha`; one-shot methods repeated over the rounds; with `clients`, each client alone and its own answers inside Fed-ICL."
     df = R.df; K = int(df[df.method == 'fed']['round'].max()); ks = list(range(1, K + 1)); out = {}
-    for m in ('fed', 'free', 'fuse'):
+    for m in ('fed', 'fed_w', 'free', 'fuse'):
         d = df[(df.method == m) & (df.alpha == alpha)]
         if len(d): out[NAMES[m]] = (ks, [float(d[d['round'] == k].correct.mean()) for k in ks])
+    for i in sorted(df[df.method == 'single'].client.unique()) if clients else []:
+        d, a = df[(df.method == 'fed_client') & (df.alpha == alpha) & (df.client == i)], df[(df.method == 'single') & (df.alpha == alpha) & (df.client == i)]
+        if len(d): out[f'client {i} inside Fed-ICL'] = (ks, [float(d[d['round'] == k].correct.mean()) for k in ks])
+        out[f'client {i} alone'] = (ks, [float(a.correct.mean())] * K)
     flat = dict(zero_shot=_acc(df, 'zero_shot', alpha).mean(), single=best_single(df, alpha).mean(), gt=_acc(df, 'gt', alpha).mean(), ub=_acc(df, 'ub', alpha).mean())
     return out | {NAMES[m]: (ks, [float(v)] * K) for m, v in flat.items()}
 
-def fig_rounds(R: Results, alpha: float, max_round: int|None=None) -> go.Figure:
-    "Server accuracy against round at `alpha`, with the chance level."
-    cur = {k: (x[:max_round], y[:max_round]) for k, (x, y) in accuracy_curves(R, alpha).items()}
+def fig_rounds(R: Results, alpha: float, max_round: int|None=None, clients: bool=False) -> go.Figure:
+    "Server accuracy against round at `alpha`, with the chance level (and, with `clients`, every client's own accuracy)."
+    cur = {k: (x[:max_round], y[:max_round]) for k, (x, y) in accuracy_curves(R, alpha, clients).items()}
     fig = fig_curves(cur, title=f'Server accuracy per round, α={alpha:g} ({R.mode} run, {len(R.seeds)} seed(s))', y_title='accuracy', x_title='round')
     fig.add_hline(y=0.25, line_dash='dot', line_color='grey', annotation_text='chance')
     return fig.update_yaxes(range=[0, 1.05])
@@ -587,10 +852,10 @@ class RoundsExplorer(Explorer):
     def __init__(self, R: Results):
         self.R, al = R, [float(a) for a in sorted(R.df.alpha.unique())]; K = int(R.df[R.df.method == 'fed']['round'].max())
         self.alpha = W.Dropdown(options=al, value=al[0], description='α'); self.k = W.IntSlider(value=K, min=1, max=K, description='rounds')
-        self.fig = go.FigureWidget(self.figure())
-        for w in (self.alpha, self.k): w.observe(self._update, 'value')
-        self.widget = W.VBox([W.HBox([self.alpha, self.k]), self.fig])
-    def figure(self) -> go.Figure: return fig_rounds(self.R, self.alpha.value, self.k.value)
+        self.clients = W.Checkbox(value=True, description='each client'); self.fig = go.FigureWidget(self.figure())
+        for w in (self.alpha, self.k, self.clients): w.observe(self._update, 'value')
+        self.widget = W.VBox([W.HBox([self.alpha, self.k, self.clients]), self.fig])
+    def figure(self) -> go.Figure: return fig_rounds(self.R, self.alpha.value, self.k.value, self.clients.value)
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000055
 def fig_bytes(R: Results) -> go.Figure:
@@ -609,20 +874,37 @@ def fig_bytes(R: Results) -> go.Figure:
     return fig.update_layout(title='Accuracy vs bytes sent', xaxis=dict(type='log', title='bytes sent (cumulative)'), yaxis=dict(title='accuracy', range=[0, 1.1]),
                              height=380, margin=dict(t=50, l=50, r=20, b=40))
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000562
+def fig_bytes_rounds(R: Results) -> go.Figure:
+    "Cumulative bytes against round per communicating method, and k rounds of analytic LoRA FedAvg (dashed)."
+    cm, un, fig = R.table('comm'), R.table('units'), go.Figure()
+    cm = cm.assign(total=cm.bytes_down + cm.bytes_up); K = int(cm[cm.method == 'fed']['round'].max()); ks = list(range(1, K + 1))
+    for j, m in enumerate(m for m in ('gt', 'fed', 'free', 'fuse') if m in set(cm.method)):
+        per = cm[cm.method == m].groupby('round').total.mean()                     # bytes of round k, mean over alpha and seeds
+        fig.add_trace(go.Scatter(x=list(per.index), y=list(per.cumsum()), mode='lines+markers', name=NAMES[m], line=dict(color=PALETTE[j % len(PALETTE)])))
+    fig.add_trace(go.Scatter(x=ks, y=[float(un.lora_bytes.mean()) * k for k in ks], mode='lines+markers', name='LoRA FedAvg (analytic)', line=dict(dash='dash', color='grey')))
+    return fig.update_layout(title='Bytes sent vs round', xaxis=dict(title='round', dtick=1), yaxis=dict(type='log', title='bytes sent (cumulative)'),
+                             height=360, margin=dict(t=50, l=60, r=20, b=40))
+
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000058
-def fig_round_diagram(rec: dict, k: int) -> go.Figure:
-    "Server and clients for one question record of the `answers` table at round `k` (1-based)."
-    L = len(rec['clients'][k - 1]); xs = np.linspace(0, 1, L) if L > 1 else np.array([0.5]); fig = go.Figure()
+def round_accuracy(recs: list[dict], k: int) -> tuple[float, list[float]]:
+    "(server accuracy, each client's accuracy) at round `k` (1-based) over question records of the `answers` table (one alpha and seed)."
+    srv = float(np.mean([r['vote'][k - 1] == r['truth'] for r in recs]))
+    return srv, [float(np.mean([r['clients'][k - 1][i] == r['truth'] for r in recs])) for i in range(len(recs[0]['clients'][k - 1]))]
+
+def fig_round_diagram(recs: list[dict], m: int, k: int) -> go.Figure:
+    "Server and clients for question record `m` of `recs` (the `answers` records of one alpha and seed) at round `k` (1-based), with the round's accuracies."
+    rec, (acc_s, acc_c) = recs[m], round_accuracy(recs, k); L = len(rec['clients'][k - 1]); xs = np.linspace(0, 1, L) if L > 1 else np.array([0.5]); fig = go.Figure()
     col = lambda a: '#2ca02c' if a == rec['truth'] else '#d62728'
     for i, a in enumerate(rec['clients'][k - 1]):
         fig.add_trace(go.Scatter(x=[xs[i], 0.5], y=[0, 1], mode='lines', line=dict(color='lightgrey'), showlegend=False, hoverinfo='skip'))
         fig.add_trace(go.Scatter(x=[xs[i]], y=[0], mode='markers+text', marker=dict(size=40, color=col(a)), showlegend=False,
-                                 text=[f"client {i}{' (holds the fact)' if i == rec['holder'] else ''}<br>{rec['options'][a]}"], textposition='bottom center'))
+                                 text=[f"client {i}{' (holds the fact)' if i == rec['holder'] else ''}<br>{rec['options'][a]}<br>round accuracy {acc_c[i]:.2f}"], textposition='bottom center'))
     v = rec['vote'][k - 1]
     fig.add_trace(go.Scatter(x=[0.5], y=[1], mode='markers+text', marker=dict(size=50, color=col(v), symbol='square'), showlegend=False,
-                             text=[f"server vote: {rec['options'][v]}"], textposition='top center'))
-    return fig.update_layout(title=f"{rec['question']} … (truth: {rec['options'][rec['truth']]}), round {k}", height=360,
-                             xaxis=dict(visible=False, range=[-0.3, 1.3]), yaxis=dict(visible=False, range=[-0.6, 1.5]), margin=dict(t=50, l=10, r=10, b=10))
+                             text=[f"server vote: {rec['options'][v]}<br>server accuracy this round {acc_s:.2f} ({len(recs)} questions)"], textposition='top center'))
+    return fig.update_layout(title=f"{rec['question']} … (truth: {rec['options'][rec['truth']]}), round {k}", height=380,
+                             xaxis=dict(visible=False, range=[-0.3, 1.3]), yaxis=dict(visible=False, range=[-0.8, 1.6]), margin=dict(t=50, l=10, r=10, b=10))
 
 class RoundInspector(Explorer):
     "α and question dropdowns and a round slider over `fig_round_diagram`."
@@ -633,5 +915,5 @@ class RoundInspector(Explorer):
         for w in (self.alpha, self.q, self.k): w.observe(self._update, 'value')
         self.widget = W.VBox([W.HBox([self.alpha, self.q, self.k]), self.fig])
     def figure(self) -> go.Figure:
-        rec = self.T[(self.T.alpha == self.alpha.value) & (self.T.qid == self.q.value)].iloc[0].to_dict()
-        return fig_round_diagram(rec, self.k.value)
+        recs = self.T[self.T.alpha == self.alpha.value].sort_values('qid').to_dict('records')
+        return fig_round_diagram(recs, [r['qid'] for r in recs].index(self.q.value), self.k.value)
