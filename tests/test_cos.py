@@ -6,7 +6,7 @@ from workbench.models import tiny_llama
 from workbench.train import generate_ids
 from workbench.inference.cos import (WeightedEnsemble, Contrastive, speculative_accept, collab_generate, sd_generate, cos_generate,
                                      TrigramLM, exact_joint, layer_pruned_copy, verdict, CoSConfig, Member, prefill, shared_prefix,
-                                     run_from_layer, distil_draft, agreement, peer_check)
+                                     run_from_layer, distil_draft, agreement, peer_check, check_shared_vocab)
 
 def _pair(V=97):
     a = tiny_llama(vocab_size=V, n_layers=3, d_model=32, seed=1).eval().requires_grad_(False)
@@ -31,6 +31,14 @@ def test_cos_pipeline_is_exact_on_toy_models():
     ex, n = exact_joint(ms, comb, [0, 1], 2), 4000
     cnt = collections.Counter(tuple(cos_generate(ms, comb, [0, 1], 2, greedy=False, seed=j, gammas=(1, 3)).tokens) for j in range(n))
     assert 0.5 * sum(abs(cnt[k] / n - v) for k, v in ex.items()) < 0.045  # ~2x the Monte-Carlo TV of 4000 exact samples over 25 cells
+
+def test_cos_three_models_is_exact_on_toy_models():
+    ms, comb = [TrigramLM(5, 10), TrigramLM(5, 11), TrigramLM(5, 12)], WeightedEnsemble((0.3, 0.3, 0.4))
+    ex, n = exact_joint(ms, comb, [1, 2], 2), 4000
+    cnt = collections.Counter(tuple(cos_generate(ms, comb, [1, 2], 2, greedy=False, seed=j, gammas=(1, 2, 3)).tokens) for j in range(n))
+    assert 0.5 * sum(abs(cnt[k] / n - v) for k, v in ex.items()) < 0.045  # ~2x the Monte-Carlo TV of 4000 exact samples over 25 cells
+    third = collections.Counter(tuple(cos_generate(ms[:2], WeightedEnsemble((0.5, 0.5)), [1, 2], 2, greedy=False, seed=j, gammas=(1, 2)).tokens) for j in range(n))
+    assert 0.5 * sum(abs(third[k] / n - v) for k, v in ex.items()) > 0.045  # dropping the third model is caught: the test can fail
 
 @pytest.mark.parametrize('comb', [WeightedEnsemble((0.5, 0.5)), Contrastive(0.1)])
 def test_greedy_identical_across_decoders(comb):
@@ -66,6 +74,23 @@ def test_errors():
     with pytest.raises(ValueError, match='vocabulary'): collab_generate([a, c], WeightedEnsemble((0.5, 0.5)), [1, 2], 2)
     with pytest.raises(ValueError, match='distinct'): layer_pruned_copy(a, [0, 0])
     with pytest.raises(ValueError, match='gamma'): CoSConfig(gammas=(0,))
+    with pytest.raises(ValueError, match='threads'): CoSConfig(threads=0)
+
+class _Tok:
+    "A stand-in tokenizer: only `get_vocab` is used."
+    def __init__(self, vocab): self.vocab = dict(vocab)
+    def get_vocab(self): return dict(self.vocab)
+
+def test_tokenizer_mismatch_is_an_error():
+    a, b = _pair(97); v = {f'tok{i}': i for i in range(97)}
+    swapped = dict(v, tok3=4, tok4=3)                                    # same size, two ids exchanged
+    with pytest.raises(ValueError, match='tokenizer 1 differs'): check_shared_vocab([a, b], [_Tok(v), _Tok(swapped)])
+    with pytest.raises(ValueError, match='tokenizer 1 differs'):
+        cos_generate([a, b], WeightedEnsemble((0.5, 0.5)), [1, 2], 2, tokenizers=[_Tok(v), _Tok(swapped)])
+    with pytest.raises(ValueError, match='one tokenizer per model'): check_shared_vocab([a, b], [_Tok(v)])
+    check_shared_vocab([a, b], [_Tok(v), _Tok(v)])                       # equal vocabularies pass
+    o = collab_generate([a, b], WeightedEnsemble((0.5, 0.5)), [1, 2], 3, tokenizers=[_Tok(v), _Tok(v)])
+    assert o.tokens == collab_generate([a, b], WeightedEnsemble((0.5, 0.5)), [1, 2], 3).tokens
 
 def test_shared_prefill_gives_the_same_decoding():
     ms, prompt = _pair(), [3, 14, 15, 92, 65]
@@ -122,3 +147,6 @@ def test_recorded_verdict():
     assert R.mode == 'full' and verdict(R) == R.verdict
     if R.config.get('distil_steps'):                                              # the run of the distilled draft (issue 18, second pass)
         assert R.config['n_prompts'] >= 20 and 4 in R.config['gammas'] and peer_check(R)['identical'] == 1.0
+    if 'threads' in R.config:                                                     # issue 18, third pass: threads recorded, peer speed checked
+        assert R.table('run').threads.iloc[0] == R.config['threads']
+        assert peer_check(R)['ratio'].estimate <= 1.1, 'our SD is more than 10% slower than assisted generation'

@@ -13,16 +13,17 @@ import numpy as np, torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge
-from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, paired_t, claim
+from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, paired_t, claim, torch_threads
 from ..viz import Explorer, PALETTE
 import plotly.graph_objects as go
 
 # %% auto #0
 __all__ = ['PROMPTS', 'KEEP', 'WeightedEnsemble', 'Contrastive', 'one_hot_argmax', 'proposal', 'target', 'speculative_accept',
-           'Member', 'CollabOutput', 'prefill', 'collab_generate', 'sd_generate', 'cos_generate', 'TrigramLM',
-           'exact_joint', 'layer_pruned_copy', 'chat_ids', 'kd_sequences', 'shared_prefix', 'run_from_layer',
-           'distil_draft', 'agreement', 'load_pair', 'CoSConfig', 'run_experiment', 'speed_table', 'best', 'claims',
-           'peer_check', 'verdict', 'headline', 'fig_timeline', 'fig_hist', 'fig_speed', 'CoSExplorer']
+           'Member', 'CollabOutput', 'check_shared_vocab', 'prefill', 'collab_generate', 'sd_generate', 'cos_generate',
+           'TrigramLM', 'exact_joint', 'layer_pruned_copy', 'chat_ids', 'kd_sequences', 'shared_prefix',
+           'run_from_layer', 'distil_draft', 'agreement', 'load_pair', 'CoSConfig', 'size_draft', 'sizing_table',
+           'run_experiment', 'speed_table', 'best', 'claims', 'peer_check', 'verdict', 'headline', 'fig_timeline',
+           'fig_hist', 'fig_speed', 'fig_decode', 'CoSExplorer']
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00011
 @dataclass
@@ -126,12 +127,25 @@ class CollabOutput:
     def tokens_per_s(self) -> float: return len(self.tokens) / max(self.seconds, 1e-9)
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00025
+def check_shared_vocab(models, tokenizers=None):
+    "Raise `ValueError` unless the models' output sizes agree and, when `tokenizers` are given (one per model), their vocabularies (`get_vocab`) are the same token -> id maps."
+    vs = {m.get_output_embeddings().weight.shape[0] for m in models}
+    if len(vs) != 1: raise ValueError(f"the models must share one vocabulary (tokenizer); output sizes differ: {sorted(vs)}")
+    if tokenizers is None: return
+    if len(tokenizers) != len(models): raise ValueError(f"give one tokenizer per model: {len(models)} models, {len(tokenizers)} tokenizers")
+    v0 = tokenizers[0].get_vocab()
+    for k, t in enumerate(tokenizers[1:], 1):
+        vk = t.get_vocab()
+        if vk != v0:
+            bad = sorted(set(v0.items()) ^ set(vk.items()), key=str)[:3]
+            raise ValueError(f"the models must share one vocabulary (tokenizer): tokenizer {k} differs from tokenizer 0 "
+                             f"({len(v0)} vs {len(vk)} tokens; e.g. token -> id pairs in only one of them: {bad})")
+
 class _Collab:
     "Shared state of the collaborative decoders: committed sequence, pending drafts, members, sampler."
-    def __init__(self, models, comb, prompt, greedy, seed, eos_id):
+    def __init__(self, models, comb, prompt, greedy, seed, eos_id, tokenizers=None):
         if len(models) != comb.n: raise ValueError(f"the combination takes {comb.n} models, got {len(models)}")
-        vs = {m.get_output_embeddings().weight.shape[0] for m in models}
-        if len(vs) != 1: raise ValueError(f"the models must share one vocabulary (tokenizer); output sizes differ: {sorted(vs)}")
+        check_shared_vocab(models, tokenizers)
         self.m, self.comb, self.greedy, self.eos = [Member(x) for x in models], comb, greedy, eos_id
         self.seq, self.P, self.pend = [int(t) for t in prompt], len(prompt), []     # pend: (token, proposer, s)
         self.g = torch.Generator().manual_seed(seed)
@@ -185,9 +199,9 @@ def prefill(models, prompt) -> list:
     for m in models: x = Member(m); x.feed([int(t) for t in prompt], need_from=len(prompt)); out.append((x.cache, x.logits[len(prompt)]))
     return out
 
-def _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start=None) -> CollabOutput:
+def _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start=None, tokenizers=None) -> CollabOutput:
     check_int('max_new_tokens', max_new_tokens, lo=1)
-    st = _Collab(models, comb, prompt, greedy, seed, eos_id)
+    st = _Collab(models, comb, prompt, greedy, seed, eos_id, tokenizers)
     if start is not None:                                                # a shared prefill: the clock times decoding only
         for i in comb.needs: st.m[i].start(*start[i], n=st.c)
     t0 = time.perf_counter()
@@ -200,15 +214,15 @@ def _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start
     return CollabOutput(st.seq[st.P:st.P + n], st.source[:n], [r for r in st.rejected if r[0] < n], [m.calls for m in st.m],
                         st.proposed, st.accepted, time.perf_counter() - t0)
 
-def collab_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, start=None) -> CollabOutput:
+def collab_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, start=None, tokenizers=None) -> CollabOutput:
     "Standard collaborative decoding: every needed model runs once per token; the token is drawn from r."
     def step(st):
         for i in comb.needs:
             if st.c not in st.m[i].logits: st.m[i].feed(st.seq, need_from=st.c)
         _direct(st)
-    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start)
+    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start, tokenizers)
 
-def sd_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, proposer=1, gamma=4, start=None) -> CollabOutput:
+def sd_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, proposer=1, gamma=4, start=None, tokenizers=None) -> CollabOutput:
     "Speculative collaboration with a fixed proposer: it drafts `gamma` tokens, the other needed models verify them against r."
     check_int('gamma', gamma, lo=1); check_int('proposer', proposer, lo=0, hi=len(models) - 1)
     def step(st):
@@ -217,9 +231,9 @@ def sd_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eo
         for i in comb.needs:
             if i != proposer: _score(st, i)
         _verify(st); st.pend.clear()                                     # a bonus that is not from r is dropped
-    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start)
+    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start, tokenizers)
 
-def cos_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, gammas=(1, 1), start=None) -> CollabOutput:
+def cos_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, eos_id=None, gammas=(1, 1), start=None, tokenizers=None) -> CollabOutput:
     "CoS: models take turns; each call verifies the others' pending tokens and proposes its own bonus plus gamma_i - 1 drafts."
     if len(gammas) != len(models): raise ValueError(f"give one gamma per model: {len(models)} models, {len(gammas)} gammas")
     for g_ in gammas: check_int('gamma', g_, lo=1)
@@ -233,7 +247,7 @@ def cos_generate(models, comb, prompt, max_new_tokens=32, greedy=True, seed=0, e
         if not _verify(st) or _direct(st): return
         pos = st.c + len(st.pend)                                          # i's own next-token distribution: its bonus
         s = st.s(i, pos); st.pend.append((st.sample(s), i, s)); _draft(st, i, gammas[i] - 1)
-    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start)
+    return _run(step, models, comb, prompt, max_new_tokens, greedy, seed, eos_id, start, tokenizers)
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00031
 class _TokCache:
@@ -295,7 +309,7 @@ PROMPTS = ['Explain what a Python list comprehension is.', 'What does the os.pat
            'What is the purpose of a virtual environment?', 'Write two sentences about the history of the bicycle.',
            'What is a decorator in Python?', 'Name three planets and one fact about each.',
            'How does a for loop differ from a while loop?', 'Give two reasons to exercise regularly.']
-KEEP = tuple(i for i in range(30) if i not in range(14, 22))     # the layers of SmolLM2 (30) that M_q keeps
+KEEP = tuple(range(4)) + (28, 29)                                # the layers of SmolLM2 (30) that M_q keeps: the first 4 and the last 2 (chosen by the sizing in *Experiment*)
 
 def chat_ids(tok, prompt: str) -> list:
     "The token ids of `prompt` as a user turn of the chat template, ready for the assistant's reply."
@@ -381,8 +395,10 @@ def load_pair(keep: tuple=KEEP, model: str='smollm2-135m', distil: dict|None=Non
             j0, n = max(shared_prefix(keep) - 1, 0), d.get('n_layers', 2)
             atomic_save_torch({k: v for k, v in q.state_dict().items() if any(k.startswith(f'model.layers.{j}.') for j in range(j0, j0 + n))}, tmp/'layers.pt')
             atomic_write_json(tmp/'info.json', dict(before=before, after=agreement(P, q, ev), losses=losses, seconds=round(time.perf_counter() - t0, 1)))
-        folder = cached('cos-draft', dict(model=model, keep=list(keep), distil=distil, v=1), build)
+            built.append(time.time())
+        built = []; folder = cached('cos-draft', dict(model=model, keep=list(keep), distil=distil, v=1), build)
         Q.load_state_dict(torch.load(folder/'layers.pt'), strict=False); Q.distil_info = json.loads((folder/'info.json').read_text())
+        Q.built_at = built[0] if built else None                         # when this process distilled it (None: read from the cache)
     _PAIR[key] = (P, Q.eval().requires_grad_(False), tok)
     return _PAIR[key]
 
@@ -391,7 +407,7 @@ def load_pair(keep: tuple=KEEP, model: str='smollm2-135m', distil: dict|None=Non
 class CoSConfig(ExperimentConfig):
     "Standard vs fixed-proposer vs CoS collaborative decoding (WE and CD) with SmolLM2-135M and its layer-pruned, distilled copy."
     n_prompts: int = size(quick=2, full=20)            # chat prompts (items of the speed and identity claims)
-    max_new_tokens: int = size(quick=4, full=8)        # tokens generated per prompt and setting (no early stop)
+    max_new_tokens: int = size(quick=4, full=16)       # tokens generated per prompt and setting (no early stop; on a GPU raise this)
     methods: tuple = ('we', 'cd')                      # collaborations: weighted ensemble, contrastive decoding
     temperatures: tuple = size(quick=(0.0,), full=(0.0, 1.0))   # 0: greedy
     gammas: tuple = size(quick=(1,), full=(1, 2, 4))   # CoS: the small model's gamma_q (the large model's gamma_p is 1)
@@ -400,19 +416,21 @@ class CoSConfig(ExperimentConfig):
     mu: float = 0.1                                    # CD amateur weight: r = softmax((l_p - mu l_q)/T)
     model: str = 'smollm2-135m'                        # the large model M_p (a workbench.models name; on a GPU: a larger one)
     keep_layers: tuple = KEEP                          # its layers the small model M_q keeps
-    distil_steps: int = size(quick=2, full=40)         # logit-KD steps of M_q towards M_p (0: the plain layer-pruned copy)
-    distil_seqs: int = size(quick=4, full=24)          # KD training sequences (chat-wrapped `docstrings` chunks)
+    distil_steps: int = size(quick=2, full=150)        # logit-KD steps of M_q towards M_p (0: the plain layer-pruned copy)
+    distil_seqs: int = size(quick=4, full=128)         # KD training sequences (chat-wrapped `docstrings` chunks)
     distil_batch: int = size(quick=2, full=4)          # sequences per KD step
     distil_len: int = size(quick=64, full=96)          # tokens per KD sequence
-    distil_layers: int = 2                             # decoder layers trained, from the last one shared with M_p
-    distil_lr: float = 3e-4                            # peak learning rate (cosine decay)
+    distil_layers: int = 3                             # decoder layers trained, from the last one shared with M_p
+    distil_lr: float = 1e-3                            # peak learning rate (cosine decay)
     distil_eval: int = size(quick=1, full=8)           # held-out sequences for the before/after agreement
     peer_gamma: int = 2                                # draft length of the assisted-generation peer check
     peer_tokens: int = size(quick=4, full=16)          # tokens per generation of the peer check (prefill included in its times)
     n_rep: int = size(quick=3, full=8)                 # replicates of the toy Monte-Carlo exactness test
     n_mc: int = size(quick=400, full=2500)             # samples per replicate
     n_real: int = size(quick=500, full=4000)           # single-step samples of the real-model distribution check
+    n_real_rep: int = size(quick=1, full=8)            # replicates of the real-model distribution check (n_real samples each)
     tv_margin: float = 0.02                            # the exactness claim: excess TV over the Monte-Carlo floor below this
+    threads: int = 1                                   # torch CPU threads for all timed work (recorded with the results)
     unit_fields: ClassVar[tuple] = ('n_prompts',)
     cache_version: ClassVar[int] = 2
     def validate(self):
@@ -422,6 +440,7 @@ class CoSConfig(ExperimentConfig):
         for g in (*self.gammas, *self.sd_gammas): check_int('gamma', g, lo=1)
         check_num('lam', self.lam, lo=0, hi=1); check_num('mu', self.mu, lo=0); check_int('n_rep', self.n_rep, lo=2); check_int('n_mc', self.n_mc, lo=10)
         check_int('distil_steps', self.distil_steps, lo=0); check_int('distil_layers', self.distil_layers, lo=1); check_int('peer_tokens', self.peer_tokens, lo=1)
+        check_int('threads', self.threads, lo=1); check_int('n_real_rep', self.n_real_rep, lo=1)
     def distil(self) -> dict|None:
         "The `load_pair` distillation settings (None: no distillation)."
         if not self.distil_steps: return None
@@ -480,25 +499,68 @@ def _exact_unit(cfg, method: str, rep: int) -> dict:
     rnd = random.Random(s0); floor = collections.Counter(rnd.choices(list(ex), list(ex.values()), k=n))
     return dict(method=method, mode='exact_toy', rep=rep, tv_cos=round(_tv(cos, ex, n), 5), tv_floor=round(_tv(floor, ex, n), 5))
 
-def _real_unit(cfg, method: str, k: int=10) -> dict:
-    "SmolLM2 pair at T=1, first token of prompt 0: the emitted token after one M_q draft and its verification, against r (top-k tokens + rest)."
+def _real_unit(cfg, method: str, rep: int=0, k: int=10) -> dict:
+    "SmolLM2 pair at T=1, first token of prompt 0: the emitted token after one M_q draft and its verification, against r (top-k tokens + rest); replicate `rep`."
     P, Q, tok = cfg.pair(); ids = torch.tensor([chat_ids(tok, PROMPTS[0])], device=P.device)
     with torch.no_grad(): lp, lq = P(ids).logits[0, -1].float().cpu(), Q(ids).logits[0, -1].float().cpu()
-    r, s = cfg.comb(method, 1.0).probs([lp, lq]), torch.softmax(lq, -1); g = torch.Generator().manual_seed(cfg.seed)
+    r, s = cfg.comb(method, 1.0).probs([lp, lq]), torch.softmax(lq, -1); g = torch.Generator().manual_seed(cfg.seed * 10**6 + 1000 * rep + 7)
     top = r.topk(k).indices; bins = lambda t: int((top == t).nonzero()[0, 0]) if t in top else k
     emp, flo, acc = [0] * (k + 1), [0] * (k + 1), 0
     for x, y in zip(torch.multinomial(s, cfg.n_real, True, generator=g), torch.multinomial(r, cfg.n_real, True, generator=g)):
         a, z = speculative_accept(x[None], s[None], r[None], g); emp[bins(int(x) if a else z)] += 1; flo[bins(int(y))] += 1; acc += a
     ex = r[top].tolist() + [1 - float(r[top].sum())]; tv = lambda c: 0.5 * sum(abs(ci / cfg.n_real - e) for ci, e in zip(c, ex))
-    return dict(method=method, mode='exact_real', tv_cos=round(tv(emp), 5), tv_floor=round(tv(flo), 5), accept=acc / cfg.n_real,
+    # the exact law of the emitted token, $\min(s,r)+(1-\sum\min(s,r))\,\mathrm{norm}(\max(0,r-s))$, in float64 from the float32 s, r: its TV to r
+    r64, s64, res = r.double(), s.double(), (r - s).clamp_min(0).double(); law = torch.minimum(s64, r64) + (1 - torch.minimum(s64, r64).sum()) * res / res.sum()
+    return dict(method=method, mode='exact_real', rep=rep, tv_cos=round(tv(emp), 5), tv_floor=round(tv(flo), 5), accept=acc / cfg.n_real, law_tv=float(0.5 * (law - r64).abs().sum()),
                 hist=dict(token=[tok.decode([t]) for t in top.tolist()] + ['(rest)'], exact=[round(e, 5) for e in ex], cos=[c / cfg.n_real for c in emp]))
+
+# %% ../../nbs/inference/21_cos.ipynb #cos00153
+def size_draft(keep, distil: dict|None, prompts=(20, 21, 22, 23), max_new_tokens: int=16, model: str='smollm2-135m') -> dict:
+    "Time every setting of WE and CD at T in {0, 1} with the candidate draft (layers `keep`, `distil`) on `prompts`; the cost ratio c of one-token calls."
+    import statistics
+    t0 = time.perf_counter(); P, Q, tok = load_pair(tuple(keep), model, distil); build_s = time.perf_counter() - t0
+    ids, cost = chat_ids(tok, PROMPTS[prompts[0]]), {}
+    for nm, m in (('p', P), ('q', Q)):                                     # median time of a one-token call with a cache
+        x = Member(m); x.feed(ids, need_from=len(ids)); seq, ts = list(ids), []
+        for _ in range(30): seq.append(5); t = time.perf_counter(); x.feed(seq, need_from=len(seq)); ts.append(time.perf_counter() - t)
+        cost[nm] = statistics.median(ts[5:])
+    cfg, recs = CoSConfig(mode='full', max_new_tokens=max_new_tokens, gammas=(1, 2, 4), sd_gammas=(1, 2, 4)), []
+    for i in prompts:
+        ids = chat_ids(tok, PROMPTS[i]); start = prefill([P, Q], ids)
+        for T in (0.0, 1.0):
+            for method in ('we', 'cd'):
+                for mode, g, fn, kw in _settings(cfg):
+                    o = fn([P, Q], cfg.comb(method, T), ids, max_new_tokens, greedy=T == 0, seed=i, start=start, **kw)
+                    recs.append(dict(prompt=i, T=T, method=method, mode=mode, gamma=g, seconds=o.seconds, acc_q=o.accepted[1] / max(o.proposed[1], 1)))
+    info = getattr(Q, 'distil_info', {})
+    return dict(kept_layers=len(keep), keep=list(keep), distil=distil, build_s=round(build_s, 1), cost_ratio=round(cost['q'] / cost['p'], 3),
+                agreement_after=info.get('after'), max_new_tokens=max_new_tokens, prompts=list(prompts), rows=recs)
+
+def sizing_table(folder=None) -> list:
+    "One record per sized candidate (JSON files of `size_draft` in `folder`, default the cache's `cos-sizing`): c, agreement, mean speed-up over standard of each CoS gamma_q."
+    import json, pandas as pd
+    from pathlib import Path
+    from workbench.core import get_settings
+    out = []
+    for f in sorted(Path(folder or get_settings().cache_path/'cos-sizing').glob('*.json')):
+        z = json.loads(f.read_text()); d = pd.DataFrame(z['rows']); std = d[d['mode'] == 'standard'].set_index(['prompt', 'T', 'method']).seconds
+        d['speedup'] = [std[k] / x for k, x in zip(zip(d.prompt, d['T'], d.method), d.seconds)]
+        rec = dict(candidate=f.stem, kept_layers=z['kept_layers'], distil_steps=(z['distil'] or {}).get('steps', 0), distil_layers=(z['distil'] or {}).get('n_layers', 0),
+                   cost_ratio=z['cost_ratio'], top1=(z['agreement_after'] or {}).get('top1'), max_new_tokens=z['max_new_tokens'], n_prompts=len(z['prompts']))
+        for (m, T, g), x in d[d['mode'] == 'cos'].groupby(['method', 'T', 'gamma']): rec[f"{m} T={T:g} cos g={int(g)}"] = round(float(x.speedup.mean()), 3)
+        out.append(rec)
+    return out
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00053
 _LISTS = ('tokens', 'source', 'rejected')
 def run_experiment(cfg: CoSConfig) -> Results:
-    "Speed, calls and greedy identity of standard / SD / CoS per prompt, the assisted-generation peer, the toy exactness test."
-    t0 = time.perf_counter(); rows, timeline, hist = [], [], []
+    "Speed, calls and greedy identity of standard / SD / CoS per prompt, the assisted-generation peer, the exactness checks; on `cfg.threads` torch threads."
+    with torch_threads(cfg.threads): return _run_experiment(cfg)
+
+def _run_experiment(cfg: CoSConfig) -> Results:
+    t0, t0_wall = time.perf_counter(), time.time(); rows, timeline, hist = [], [], []
     P, Q, tok = cfg.pair(); info = getattr(Q, 'distil_info', None)              # builds (or reads) the distilled M_q
+    built = bool(info) and (getattr(Q, 'built_at', None) or 0) >= t0_wall       # distilled inside this run (its time is in wall_time_s)
     if info: rows += [dict(mode='draft', stage=k, **info[k]) for k in ('before', 'after')]
     for i in progress(range(cfg.n_prompts), desc='cos prompts'):
         recs = cached_unit('cos', cfg, dict(kind='speed', prompt=i), lambda: dict(rows=_speed_unit(cfg, i)))['rows']
@@ -509,12 +571,16 @@ def run_experiment(cfg: CoSConfig) -> Results:
         rows += [{k: v for k, v in r.items() if k not in _LISTS} for r in recs]
     for m in cfg.methods:
         for rep in range(cfg.n_rep): rows.append(cached_unit('cos', cfg, dict(kind='exact', method=m, rep=rep), lambda: _exact_unit(cfg, m, rep)))
-        u = cached_unit('cos', cfg, dict(kind='real', method=m), lambda: _real_unit(cfg, m)); hist.append(dict(method=m, **u.pop('hist'))); rows.append(u)
-    tables = dict(timeline=timeline, hist=hist, distil=[dict(step=s, loss=l) for s, l in enumerate(info['losses'])] if info else [])
-    res = Results('cos', cfg, rows, seeds=[cfg.seed], tables=tables, wall_time_s=round(time.perf_counter() - t0, 1),
+        us = [cached_unit('cos', cfg, dict(kind='real', method=m, rep=j), lambda: _real_unit(cfg, m, j)) for j in range(cfg.n_real_rep)]
+        hs = [u.pop('hist') for u in us]; rows += us                      # the histogram pooled over replicates
+        hist.append(dict(method=m, token=hs[0]['token'], exact=hs[0]['exact'], cos=[round(sum(c) / len(hs), 5) for c in zip(*(h['cos'] for h in hs))]))
+    tables = dict(timeline=timeline, hist=hist, distil=[dict(step=s, loss=l) for s, l in enumerate(info['losses'])] if info else [],
+                  sizing=sizing_table() if cfg.mode == 'full' else [],
+                  run=[dict(threads=torch.get_num_threads(), draft_seconds=info['seconds'] if info else 0.0, draft_built_in_run=built)])
+    res = Results('cos', cfg, rows, seeds=[cfg.seed], tables={k: v for k, v in tables.items() if v}, wall_time_s=round(time.perf_counter() - t0, 1),
                   notes=f"seconds: wall-clock of the decoding after one shared prefill per prompt (peer rows: whole generation, prefill included), "
-                        f"1 CPU thread; identical: same tokens as standard (peer: as HF); draft distillation took {info['seconds'] if info else 0} s "
-                        f"(included in wall_time_s only when it was not cached yet)")
+                        f"{torch.get_num_threads()} torch thread(s); identical: same tokens as standard (peer: as HF); draft distillation took "
+                        f"{info['seconds'] if info else 0} s, {'inside' if built else 'not inside'} wall_time_s ({'built in this run' if built else 'read from the cache'})")
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00054
@@ -556,7 +622,7 @@ def headline(results) -> str:
     "Our measured speed-ups in words."
     cs = [c for c in claims(results) if 'speed-up' in c.name]
     return '; '.join(f"{c.name.split(':')[0]} {c.estimate:.2f}x vs {'standard' if 'over standard' in c.name else 'strongest'}" for c in cs) + \
-        ' (CoS over standard / strongest baseline, 1 CPU thread; paper 1.11-2.23x over standard)'
+        f" (CoS over standard / strongest baseline, {results.config.get('threads', 1)} CPU thread(s); paper 1.11-2.23x over standard)"
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00061
 _SRC = {0: ('M_p draft / bonus', PALETTE[0]), 1: ('M_q draft', PALETTE[2]), -1: ('resampled after a rejection', PALETTE[1]), -2: ('drawn from r directly', PALETTE[3])}
@@ -587,9 +653,22 @@ def fig_speed(df, title: str='Tokens/s and forward calls per token') -> go.Figur
     fig.add_bar(x=lab, y=g.cp, name='M_p', marker_color=PALETTE[0], row=1, col=2); fig.add_bar(x=lab, y=g.cq, name='M_q', marker_color=PALETTE[2], row=1, col=2)
     return fig.update_layout(title=title, height=420, barmode='stack', template='plotly_white', margin=dict(l=40, r=20, t=60, b=140))
 
+# %% ../../nbs/inference/21_cos.ipynb #cos00162
+def fig_decode(words: list, source: list, rejected: list, calls: dict, tok_s: dict, title: str='') -> go.Figure:
+    "The token timeline (left) beside bars of forward calls per model and tokens/s for each decoder in `calls`/`tok_s` ({name: [calls M_p, calls M_q]}, {name: tokens/s})."
+    from plotly.subplots import make_subplots
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.6, 0.22, 0.18], subplot_titles=('who proposed each token', 'forward calls', 'tokens / s'))
+    for t in fig_timeline(words, source, rejected).data: fig.add_trace(t, row=1, col=1)
+    names = list(calls)
+    for j, (lab, col) in enumerate((('M_p calls', PALETTE[0]), ('M_q calls', PALETTE[2]))):
+        fig.add_bar(x=names, y=[calls[n][j] for n in names], name=lab, marker_color=col, offsetgroup=str(j), row=1, col=2)
+    fig.add_bar(x=names, y=[tok_s[n] for n in names], marker_color=PALETTE[7], name='tokens / s', showlegend=False, row=1, col=3)
+    fig.update_yaxes(visible=False, range=[0, 1.2], row=1, col=1)
+    return fig.update_layout(title=title, height=300, barmode='group', template='plotly_white', margin=dict(l=20, r=20, t=70, b=40), legend=dict(orientation='h', y=-0.35))
+
 # %% ../../nbs/inference/21_cos.ipynb #cos00062
 class CoSExplorer(Explorer):
-    "Decode one prompt live: collaboration, mode, lambda/mu, T, gamma_q and prompt as controls; the token timeline and calls."
+    "Decode one prompt live: collaboration, mode, lambda/mu, T, gamma_q and prompt as controls; the token timeline, and bars of calls per model and tokens/s beside standard decoding."
     def __init__(self, cfg: CoSConfig, n_new: int=12):
         import ipywidgets as W
         self.cfg, self.n_new = cfg, n_new
@@ -603,6 +682,8 @@ class CoSExplorer(Explorer):
         P, Q, tok = self.cfg.pair(); ids = chat_ids(tok, PROMPTS[self.prompt.value]); T = self.T.value
         comb = WeightedEnsemble((1 - self.w.value, self.w.value), T or 1.0) if self.method.value == 'we' else Contrastive(self.w.value, T or 1.0)
         fn, kw = dict(standard=(collab_generate, {}), sd=(sd_generate, dict(gamma=self.gamma.value)), cos=(cos_generate, dict(gammas=(1, self.gamma.value))))[self.mode.value]
-        o = fn([P, Q], comb, ids, self.n_new, greedy=T == 0, **kw)
-        return fig_timeline([tok.decode([t]) for t in o.tokens], o.source, [r[0] for r in o.rejected],
-                            f"{self.mode.value}: calls M_p {o.calls[0]}, M_q {o.calls[1]}; {o.tokens_per_s:.1f} tokens/s")
+        start = prefill([P, Q], ids)                                      # both decoders start from one prefill: the bars time decoding only
+        o = fn([P, Q], comb, ids, self.n_new, greedy=T == 0, start=start, **kw); s = collab_generate([P, Q], comb, ids, self.n_new, greedy=T == 0, start=start)
+        outs = {'standard': s, self.mode.value: o}
+        return fig_decode([tok.decode([t]) for t in o.tokens], o.source, [r[0] for r in o.rejected], {k: v.calls for k, v in outs.items()},
+                          {k: round(v.tokens_per_s, 2) for k, v in outs.items()}, f"{self.mode.value}, {self.n_new} tokens")
