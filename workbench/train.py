@@ -27,7 +27,7 @@ from .viz import LiveCurves
 # %% auto #0
 __all__ = ['PRECISIONS', 'TrainConfig', 'lr_at', 'as_dataset', 'collate', 'epoch_order', 'micro_batches', 'lm_labels', 'lm_loss',
            'count_tokens', 'param_groups', 'History', 'checkpoints', 'latest_checkpoint', 'load_checkpoint',
-           'perplexity', 'train', 'fig_history', 'Generation', 'generate_ids', 'generate']
+           'model_device', 'perplexity', 'train', 'fig_history', 'Generation', 'generate_ids', 'generate']
 
 # %% ../nbs/04_train.ipynb #7c9bf466
 PRECISIONS = ('no', 'bf16', 'fp16')
@@ -247,7 +247,8 @@ def _set_rng_state(s: dict):
     if 'cuda' in s and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
 
 # %% ../nbs/04_train.ipynb #c0c8fc80
-def _device(model) -> torch.device:
+def model_device(model) -> torch.device:
+    "The device of a model's weights (CPU for a model without parameters): put its inputs there."
     return next(iter(model.parameters()), torch.empty(0)).device
 
 def _to(batch: dict, device) -> dict:
@@ -265,7 +266,7 @@ def _eval_sums(model, ds, batch_size, max_batches=None, loss_fn=None, rank=0, wo
     "(sum, count) of the eval loss: per target token for LM cross-entropy, per batch for a custom `loss_fn`."
     n_b = math.ceil(len(ds) / batch_size) if max_batches is None else min(max_batches, math.ceil(len(ds) / batch_size))
     bs = [list(range(i * batch_size, min(len(ds), (i + 1) * batch_size))) for i in range(rank, n_b, world)]
-    device = _device(model) if device is None else device
+    device = model_device(model) if device is None else device
     tot, n = torch.zeros((), dtype=torch.float64, device=device), torch.zeros((), dtype=torch.float64, device=device)
     was = model.training; model.eval()
     try:
@@ -475,7 +476,7 @@ def generate_ids(model,                    # a causal LM returning `.logits` and
     _check_generate(input_ids, attention_mask, max_new_tokens, temperature)
     eos = [] if eos_id is None else [eos_id] if isinstance(eos_id, int) else list(eos_id)
     pad = pad_id if pad_id is not None else eos[0] if eos else 0
-    dev = _device(model); ids = input_ids.to(dev); g = torch.Generator(dev).manual_seed(seed)
+    dev = model_device(model); ids = input_ids.to(dev); g = torch.Generator(dev).manual_seed(seed)
     mask = None if attention_mask is None else attention_mask.to(dev).long()
     kw = {} if mask is None else dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
     done, eos_t, steps, was = torch.zeros(len(ids), dtype=torch.bool, device=dev), torch.tensor(eos, device=dev), [], model.training

@@ -718,12 +718,12 @@ def extract_code(reply: str) -> str:
 def llm_generate(prompts: list[str], max_new_tokens: int=160, model_name: str='smollm2-135m', batch_size: int=8) -> list[str]:
     "Greedy replies of the instruct model to each prompt (chat template, left-padded batches)."
     from workbench.models import load_model, load_tokenizer
-    from workbench.train import generate_ids
+    from workbench.train import generate_ids, model_device
     model, tok = load_model(model_name, dtype='float32'), load_tokenizer(model_name); out = []
     for b in range(0, len(prompts), batch_size):
         ids = [tok(tok.apply_chat_template([dict(role='user', content=p)], tokenize=False, add_generation_prompt=True), add_special_tokens=False)['input_ids'] for p in prompts[b:b + batch_size]]
         T = max(map(len, ids)); pad = tok.pad_token_id
-        dev = next(model.parameters()).device                                   # the settings' device (a GPU where there is one)
+        dev = model_device(model)                                               # the settings' device (a GPU where there is one)
         x = torch.tensor([[pad] * (T - len(i)) + i for i in ids], device=dev); mask = torch.tensor([[0] * (T - len(i)) + [1] * len(i) for i in ids], device=dev)
         y = generate_ids(model, x, max_new_tokens, greedy=True, eos_id=tok.eos_token_id, attention_mask=mask)
         out += [tok.decode(r[T:].tolist(), skip_special_tokens=True) for r in y]

@@ -20,7 +20,7 @@ from fastcore.basics import patch
 from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, get_device
 from ..measure import check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
 from ..models import tiny_llama
-from ..train import TrainConfig, train, generate_ids
+from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -31,13 +31,13 @@ __all__ = ['SHAPES', 'COLOURS', 'RGB', 'ROWS', 'COLS', 'RELATIONS', 'GRID', 'CEL
            'images_to_tensor', 'check_pixels', 'encode', 'decode', 'MMMCExample', 'no_object', 'no_attribute',
            'no_relation', 'scene_split', 'template_shares', 'make_example', 'probe_kind', 'question_kind',
            'premise_holds', 'check_mix', 'make_dataset', 'template_table', 'TinyVLM', 'WithImages', 'prompt_ids',
-           'lm_row', 'cell_labels', 'cell_loss', 'vlm_loss', 'left_pad', 'model_device', 'pixels_of', 'respond',
-           'judge_answer', 'rouge_l', 'verify_questions', 'verify_then_answer', 'score_answers', 'says_conflict',
-           'template_rates', 'summarise', 'base_mix', 'training_rows', 'fit', 'ProbeCurve', 'instability',
-           'sample_responses', 'response_logprobs', 'reinforcepp_advantages', 'group_advantages', 'policy_loss',
-           'rl_step', 'rl_train', 'MMMCConfig', 'make_data', 'refuse_everything', 'baseline_unit', 'run_unit',
-           'run_experiment', 'claims', 'gates', 'credited', 'verdict', 'headline', 'scene_of', 'fig_conflict',
-           'ConflictExplorer', 'fig_rates', 'RatesExplorer', 'fig_training', 'fig_templates']
+           'lm_row', 'cell_labels', 'cell_loss', 'vlm_loss', 'left_pad', 'pixels_of', 'respond', 'judge_answer',
+           'rouge_l', 'verify_questions', 'verify_then_answer', 'score_answers', 'says_conflict', 'template_rates',
+           'summarise', 'base_mix', 'training_rows', 'fit', 'ProbeCurve', 'instability', 'sample_responses',
+           'response_logprobs', 'reinforcepp_advantages', 'group_advantages', 'policy_loss', 'rl_step', 'rl_train',
+           'MMMCConfig', 'make_data', 'refuse_everything', 'baseline_unit', 'run_unit', 'run_experiment', 'claims',
+           'gates', 'credited', 'verdict', 'headline', 'scene_of', 'fig_conflict', 'ConflictExplorer', 'fig_rates',
+           'RatesExplorer', 'fig_training', 'fig_templates']
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000009
 SHAPES = ('circle', 'square', 'triangle', 'cross')
@@ -374,10 +374,6 @@ def left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     "Left-padded ids (B, T) and their attention mask."
     T = max(map(len, seqs))
     ids = torch.tensor([[PAD] * (T - len(s)) + s for s in seqs]); return ids, (ids != PAD).long()
-
-def model_device(model) -> torch.device:
-    "The device of the model's weights: every input is put there."
-    return next(model.parameters()).device
 
 def pixels_of(examples, cache: dict|None=None, device=None) -> torch.Tensor:
     "Pixel values (B, 3, 30, 30) of the examples' scenes on `device` (rendered once per scene when `cache` is given)."

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge
 from ..measure import check_int, check_num, check_choice, paired_t, paired_bootstrap, claim
 from ..models import load_embedder
+from ..train import model_device
 from ..viz import Explorer, PALETTE
 from ..measure import mean_ci
 from plotly.subplots import make_subplots
@@ -655,7 +656,7 @@ def calibrated_scores(model, tokenizer, hp: HybridPrompt, parts, null: Tensor | 
 @torch.no_grad()
 def llm_relation_scores(model, tokenizer, prompt: str, verbalizations: list) -> Tensor:
     "Mean token log-likelihood of each verbalization after `prompt`, (n,); one prefill whose KV cache is repeated over the n candidates."
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     ids = tokenizer(prompt, return_tensors='pt').input_ids.to(dev)                           # (1, P)
     out = model(ids, use_cache=True)
     cont = [tokenizer(' ' + v, add_special_tokens=False).input_ids for v in verbalizations]
