@@ -7,19 +7,21 @@ Docs: https://workbench-dev.github.io/workbench/core.html.md"""
 # %% ../nbs/00_core.ipynb #1a2ce3ec
 from __future__ import annotations
 import os, json, math, hashlib, random, shutil, tempfile, time, datetime, platform, re, configparser, contextlib
-import inspect
+import inspect, functools, sys
 from dataclasses import dataclass, asdict, is_dataclass, fields, field
 from fastcore.basics import patch_to
 from pathlib import Path
 from importlib import metadata
 
 # %% auto #0
-__all__ = ['SETTINGS_SCHEMA', 'SETTINGS_DEFAULTS', 'VERDICTS', 'SCHEMA_VERSION', 'repo_root', 'Settings', 'load_settings',
-           'get_settings', 'get_device', 'in_test', 'run_mode', 'is_full', 'Size', 'size', 'seed_everything',
-           'atomic_path', 'atomic_write_bytes', 'atomic_write_text', 'atomic_dir', 'atomic_write_json',
-           'atomic_save_torch', 'ExperimentConfig', 'from_overrides', 'Claim', 'judge', 'versions', 'Results',
-           'results_schema', 'check_results', 'save_results', 'load_results', 'Timer', 'config_hash', 'cache_path',
-           'file_lock', 'cached', 'cached_unit', 'progress', 'results_to_show']
+__all__ = ['SETTINGS_SCHEMA', 'SETTINGS_DEFAULTS', 'VERDICTS', 'UNTESTABLE', 'ROLES', 'SPEED_ISA', 'SCHEMA_VERSION', 'repo_root',
+           'Settings', 'load_settings', 'get_settings', 'get_device', 'in_test', 'run_mode', 'is_full', 'Size', 'size',
+           'seed_everything', 'atomic_path', 'atomic_write_bytes', 'atomic_write_text', 'atomic_dir',
+           'atomic_write_json', 'atomic_save_torch', 'ExperimentConfig', 'from_overrides', 'Claim', 'as_claims',
+           'failed_preconditions', 'judge', 'check_verdict', 'verdict_rule', 'versions', 'machine_info', 'machine_line',
+           'same_machine', 'check_same_machine', 'Results', 'results_schema', 'check_results', 'save_results',
+           'load_results', 'Timer', 'config_hash', 'cache_path', 'file_lock', 'cached', 'cached_unit', 'progress',
+           'results_to_show']
 
 # %% ../nbs/00_core.ipynb #bfa19425
 SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
@@ -260,34 +262,95 @@ def from_overrides(cls, overrides=(), **kw) -> ExperimentConfig:
     return cls(**kw)
 
 # %% ../nbs/00_core.ipynb #5a1e0c08
-VERDICTS = ('reproduced', 'partly', 'not reproduced')
+VERDICTS = ('reproduced', 'partly', 'not reproduced', 'untestable here')
+UNTESTABLE = VERDICTS[3]
+ROLES = ('claim', 'precondition')
 
 @dataclass
 class Claim:
-    "One part of a paper's claim as measured: an effect, its 95% CI, and which side of `null` supports the paper."
+    "One part of a paper's claim (or a precondition for testing it) as measured: an effect, its 95% CI, and its side of `null`."
     name: str                 # what is compared, e.g. 'KL(best other policy) − KL(MorphKV) at 50% bytes'
     estimate: float           # the measured effect
     lo: float                 # lower end of its 95% confidence interval (nan: no interval)
     hi: float                 # upper end
     better: str = 'higher'    # 'higher': the paper says estimate > null; 'lower': estimate < null
-    null: float = 0.0         # the no-effect value (0 for a difference, 1 for a ratio)
+    null: float = 0.0         # the no-effect value (0 for a difference, 1 for a ratio); a precondition's threshold
     n: int|None = None        # seeds / items / prompts behind the interval
     ci: str = ''              # how the interval was made, e.g. 'paired t over 5 seeds'
+    role: str = 'claim'       # 'claim': a part of the paper's claim; 'precondition': a check that the setting can show it
+    holds: bool|None = None   # preconditions only: computed from the interval and the threshold (a stored value must agree)
+    threshold_from: str|None = None  # preconditions only: the config field that declared the threshold before the run
     def __post_init__(self):
-        if self.better not in ('higher', 'lower'): raise ValueError(f"better must be 'higher' or 'lower', got {self.better!r}")
-        self.estimate, self.lo, self.hi, self.null = (math.nan if x is None else float(x) for x in (self.estimate, self.lo, self.hi, self.null))
+        if self.better not in ('higher', 'lower'):
+            raise ValueError(f"better must be 'higher' or 'lower', got {self.better!r}")
+        if self.role not in ROLES: raise ValueError(f"claim {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
+        vals = (self.estimate, self.lo, self.hi, self.null)
+        self.estimate, self.lo, self.hi, self.null = (math.nan if x is None else float(x) for x in vals)
         if self.lo > self.hi: raise ValueError(f"claim {self.name!r}: lo={self.lo} is above hi={self.hi}")
+        if self.role == 'claim':
+            if self.holds is not None or self.threshold_from is not None:
+                raise ValueError(f"claim {self.name!r}: holds and threshold_from belong to preconditions (role='precondition')")
+            return
+        held = self._holds()
+        if self.holds is not None and bool(self.holds) != held:
+            raise ValueError(f"precondition {self.name!r} is recorded as holds={self.holds} but its interval and threshold say {held}")
+        self.holds = held
+    def _holds(self) -> bool:
+        # $\text{holds}=\text{lo}\ge\theta$ (higher) or $\text{hi}\le\theta$ (lower); the estimate when there is no interval
+        lo, hi = (self.lo, self.hi) if math.isfinite(self.lo) and math.isfinite(self.hi) else (self.estimate, self.estimate)
+        return bool(lo >= self.null) if self.better == 'higher' else bool(hi <= self.null)
     @property
     def shows(self) -> bool: return self.lo > self.null if self.better == 'higher' else self.hi < self.null
     @property
     def opposite(self) -> bool: return self.hi < self.null if self.better == 'higher' else self.lo > self.null
+    @property
+    def is_precondition(self) -> bool: return self.role == 'precondition'
+    @property
+    def status(self) -> str:
+        "'holds'/'fails' for a precondition; 'shows'/'opposite'/'no effect' for a claim."
+        if self.is_precondition: return 'holds' if self.holds else 'fails'
+        return 'shows' if self.shows else 'opposite' if self.opposite else 'no effect'
+
+# %% ../nbs/00_core.ipynb #pc0a1c01
+def as_claims(claims) -> list:
+    "`claims` as a list of `Claim` (dicts read back from JSON are converted)."
+    return [c if isinstance(c, Claim) else Claim(**c) for c in claims]
+
+def failed_preconditions(claims) -> list:
+    "The preconditions among `claims` that do not hold."
+    return [c for c in as_claims(claims) if c.is_precondition and not c.holds]
 
 def judge(claims) -> str:
-    "Reproduced when every claim shows beyond its CI, partly when at least one does and one does not, else not reproduced."
-    claims = [c if isinstance(c, Claim) else Claim(**c) for c in claims]
-    if not claims: raise ValueError("judge needs at least one claim")
-    k = sum(c.shows for c in claims)
-    return VERDICTS[0] if k == len(claims) else VERDICTS[1] if k else VERDICTS[2]
+    "Untestable here when a precondition fails; else reproduced when every claim shows beyond its CI, partly when some do, else not reproduced."
+    claims = as_claims(claims)
+    if failed_preconditions(claims): return UNTESTABLE
+    parts = [c for c in claims if not c.is_precondition]
+    if not parts: raise ValueError("judge needs at least one claim (role='claim'); preconditions alone decide nothing")
+    k = sum(c.shows for c in parts)
+    return VERDICTS[0] if k == len(parts) else VERDICTS[1] if k else VERDICTS[2]
+
+# %% ../nbs/00_core.ipynb #pc0a1c02
+def check_verdict(claims, verdict: str|None) -> str|None:
+    "`verdict` if it agrees with the preconditions: 'untestable here' exactly when one fails (None: no verdict yet)."
+    if verdict is None: return None
+    if verdict not in VERDICTS: raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    failed = failed_preconditions(claims)
+    if failed and verdict != UNTESTABLE:
+        raise ValueError(f"precondition {failed[0].name!r} fails, so the verdict must be {UNTESTABLE!r}, not {verdict!r}")
+    if verdict == UNTESTABLE and not failed:
+        raise ValueError(f"{UNTESTABLE!r} needs a failed precondition among the claims, and none fails")
+    return verdict
+
+def verdict_rule(rule):
+    "Decorate a method's `verdict(results)`: a failed precondition gives 'untestable here'; otherwise `rule` decides."
+    @functools.wraps(rule)
+    def verdict(results) -> str:
+        if failed_preconditions(results.claims): return UNTESTABLE
+        v = rule(results)
+        if v not in VERDICTS[:3]:
+            raise ValueError(f"{rule.__name__} returned {v!r}; a rule returns one of {VERDICTS[:3]} (preconditions decide the fourth)")
+        return v
+    return verdict
 
 # %% ../nbs/00_core.ipynb #48a07475
 _SLUG = re.compile(r'[a-z][a-z0-9_]*')
@@ -303,6 +366,44 @@ def versions(*pkgs) -> dict:
         try: out[p] = metadata.version(p)
         except metadata.PackageNotFoundError: out[p] = None
     return out
+
+# %% ../nbs/00_core.ipynb #pc0a1c07
+SPEED_ISA = {'avx2': 'AVX2', 'avx512f': 'AVX-512', 'avx512_bf16': 'AVX-512 BF16', 'amx_tile': 'AMX', 'amx_bf16': 'AMX BF16'}
+
+def _cpuinfo(path='/proc/cpuinfo') -> tuple:
+    "The CPU model and its flags, read from the OS (Linux); (platform.processor(), set()) elsewhere."
+    try: text = Path(path).read_text()
+    except OSError: return platform.processor() or None, set()
+    get = lambda key: next((l.split(':', 1)[1].strip() for l in text.splitlines() if l.split(':')[0].strip() == key), '')
+    return get('model name') or platform.processor() or None, set(get('flags').split())
+
+def machine_info(cpuinfo='/proc/cpuinfo') -> dict:
+    "The machine a run ran on: CPU model, cores, torch threads and kernels, and the instruction sets that change speed."
+    cpu, flags = _cpuinfo(cpuinfo)
+    torch_ = sys.modules.get('torch')           # read only if the run imported torch: core itself does not need it
+    threads = torch_.get_num_threads() if torch_ else None
+    kernels = torch_.backends.cpu.get_cpu_capability() if torch_ and hasattr(torch_.backends, 'cpu') else None
+    return dict(platform=platform.platform(), cpu=cpu, cpus=os.cpu_count(), torch_threads=threads,
+                torch_cpu_capability=kernels, isa={k: k in flags for k in SPEED_ISA})
+
+def machine_line(machine: dict) -> str:
+    "One line naming a results file's machine, e.g. 'Intel(R) Xeon(R) Processor, 2 cores, 1 torch thread, AVX2 AVX-512 AMX'."
+    if not machine or not machine.get('cpu'): return f"not recorded ({machine.get('platform', 'unknown platform') if machine else 'unknown'})"
+    isa = [SPEED_ISA[k] for k in ('avx2', 'avx512f', 'amx_tile') if machine.get('isa', {}).get(k)]
+    th = machine.get('torch_threads')
+    return ', '.join([machine['cpu'], f"{machine.get('cpus')} cores"] + ([f"{th} torch thread{'s' * (th != 1)}"] if th else [])
+                     + [' '.join(isa) or 'no AVX2']) + (f" (torch kernels {machine['torch_cpu_capability']})" if machine.get('torch_cpu_capability') else '')
+
+def same_machine(a: dict, b: dict) -> bool:
+    "Whether two results files' machines have the same CPU model, core count and speed-relevant instruction sets."
+    key = lambda m: (m.get('cpu'), m.get('cpus'), tuple(sorted(k for k, v in (m.get('isa') or {}).items() if v)))
+    return bool(a.get('cpu')) and key(a) == key(b)
+
+def check_same_machine(a: dict, b: dict, what: str='speed ratios') -> None:
+    "Raise unless `a` and `b` (results files' `machine`) are the same kind: speed ratios of two machines are not compared."
+    if not same_machine(a, b):
+        raise ValueError(f"{what} were measured on different machines ({machine_line(a)} vs {machine_line(b)}); "
+                         "compare ratios measured on one machine only")
 
 # %% ../nbs/00_core.ipynb #5a1e0c11
 SCHEMA_VERSION = 1
@@ -331,7 +432,7 @@ class Results:
     seeds: list = field(default_factory=list)   # the seeds the rows cover
     tables: dict = field(default_factory=dict)  # name -> records whose values may be lists (curves, per-token data)
     claims: list = field(default_factory=list)  # `Claim`s: the verdict rule's inputs
-    verdict: str|None = None        # 'reproduced', 'partly' or 'not reproduced', from the method's `verdict`
+    verdict: str|None = None        # one of `VERDICTS`, from the method's `verdict`
     verdict_rule: str|None = None   # that rule in words (the docstring of `verdict`)
     headline: str|None = None       # our measured figure in words, for the scoreboard
     notes: str|None = None          # anything a reader needs to interpret the numbers
@@ -351,21 +452,25 @@ class Results:
         self.mode = self.mode or self.config.get('mode') or run_mode()
         self.rows = _records(self.rows, 'rows')
         self.tables = {str(k): _records(v, f'tables[{k!r}]') for k, v in self.tables.items()}
-        self.claims = [c if isinstance(c, Claim) else Claim(**c) for c in self.claims]
+        self.claims = as_claims(self.claims)
         self.seeds = [int(s) for s in self.seeds]
-        if self.verdict not in (None, *VERDICTS): raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        check_verdict(self.claims, self.verdict)
         self.date = self.date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
         self.versions = self.versions or versions()
-        self.machine = self.machine or dict(platform=platform.platform(), cpus=os.cpu_count())
+        self.machine = self.machine or machine_info()
 
 # %% ../nbs/00_core.ipynb #5a1e0c13
 @patch_to(Results)
 def conclude(self, verdict_fn, claims, headline: str|None=None) -> Results:
     "Record the verdict rule's inputs (`claims`), the verdict `verdict_fn(self)`, its rule (the docstring) and the headline."
-    if not inspect.getdoc(verdict_fn): raise ValueError(f"{getattr(verdict_fn, '__name__', verdict_fn)} needs a docstring: the verdict rule in one sentence")
-    self.claims = [c if isinstance(c, Claim) else Claim(**c) for c in claims]
+    name = getattr(verdict_fn, '__name__', verdict_fn)
+    if not inspect.getdoc(verdict_fn): raise ValueError(f"{name} needs a docstring: the verdict rule in one sentence")
+    self.claims = as_claims(claims)
     self.verdict, self.verdict_rule, self.headline = verdict_fn(self), inspect.getdoc(verdict_fn), headline
-    if self.verdict not in VERDICTS: raise ValueError(f"{verdict_fn.__name__} returned {self.verdict!r}; allowed: {VERDICTS}")
+    if any(c.is_precondition for c in self.claims):
+        self.verdict_rule += f" A failed precondition makes the verdict '{UNTESTABLE}' (workbench.core.verdict_rule)."
+    if self.verdict not in VERDICTS: raise ValueError(f"{name} returned {self.verdict!r}; allowed: {VERDICTS}")
+    check_verdict(self.claims, self.verdict)
     return self
 
 @patch_to(Results, as_prop=True)
@@ -386,13 +491,28 @@ def to_dict(self) -> dict: return asdict(self)
 
 @patch_to(Results)
 def summary(self) -> str:
-    "A few lines for the command line: what ran, each claim with its interval, the verdict."
+    "A few lines for the command line: what ran, preconditions then claims with intervals, the verdict, the machine."
     out = [f"{self.method} ({self.mode} mode, seeds {self.seeds or [self.config.get('seed')]}): {len(self.rows)} rows"
            + (f", tables {sorted(self.tables)}" if self.tables else '')]
-    for c in self.claims:
-        out.append(f"  {'shows' if c.shows else 'opposite' if c.opposite else 'no effect'}: {c.name}: {c.estimate:.4g} [{c.lo:.4g}, {c.hi:.4g}] ({c.ci})")
+    for c in sorted(self.claims, key=lambda c: not c.is_precondition):
+        what = f"precondition {c.status}" if c.is_precondition else c.status
+        bound = f" (threshold {c.null:.4g})" if c.is_precondition else ''
+        out.append(f"  {what}: {c.name}: {c.estimate:.4g} [{c.lo:.4g}, {c.hi:.4g}]{bound} ({c.ci})")
     if self.verdict: out.append(f"  verdict: {self.verdict}" + (f" — {self.headline}" if self.headline else ''))
+    out.append(f"  machine: {machine_line(self.machine)}")
     return '\n'.join(out)
+
+@patch_to(Results)
+def claims_markdown(self, digits: int=3) -> str:
+    "The Results table of a notebook: preconditions first, then claims, each with its interval and status; then the verdict."
+    f = lambda x: '—' if x is None or not math.isfinite(x) else f"{x:+.{digits}g}"
+    rows = ['| role | what | estimate | 95% CI | null / threshold | n | status |', '|---|---|---|---|---|---|---|']
+    for c in sorted(self.claims, key=lambda c: not c.is_precondition):
+        side = '≥' if c.better == 'higher' else '≤'
+        thr = f"{side} {c.null:g}" + (f" (`{c.threshold_from}`)" if c.threshold_from else '') if c.is_precondition else f"{c.null:g}"
+        rows.append(f"| {c.role} | {c.name} | {f(c.estimate)} | [{f(c.lo)}, {f(c.hi)}] | {thr} | {c.n} | {c.status} |")
+    rule = f" {self.verdict_rule}" if self.verdict_rule else ''
+    return '\n'.join(rows) + f"\n\n**Verdict: {self.verdict}.**{rule}\n\nMachine: {machine_line(self.machine)}."
 
 # %% ../nbs/00_core.ipynb #5a1e0c15
 def results_schema() -> dict:
@@ -471,6 +591,15 @@ def file_lock(path):
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
 # %% ../nbs/00_core.ipynb #2cdf0a7a
+def _sweep_stale(final: Path) -> list:
+    "Remove the temporaries an earlier build of `final` left when it was killed (call with `final`'s lock held)."
+    gone = []
+    for p in final.parent.glob(f'.{final.name}.*'):
+        if p.suffix in ('.tmp', '.old') and p.is_dir():      # nobody else builds `final` while we hold its lock
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p.name)
+    return gone
+
 def cached(name: str,          # artifact family, e.g. 'smollm2-135m'
            config,             # what determines the artifact (dict or dataclass)
            build,              # `build(tmp_dir)` writes the artifact into the empty folder `tmp_dir`
@@ -482,6 +611,7 @@ def cached(name: str,          # artifact family, e.g. 'smollm2-135m'
     if final.is_dir() and not refresh: return final
     with file_lock(final.parent/f'.{final.name}.lock'):
         if final.is_dir() and not refresh: return final            # another process built it while we waited
+        _sweep_stale(final)
         with atomic_dir(final, marker='_config.json') as tmp:
             build(tmp)
             atomic_write_json(tmp/'_config.json', config)

@@ -10,11 +10,11 @@ import json, re, tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 import importlib, importlib.util
-from .core import repo_root, get_settings, load_results, VERDICTS, ExperimentConfig
+from .core import repo_root, get_settings, load_results, VERDICTS, UNTESTABLE, ExperimentConfig, failed_preconditions
 
 # %% auto #0
 __all__ = ['FIELDS', 'METHODS', 'STATUSES', 'ExperimentAPI', 'experiment_api', 'Method', 'methods_path', 'load_methods',
-           'get_method', 'nbs_path', 'is_built', 'field_notebooks', 'method_status', 'scoreboard',
+           'get_method', 'nbs_path', 'is_built', 'field_notebooks', 'why_untestable', 'method_status', 'scoreboard',
            'scoreboard_markdown']
 
 # %% ../nbs/07_registry.ipynb #3526066d
@@ -161,6 +161,14 @@ def field_notebooks(nbs_dir=None) -> dict:
     return out
 
 # %% ../nbs/07_registry.ipynb #0a7a7a4c
+def why_untestable(results) -> str|None:
+    "The failed preconditions of `results` in words (None when all hold): what the scoreboard shows beside 'untestable here'."
+    failed = failed_preconditions(results.claims)
+    if not failed: return None
+    f = lambda c: (f"{c.estimate:.3g}" + (f" [{c.lo:.3g}, {c.hi:.3g}]" if c.lo == c.lo and c.hi == c.hi else '')
+                   + f", needs {'≥' if c.better == 'higher' else '≤'} {c.null:g}")
+    return '; '.join(f"precondition failed: {c.name} {f(c)}" for c in failed)
+
 def method_status(slug: str,          # a method slug from `METHODS`
                   results_dir=None,   # default: `data/results`
                   nbs_dir=None,       # default: the notebooks folder
@@ -170,27 +178,30 @@ def method_status(slug: str,          # a method slug from `METHODS`
     built = (Path(nbs_dir)/m.notebook).is_file() if nbs_dir else is_built(m)
     r = _results(m.slug, results_dir)
     v = r and r.verdict
+    pre = [c for c in r.claims if c.is_precondition] if r else []
     if r is None: status = 'built, no full run' if built else 'not built yet'
     elif r.mode != 'full': status = 'built, no full run'   # a quick run's numbers are a smoke test, not evidence
     elif v is None: status = 'ran, no verdict'
     elif v in VERDICTS: status = v
     else: raise ValueError(f"results for {m.slug!r} have verdict {v!r}; allowed: {VERDICTS}")
     return dict(status=status, built=built, headline=r and r.headline, date=r and (r.date or '')[:10] or None,
-                mode=r and r.mode, verdict=v)
+                mode=r and r.mode, verdict=v, why=why_untestable(r) if r else None,
+                preconditions=f"{sum(c.holds for c in pre)}/{len(pre)} hold" if pre else None)
 
 # %% ../nbs/07_registry.ipynb #b25f24ed
 def scoreboard(results_dir=None,  # default: `data/results`
                nbs_dir=None,      # default: the notebooks folder
                field=None,        # only this field
               ) -> list[dict]:
-    "One row per method: slug, name, field, notebook, claim, measured headline, date, mode, status."
+    "One row per method: slug, name, field, notebook, claim, measured headline (failed preconditions first), date, mode, status."
     if field is not None and field not in FIELDS: raise ValueError(f"unknown field {field!r}; allowed: {', '.join(FIELDS)}")
     rows = []
     for m in METHODS.values():
         if field and m.field != field: continue
         s = method_status(m.slug, results_dir, nbs_dir)
-        rows.append(dict(slug=m.slug, name=m.name, field=m.field, notebook=m.notebook, claim=m.claim,
-                         measured=s['headline'], date=s['date'], mode=s['mode'], status=s['status']))
+        measured = s['headline'] if not s['why'] else s['why'] + (f" — {s['headline']}" if s['headline'] else '')
+        rows.append(dict(slug=m.slug, name=m.name, field=m.field, notebook=m.notebook, claim=m.claim, measured=measured,
+                         date=s['date'], mode=s['mode'], status=s['status'], preconditions=s['preconditions']))
     return rows
 
 # %% ../nbs/07_registry.ipynb #e545e705
