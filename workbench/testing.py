@@ -1,4 +1,4 @@
-"""Tiny, session-scoped fixtures for notebook tests and pytest: a tiny Llama, token batches, and SmolLM2 loaded once per process.
+"""Tiny, session-scoped fixtures for notebook tests and pytest: a tiny Llama, token batches, SmolLM2 loaded once per process, and tiny Qwen2 / Gemma-3 folders standing in for a user's own model.
 
 Docs: https://workbench-dev.github.io/workbench/testing.html.md"""
 
@@ -8,10 +8,11 @@ Docs: https://workbench-dev.github.io/workbench/testing.html.md"""
 from __future__ import annotations
 import functools
 import torch
-from .models import tiny_llama, load_model, load_tokenizer
+from .core import cached
+from .models import tiny_llama, load_model, load_tokenizer, model_source
 
 # %% auto #0
-__all__ = ['TINY', 'SENTENCES', 'tiny_model', 'tiny_ids', 'smol', 'smol_tokenizer', 'smol_batch']
+__all__ = ['TINY', 'SENTENCES', 'TINY_ARCHS', 'tiny_model', 'tiny_ids', 'smol', 'smol_tokenizer', 'smol_batch', 'tiny_folder']
 
 # %% ../nbs/06_testing.ipynb #5648cfd0
 TINY = dict(vocab_size=97, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, max_len=64)  # the shared tiny config
@@ -44,3 +45,29 @@ SENTENCES = ['The capital of France is Paris.', 'Two plus two equals four.',
 def smol_batch(texts=SENTENCES):
     "A padded batch (dict of input_ids, attention_mask) of `texts` for SmolLM2."
     return smol_tokenizer()(list(texts), return_tensors='pt', padding=True)
+
+# %% ../nbs/06_testing.ipynb #ts0a1c02
+TINY_ARCHS = {  # architecture: (tokenizer's registry model, transformers config class, its fields)
+    'qwen2': ('smollm2-135m', 'Qwen2Config', dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)),
+    'gemma3': ('gemma3-270m', 'Gemma3TextConfig', dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=2048,
+               sliding_window=32, layer_types=['sliding_attention'] * 3 + ['full_attention'])),
+}
+
+def _build_tiny(arch: str, out):
+    import transformers
+    tok_name, cfg_cls, kw = TINY_ARCHS[arch]
+    tok = load_tokenizer(tok_name)
+    cfg = getattr(transformers, cfg_cls)(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id, **kw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+def tiny_folder(arch: str='qwen2') -> str:
+    "A local Hugging Face folder holding a tiny random `arch` model ('qwen2' or 'gemma3') and a real tokenizer."
+    if arch not in TINY_ARCHS: raise ValueError(f"arch must be one of {sorted(TINY_ARCHS)}, got {arch!r}")
+    tok_name, cfg_cls, kw = TINY_ARCHS[arch]
+    return str(cached(f'tiny-{arch}', dict(arch=arch, tokenizer=tok_name, config=kw, v=1), lambda d: _build_tiny(arch, d)))
