@@ -1,4 +1,4 @@
-"""The measuring tools every method shares: argument checks, memory, KL from logits, confidence intervals, Kendall τ-b, interleaved timing, and claims built from them.
+"""The measuring tools every method shares: argument checks, memory, KL from logits, confidence intervals, claims and preconditions built from them, best-against-best sweeps, frontiers at matched cost, flattened curves, oracle headroom, Kendall τ-b and interleaved timing.
 
 Docs: https://workbench-dev.github.io/workbench/measure.html.md"""
 
@@ -8,19 +8,21 @@ Docs: https://workbench-dev.github.io/workbench/measure.html.md"""
 from __future__ import annotations
 import math, os, threading, time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.multiprocessing.reductions import StorageWeakRef
-from .core import Claim
+from .core import Claim, machine_info, machine_line
 
 # %% auto #0
 __all__ = ['check_int', 'check_num', 'check_choice', 'check_tensor', 'check_same_shape', 'PeakRSS', 'PeakTensorMemory',
-           'kl_from_logits', 'Interval', 'mean_ci', 'paired_t', 'bootstrap', 'paired_bootstrap', 'claim',
-           'kendall_tau_b', 'SpeedRatio', 'compare_speed', 'torch_threads']
+           'kl_from_logits', 'Interval', 'mean_ci', 'paired_t', 'bootstrap', 'paired_bootstrap', 'claim', 'Best',
+           'best_setting', 'BestVsBest', 'best_vs_best', 'pareto_front', 'interp_on_front', 'matched_cost',
+           'curve_slope', 'Flatness', 'flattened', 'oracle_headroom', 'precondition', 'kendall_tau_b', 'SpeedRatio',
+           'compare_speed', 'torch_threads']
 
 # %% ../nbs/09_measure.ipynb #ms000006
 def _kind(v): return type(v).__name__
@@ -185,6 +187,378 @@ def claim(name: str,           # what is compared
     return Claim(name, interval.estimate, interval.lo, interval.hi, better=check_choice('better', better, ('higher', 'lower')),
                  null=null, n=interval.n, ci=interval.how)
 
+# %% ../nbs/09_measure.ipynb #ms000041
+def _array(name: str, x, ndims: tuple=(1, 2)) -> np.ndarray:
+    "`x` as a float array with one of `ndims` dims, non-empty and finite."
+    try: a = np.asarray(x.detach().cpu() if isinstance(x, Tensor) else x, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a rectangular array of numbers, got {_kind(x)}") from None
+    if a.ndim not in ndims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dims, got shape {a.shape}")
+    if a.size == 0: raise ValueError(f"{name} must hold at least one value")
+    if not np.isfinite(a).all(): raise ValueError(f"{name} holds non-finite values: {a[~np.isfinite(a)][:3].tolist()}")
+    return a
+
+# %% ../nbs/09_measure.ipynb #ms000080
+def _boot_stat(n: int, n_boot: int, seed: int, stat) -> np.ndarray:
+    "(B,) values of `stat(w)` over bootstrap item weights w (b, n): how often each item is drawn, over n."
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))        # the same draws as paired_bootstrap
+    out, step = [], max(1, 2**22 // n)                                          # weights in chunks of <= 32 MiB
+    for i in np.split(idx, range(step, n_boot, step)):
+        w = np.bincount((np.arange(len(i))[:, None] * n + i).ravel(), minlength=i.size).reshape(i.shape) / n
+        out.append(stat(w))
+    return np.concatenate(out)
+
+def _pct(s: np.ndarray, level: float=0.95) -> tuple:
+    "The percentile interval of bootstrap statistics `s`."
+    lo, hi = np.quantile(s, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+# %% ../nbs/09_measure.ipynb #ms000044
+@dataclass(frozen=True)
+class Best:
+    "The best value of a swept knob, and whether the grid shows it is an optimum."
+    knob: object               # the knob value with the best mean score
+    index: int                 # its position in the grid
+    mean: float                # its mean score (on the scores that chose it)
+    means: tuple               # every knob value's mean score, in grid order
+    at_edge: bool              # the best is the first or last of >= 2 values: the optimum may lie outside the grid
+    tied: bool = False         # another value's mean is within `tol` of the best (returned only with ties='flag')
+    tied_with: tuple = ()      # the knob values tied with the best
+    chosen_on: str = 'scores'  # which scores chose it: 'scores' (the ones it is judged on) or 'held-out'
+    @property
+    def sweep_ok(self) -> bool: return len(self.means) >= 4 and not self.at_edge and not self.tied
+    def __str__(self):
+        flags = ' at the grid edge' * self.at_edge + f' tied with {list(self.tied_with)}' * self.tied
+        return f"{self.knob!r} (mean {self.mean:.4g}, value {self.index + 1} of {len(self.means)}{flags})"
+
+# %% ../nbs/09_measure.ipynb #ms000081
+def _grid(name: str, knobs, k: int) -> list:
+    "`knobs` as a list of `k` distinct values; numbers must be sorted, so that grid order is value order."
+    if isinstance(knobs, (str, bytes, dict)) or not hasattr(knobs, '__len__'):
+        raise TypeError(f"{name} must be a list of knob values, got {_kind(knobs)}")
+    knobs = list(knobs.tolist() if hasattr(knobs, 'tolist') else knobs)
+    if len(knobs) != k:
+        raise ValueError(f"{name} has {len(knobs)} values but the scores have {k} rows (one per knob value)")
+    if len({repr(v) for v in knobs}) < k: raise ValueError(f"{name} must be distinct, got {knobs}")
+    num = all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in knobs)
+    d = np.diff(np.asarray(knobs, dtype=float)) if num else np.ones(1)
+    if not ((d > 0).all() or (d < 0).all()):
+        raise ValueError(f"{name} must be sorted (grid order decides whether the best is at an edge), got {knobs}")
+    return knobs
+
+# %% ../nbs/09_measure.ipynb #ms000045
+def best_setting(knobs,                 # the K knob values in grid order (numbers sorted, either way)
+                 scores,                # (K, n) score per knob value × item/seed, or (K,) mean scores
+                 better: str='higher',  # 'higher' or 'lower' score is better
+                 ties: str='refuse',    # 'refuse': raise when another mean is within `tol` of the best; 'flag': mark it
+                 tol: float=0.0,        # means this close to the best count as tied
+                ) -> Best:
+    "The knob value with the best mean score; refuses (or flags) ties and marks a best at the grid's edge."
+    s = _array('scores', scores)
+    m = s.mean(1) if s.ndim == 2 else s                                         # (K,) mean score per knob value
+    knobs = _grid('knobs', knobs, len(m))
+    sign = 1.0 if check_choice('better', better, ('higher', 'lower')) == 'higher' else -1.0
+    check_choice('ties', ties, ('refuse', 'flag'))
+    tol = check_num('tol', tol, lo=0)
+    k = int(np.argmax(sign * m))
+    # tied: $|\bar s_j-\bar s_{\hat k}|\le\text{tol}$ for $j\ne\hat k$
+    tj = [j for j in range(len(m)) if j != k and sign * (m[k] - m[j]) <= tol]
+    if tj and ties == 'refuse':
+        raise ValueError(f"best_setting refuses a tie: knob {knobs[k]!r} (mean {m[k]:.6g}) is within tol={tol} of "
+                         f"{[knobs[j] for j in tj]} (means {[float(m[j]) for j in tj]}); add items or pass ties='flag'")
+    edge = len(m) >= 2 and k in (0, len(m) - 1)
+    return Best(knobs[k], k, float(m[k]), tuple(float(v) for v in m), edge, bool(tj), tuple(knobs[j] for j in tj))
+
+# %% ../nbs/09_measure.ipynb #ms000048
+@dataclass(frozen=True)
+class BestVsBest:
+    "Each arm at its own optimum, and the paired difference a_best − b_best over the same items/seeds."
+    diff: Interval   # mean of a_best − b_best with its paired CI
+    a: Best          # arm a's optimum (its `chosen_on` says which scores chose it)
+    b: Best          # arm b's optimum
+    better: str      # 'higher' or 'lower' score is better
+    edge: bool       # either optimum sits at its grid's edge
+    @property
+    def chosen_on_eval(self) -> bool: return any(len(x.means) > 1 and x.chosen_on == 'scores' for x in (self.a, self.b))
+    def claim(self, name: str, null: float=0.0) -> Claim:
+        "The `Claim` that arm a at its best beats arm b at its best (a − b on the `better` side of `null`)."
+        return claim(name, self.diff, self.better, null)
+    def __str__(self): return f"a {self.a} − b {self.b}: {self.diff}" + ' (an optimum at a grid edge)' * self.edge
+
+# %% ../nbs/09_measure.ipynb #ms000082
+def _arm(arm: str, knobs, scores, select, better: str, ties: str, tol: float) -> tuple:
+    "Arm `arm`'s `Best` and its (K, n) scores; the best is chosen on the held-out `select` when given."
+    s = _array(f'scores_{arm}', scores, (2,))
+    if select is None: return best_setting(knobs, s, better, ties, tol), s
+    sel = _array(f'select_{arm}', select)
+    if sel.shape[0] != s.shape[0]:
+        raise ValueError(f"select_{arm} has {sel.shape[0]} rows but scores_{arm} has {s.shape[0]} (one per knob value)")
+    return replace(best_setting(knobs, sel, better, ties, tol), chosen_on='held-out'), s
+
+# %% ../nbs/09_measure.ipynb #ms000049
+def best_vs_best(knobs_a,                # arm a's knob values, in grid order
+                 scores_a,               # (K_a, n) arm a's score per knob value × item/seed
+                 knobs_b,                # arm b's knob values
+                 scores_b,               # (K_b, n) arm b's scores on the same n items/seeds
+                 better: str='higher',   # 'higher' or 'lower' score is better
+                 select_a=None,          # (K_a, m) or (K_a,) held-out scores that choose a's best (None: scores_a)
+                 select_b=None,          # the same for arm b
+                 how: str='bootstrap',   # 'bootstrap': paired bootstrap over items; 't': paired t over seeds
+                 n_boot: int=10_000,     # bootstrap resamples
+                 seed: int=0,            # bootstrap seed
+                 unit: str='items',      # what the n columns are ('items', 'prompts', 'seeds'), for the label
+                 ties: str='refuse',     # passed to `best_setting`
+                 tol: float=0.0,         # passed to `best_setting`
+                ) -> BestVsBest:
+    "Each arm at its own best knob value, and the paired difference a_best − b_best with its CI."
+    check_choice('how', how, ('bootstrap', 't'))
+    ba, sa = _arm('a', knobs_a, scores_a, select_a, better, ties, tol)
+    bb, sb = _arm('b', knobs_b, scores_b, select_b, better, ties, tol)
+    if sa.shape[1] != sb.shape[1]:
+        raise ValueError(f"scores_a and scores_b must score the same items/seeds (paired), "
+                         f"got {sa.shape[1]} and {sb.shape[1]}")
+    # $\Delta_i=s^A_{\hat k_A i}-s^B_{\hat k_B i}$, paired over $i$
+    a, b = sa[ba.index], sb[bb.index]
+    d = paired_bootstrap(a, b, n_boot=n_boot, seed=seed, unit=unit) if how == 'bootstrap' else paired_t(a, b, unit=unit)
+    return BestVsBest(d, ba, bb, better, ba.at_edge or bb.at_edge)
+
+# %% ../nbs/09_measure.ipynb #ms000052
+def _cost_quality(cost, quality) -> tuple:
+    "(K,) cost and (K,) quality, checked to describe the same points."
+    c, q = _array('cost', cost, (1,)), _array('quality', quality, (1,))
+    if c.shape != q.shape: raise ValueError(f"cost and quality need one value per point, got {c.size} and {q.size}")
+    return c, q
+
+def pareto_front(cost,                  # (K,) cost of each point (bytes, FLOPs, seconds, parameters)
+                 quality,               # (K,) quality of each point
+                 better: str='higher',  # 'higher' or 'lower' quality is better
+                ) -> list[int]:
+    "Indices of the points no other point dominates (as cheap and as good, better in one), cheapest first."
+    c, q = _cost_quality(cost, quality)
+    g = q if check_choice('better', better, ('higher', 'lower')) == 'higher' else -q    # goodness
+    # $j$ dominates $p$: $c_j\le c_p$, $g_j\ge g_p$, one strictly; dom[p, j], (K, K)
+    dom = (c[None] <= c[:, None]) & (g[None] >= g[:, None]) & ((c[None] < c[:, None]) | (g[None] > g[:, None]))
+    keep = np.flatnonzero(~dom.any(1))
+    return [int(i) for i in keep[np.lexsort((keep, c[keep]))]]
+
+# %% ../nbs/09_measure.ipynb #ms000054
+def interp_on_front(cost,                  # (K,) cost of each point
+                    quality,               # (K,) quality of each point
+                    at: float,             # the cost at which to read the front
+                    better: str='higher',  # 'higher' or 'lower' quality is better
+                    log_cost: bool=False,  # interpolate in log cost (for knobs swept on a geometric grid)
+                   ) -> float:
+    "The front's quality at cost `at`, linear between the two front points around it; NaN outside the measured costs."
+    c, q = _cost_quality(cost, quality)
+    at = check_num('at', at)
+    if log_cost and ((c <= 0).any() or at <= 0):
+        raise ValueError(f"log_cost needs positive costs and at, got min cost {c.min():.4g} and at={at}")
+    if not c.min() <= at <= c.max(): return math.nan                                   # no extrapolation
+    f = pareto_front(c, q, better)
+    cf, first = np.unique(c[f], return_index=True)                                     # front costs, increasing
+    u = np.log if log_cost else np.asarray
+    # $Q(x)=q_{(j)}+\frac{u(x)-u(c_{(j)})}{u(c_{(j+1)})-u(c_{(j)})}(q_{(j+1)}-q_{(j)})$; flat past the last front point
+    return float(np.interp(u(min(at, cf[-1])), u(cf), q[f][first]))
+
+# %% ../nbs/09_measure.ipynb #ms000057
+def _arm_points(arm: str, cost, quality) -> tuple:
+    "Arm `arm`'s cost, (K,) or (K, n), and (K, n) quality, checked."
+    q = _array(f'quality_{arm}', quality, (2,))
+    c = _array(f'cost_{arm}', cost)
+    if c.shape not in ((q.shape[0],), q.shape):
+        raise ValueError(f"cost_{arm} must be ({q.shape[0]},) or {q.shape} to match quality_{arm}, got {c.shape}")
+    return c, q
+
+def _front_at(c: np.ndarray, q: np.ndarray, w: np.ndarray, at: float, better: str, log_cost: bool) -> np.ndarray:
+    "(B,) front quality at `at` under each row of item weights w (B, n); c (K,) or (K, n), q (K, n)."
+    cm = np.repeat(c[:, None], len(w), 1) if c.ndim == 1 else c @ w.T                 # (K, B) mean cost per point
+    qm = q @ w.T                                                                      # (K, B) mean quality per point
+    return np.array([interp_on_front(cm[:, b], qm[:, b], at, better, log_cost) for b in range(len(w))])
+
+# %% ../nbs/09_measure.ipynb #ms000083
+def _matched_point(ca, qa, cb, qb, at: float, better: str, log_cost: bool) -> float:
+    "Q_a(at) − Q_b(at) on the full items, refusing an `at` outside either arm's measured costs."
+    w0 = np.full((1, qa.shape[1]), 1 / qa.shape[1])
+    qs = [_front_at(c, q, w0, at, better, log_cost)[0] for c, q in ((ca, qa), (cb, qb))]
+    for arm, v, c in zip('ab', qs, (ca, cb)):
+        cm = c if c.ndim == 1 else c.mean(1)
+        if math.isnan(v):
+            raise ValueError(f"at={at} is outside arm {arm}'s measured costs [{cm.min():.4g}, {cm.max():.4g}]: "
+                             "matched_cost does not extrapolate")
+    return float(qs[0] - qs[1])
+
+def _in_range(d: np.ndarray, at: float) -> np.ndarray:
+    "The resampled differences where `at` stayed inside both arms' costs; refuses when over 5% fell outside."
+    if np.isnan(d).mean() > 0.05:
+        raise ValueError(f"at={at} falls outside an arm's resampled cost range in {np.isnan(d).mean():.0%} of "
+                         "resamples; choose a cost further inside both arms' ranges")
+    return d[~np.isnan(d)]
+
+# %% ../nbs/09_measure.ipynb #ms000058
+def matched_cost(cost_a,                 # (K_a,) or (K_a, n) cost of each of arm a's points (per item)
+                 quality_a,              # (K_a, n) quality of each of arm a's points on each item
+                 cost_b,                 # (K_b,) or (K_b, n) arm b's costs
+                 quality_b,              # (K_b, n) arm b's qualities on the same n items
+                 at: float,              # the matched cost, inside both arms' measured cost ranges
+                 better: str='higher',   # 'higher' or 'lower' quality is better
+                 log_cost: bool=False,   # interpolate in log cost
+                 n_boot: int=2000,       # bootstrap resamples
+                 seed: int=0,            # bootstrap seed
+                 unit: str='items',      # what the n columns are, for the label
+                ) -> Interval:
+    "Quality of arm a minus arm b on their fronts at cost `at`, with a paired bootstrap over items."
+    (ca, qa), (cb, qb) = _arm_points('a', cost_a, quality_a), _arm_points('b', cost_b, quality_b)
+    if qa.shape[1] != qb.shape[1]:
+        raise ValueError(f"quality_a and quality_b must score the same items (paired), "
+                         f"got {qa.shape[1]} and {qb.shape[1]}")
+    n, at = qa.shape[1], check_num('at', at)
+    check_int('n_boot', n_boot, lo=100)
+    est = _matched_point(ca, qa, cb, qb, at, better, log_cost)
+    if n == 1: return Interval(est, math.nan, math.nan, 1, f'paired bootstrap over 1 {unit}: no interval')
+    front = lambda c, q, w: _front_at(c, q, w, at, better, log_cost)              # (B,) Q*(at), one per resample
+    # $D^*_b=Q^*_A(x)-Q^*_B(x)$, the same resampled items in both arms
+    d = _boot_stat(n, n_boot, seed, lambda w: front(ca, qa, w) - front(cb, qb, w))
+    out = f' ({np.isnan(d).sum()} of {n_boot} resamples outside the cost range dropped)' if np.isnan(d).any() else ''
+    how = f'paired bootstrap over {n} {unit}, fronts refitted per resample{out}'
+    return Interval(est, *_pct(_in_range(d, at)), n, how)
+
+# %% ../nbs/09_measure.ipynb #ms000061
+def _ols(x: np.ndarray, y: np.ndarray) -> tuple:
+    "Least-squares slopes of the rows of y (S, m) on x (m,), and their standard errors, each (S,)."
+    xc = x - x.mean()
+    sxx = (xc ** 2).sum()
+    yc = y - y.mean(1, keepdims=True)
+    # $\hat\beta=\sum_t(x_t-\bar x)(y_t-\bar y)/S_{xx}$
+    b = (yc * xc).sum(1) / sxx
+    e = yc - b[:, None] * xc                                                       # (S, m) residuals
+    # $\mathrm{SE}(\hat\beta)=\sqrt{\sum_t e_t^2/((m-2)S_{xx})}$
+    return b, np.sqrt((e ** 2).sum(1) / ((len(x) - 2) * sxx))
+
+# %% ../nbs/09_measure.ipynb #ms000085
+def _tail(curve, x, frac: float) -> tuple:
+    "The last fraction of the curve: (positions (m,), values (S, m), T)."
+    y = _array('curve', curve)
+    T = y.shape[-1]
+    check_num('frac', frac, lo=0, hi=1, lo_open=True)
+    x = np.arange(T, dtype=float) if x is None else _array('x', x, (1,))
+    if x.shape != (T,) or (np.diff(x) <= 0).any():
+        raise ValueError(f"x must hold {T} strictly increasing positions (one per curve point), got {x.tolist()[:6]}")
+    m = math.ceil(frac * T - 1e-9)                                                # points in the last fraction
+    if m < 3:
+        raise ValueError(f"the last frac={frac} of {T} points holds {m} < 3: a slope's error needs 3; "
+                         "log more points or raise frac")
+    return x[T - m:], y.reshape(-1, T)[:, T - m:], T
+
+# %% ../nbs/09_measure.ipynb #ms000062
+def curve_slope(curve,                 # (T,) one curve, or (S, T) one per seed
+                x=None,                # (T,) positions of the points (steps); None: 0, 1, ..., T-1
+                frac: float=0.2,       # the last fraction of the curve to fit
+                relative: bool=False,  # divide each slope by its curve's mean level over that fraction
+               ) -> Interval:
+    "Least-squares slope over the last `frac` of a curve: OLS t-interval for one curve, t over seeds for (S, T)."
+    xs, ys, T = _tail(curve, x, frac)
+    m = len(xs)
+    b, se = _ols(xs, ys)                                                          # (S,), (S,)
+    if relative:
+        lvl = np.abs(ys.mean(1))
+        if (lvl == 0).any():
+            raise ValueError("relative=True divides by the curve's mean level over the last fraction, which is 0")
+        b, se = b / lvl, se / lvl
+    what = f"{'relative ' * relative}OLS slope over the last {m} of {T} points"
+    if len(b) > 1: return replace(mean_ci(b, unit='seeds'), how=f"mean {what} of {len(b)} seeds, t over seeds")
+    from scipy.stats import t
+    # $\hat\beta\pm t_{0.975,m-2}\,\mathrm{SE}(\hat\beta)$
+    h = float(t.ppf(0.975, m - 2) * se[0])
+    return Interval(float(b[0]), float(b[0] - h), float(b[0] + h), m, f"{what}, t with {m - 2} df")
+
+# %% ../nbs/09_measure.ipynb #ms000064
+@dataclass(frozen=True)
+class Flatness:
+    "A curve's slope over its last fraction against a tolerance: flat when the whole |slope| interval is within it."
+    slope: Interval      # the slope (per unit of x, or relative to the level) with its CI
+    abs_slope: Interval  # |slope|: estimate |β|, interval [0 or min(|lo|, |hi|), max(|lo|, |hi|)]
+    tol: float           # the tolerance on |slope|
+    relative: bool       # whether the slope is divided by the curve's mean level
+    @property
+    def holds(self) -> bool:
+        a = self.abs_slope
+        return Claim('flattened', a.estimate, a.lo, a.hi, better='lower', null=self.tol, role='precondition').holds
+    def __str__(self):
+        return f"|slope| {self.abs_slope} vs tol {self.tol:.4g}: {'flat' if self.holds else 'not shown flat'}"
+
+# %% ../nbs/09_measure.ipynb #ms000086
+def _abs_interval(i: Interval) -> Interval:
+    "The interval of |θ| implied by an interval [lo, hi] of θ."
+    ends = (abs(i.lo), abs(i.hi))
+    return Interval(abs(i.estimate), 0.0 if i.lo <= 0 <= i.hi else min(ends), max(ends), i.n, f'|{i.how}|', i.level)
+
+def flattened(curve,                 # (T,) one curve, or (S, T) one per seed
+              tol: float,            # the tolerance on |slope|, declared in the config before the run
+              x=None,                # (T,) positions of the points; None: 0, 1, ..., T-1
+              frac: float=0.2,       # the last fraction of the curve to fit
+              relative: bool=False,  # judge the slope relative to the curve's mean level
+             ) -> Flatness:
+    "Whether a curve has flattened: the interval of its |slope| over the last `frac` lies within `tol`."
+    tol = check_num('tol', tol, lo=0, lo_open=True)
+    s = curve_slope(curve, x, frac, relative)
+    return Flatness(s, _abs_interval(s), tol, bool(relative))
+
+# %% ../nbs/09_measure.ipynb #ms000067
+def oracle_headroom(scores,                # (n_items, n_actions) score of each action on each item
+                    better: str='higher',  # 'higher' or 'lower' score is better
+                    n_boot: int=10_000,    # bootstrap resamples
+                    seed: int=0,           # bootstrap seed
+                    unit: str='items',     # what the rows are, for the label
+                   ) -> Interval:
+    "Mean over items of the best action per item minus the best single action's mean, bootstrapped over items."
+    s = _array('scores', scores, (2,))
+    n, A = s.shape
+    if A < 2:
+        raise ValueError(f"scores must be (n_items, n_actions) with n_actions >= 2 "
+                         f"(over one action the headroom is 0), got {s.shape}")
+    g = s if check_choice('better', better, ('higher', 'lower')) == 'higher' else -s        # goodness
+    check_int('n_boot', n_boot, lo=100)
+    r = g.max(1, keepdims=True) - g                                                        # (n, A) regret, >= 0
+    # $h=\min_a\sum_i w_i r_{ia}$ for item weights $w$ (1/n each, or a resample's)
+    est = float((r.mean(0)).min())
+    if n == 1: return Interval(est, math.nan, math.nan, 1, f'bootstrap over 1 {unit}: no interval')
+    lo, hi = _pct(_boot_stat(n, n_boot, seed, lambda w: (w @ r).min(1)))
+    return Interval(est, lo, hi, n, f'bootstrap over {n} {unit}, best single action re-chosen per resample')
+
+# %% ../nbs/09_measure.ipynb #ms000070
+def _threshold(cfg, field: str) -> float:
+    "The threshold `cfg` (a dataclass instance or a dict) declares under `field`."
+    if not isinstance(field, str): raise TypeError(f"field must be the name of a config field, got {_kind(field)}")
+    if isinstance(cfg, dict): names = list(cfg)
+    elif is_dataclass(cfg) and not isinstance(cfg, type): names = [f.name for f in fields(cfg)]
+    else: raise TypeError(f"cfg must be a dataclass instance or a dict, got {_kind(cfg)}")
+    if field not in names:
+        raise ValueError(f"cfg ({_kind(cfg)}) has no field {field!r}: declare the threshold in the config before the "
+                         f"run; it has {names}")
+    return check_num(f'cfg.{field}', cfg[field] if isinstance(cfg, dict) else getattr(cfg, field))
+
+# %% ../nbs/09_measure.ipynb #ms000087
+def precondition(name: str,             # what must hold, e.g. 'oracle headroom over the best fixed policy'
+                 interval,              # the measured `Interval`, or a `Flatness` from `flattened`
+                 cfg,                   # the run's config (a dataclass instance or a dict) declaring the threshold
+                 field: str,            # the name of the config field that holds the threshold
+                 better: str='higher',  # 'higher': holds when the whole CI is >= threshold; 'lower': <= threshold
+                ) -> Claim:
+    "A precondition `Claim` whose threshold is read from the config field that declared it."
+    thr = _threshold(cfg, field)
+    if isinstance(interval, Flatness):
+        if better != 'lower':
+            raise ValueError(f"a Flatness is judged on |slope| <= tol: use better='lower', got {better!r}")
+        if not math.isclose(interval.tol, thr):
+            raise ValueError(f"flattened() used tol={interval.tol} but cfg.{field}={thr}: pass the config's tolerance")
+        interval = interval.abs_slope
+    if not isinstance(interval, Interval):
+        raise TypeError(f"interval must be an Interval or a Flatness, got {_kind(interval)}")
+    check_choice('better', better, ('higher', 'lower'))
+    return Claim(name, interval.estimate, interval.lo, interval.hi, better=better, null=thr, n=interval.n,
+                 ci=interval.how, role='precondition', threshold_from=field)
+
 # %% ../nbs/09_measure.ipynb #ms000025
 def kendall_tau_b(x, y) -> Tensor:
     "Kendall τ-b of each row of `x` (P, k) against the same row of `y`; (P,), NaN for a constant row."
@@ -202,22 +576,34 @@ def kendall_tau_b(x, y) -> Tensor:
 @dataclass(frozen=True)
 class SpeedRatio:
     "Mean time of `candidate` over mean time of `baseline`, with a bootstrap interval over interleaved rounds."
-    ratio: float; lo: float; hi: float          # t_candidate / t_baseline and its 95% interval
-    t_baseline: list; t_candidate: list         # seconds per call, per round
-    def __str__(self): return f"{self.ratio:.3f}x [{self.lo:.3f}, {self.hi:.3f}] over {len(self.t_baseline)} rounds"
+    ratio: float        # t_candidate / t_baseline
+    lo: float           # lower end of its 95% interval
+    hi: float           # upper end
+    t_baseline: list    # seconds per baseline call, per round
+    t_candidate: list   # seconds per candidate call, per round
+    machine: str = ''   # the machine it was measured on, `machine_line(machine_info())`
+    def __str__(self):
+        on = self.machine or 'a machine not recorded'
+        return f"{self.ratio:.3f}x [{self.lo:.3f}, {self.hi:.3f}] over {len(self.t_baseline)} rounds on {on}"
 
+# %% ../nbs/09_measure.ipynb #ms000088
 def compare_speed(baseline, candidate, repeats: int=10, warmup: int=1, n_boot: int=10_000, seed: int=0) -> SpeedRatio:
     "Time `baseline()` and `candidate()` interleaved `repeats` times (after `warmup` untimed calls each)."
-    check_int('repeats', repeats, lo=2); check_int('warmup', warmup, lo=0)
-    for _ in range(warmup): baseline(); candidate()
+    check_int('repeats', repeats, lo=2)
+    check_int('warmup', warmup, lo=0)
+    for _ in range(warmup):
+        baseline()
+        candidate()
     ta, tb = [], []
     for r in range(repeats):
         for f, out in (((baseline, ta), (candidate, tb)) if r % 2 == 0 else ((candidate, tb), (baseline, ta))):
-            t0 = time.perf_counter(); f(); out.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            f()
+            out.append(time.perf_counter() - t0)
     a, b = np.array(ta), np.array(tb)
     idx = np.random.default_rng(seed).integers(0, repeats, size=(n_boot, repeats))
     lo, hi = np.quantile(b[idx].mean(1) / a[idx].mean(1), [0.025, 0.975])
-    return SpeedRatio(float(b.mean() / a.mean()), float(lo), float(hi), ta, tb)
+    return SpeedRatio(float(b.mean() / a.mean()), float(lo), float(hi), ta, tb, machine_line(machine_info()))
 
 # %% ../nbs/09_measure.ipynb #ms000032
 @contextmanager
