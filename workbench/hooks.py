@@ -6,17 +6,18 @@ Docs: https://workbench-dev.github.io/workbench/hooks.html.md"""
 
 # %% ../nbs/02_hooks.ipynb #dc0e8d46
 from __future__ import annotations
-import fnmatch, contextlib
+import fnmatch, contextlib, threading
 from typing import Callable
 import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['TL_ALIASES', 'decoder_layers', 'hook_points', 'canonical_name', 'resolve_names', 'hooks', 'act_name',
-           'ActivationCache', 'run_with_cache', 'run_with_hooks', 'add_vector', 'patch']
+__all__ = ['TL_ALIASES', 'decoder_layers', 'hook_points', 'canonical_name', 'resolve_names', 'HookName', 'hooks', 'act_name',
+           'ActivationCache', 'run_with_cache', 'run_with_hooks', 'add_vector', 'patch', 'eager_attention']
 
 # %% ../nbs/02_hooks.ipynb #94801908
-_BLOCK_POINTS = {  # suffix: (sub-module path(s) in the block, first that exists; 'pre' | 'fwd'; index into a tuple output)
+_GEMMA = 'pre_feedforward_layernorm'  # only Gemma-style blocks have it (they norm attention and MLP outputs again)
+_BLOCK_POINTS = {  # suffix: (path in the block, kind, tuple index), or alternatives (guard, path, kind, index)
     'hook_resid_pre':  ('',                 'pre', None),
     'hook_attn_in':    ('input_layernorm',  'fwd', None),
     'hook_q':          ('self_attn.q_proj', 'fwd', None),
@@ -24,32 +25,39 @@ _BLOCK_POINTS = {  # suffix: (sub-module path(s) in the block, first that exists
     'hook_v':          ('self_attn.v_proj', 'fwd', None),
     'attn.hook_z':     ('self_attn.o_proj', 'pre', None),
     'hook_pattern':    ('self_attn',        'fwd', 1),
-    'hook_attn_out':   (('pre_feedforward_layernorm', 'post_attention_layernorm', 'fwd', None), ('self_attn', 'fwd', 0)),
-    'hook_resid_mid':  (('pre_feedforward_layernorm', 'pre', None), ('post_attention_layernorm', 'pre', None)),
+    'hook_attn_out':   ((_GEMMA, 'post_attention_layernorm', 'fwd', None), ('self_attn', 'fwd', 0)),
+    'hook_resid_mid':  ((_GEMMA, 'post_attention_layernorm', 'mid', None), ('self_attn', 'mid', 0)),
     'hook_mlp_in':     ('mlp',              'pre', None),
     'hook_mlp_post':   ('mlp.down_proj',    'pre', None),
-    'hook_mlp_out':    (('pre_feedforward_layernorm', 'post_feedforward_layernorm', 'fwd', None), ('mlp', 'fwd', None)),
+    'hook_mlp_out':    ((_GEMMA, 'post_feedforward_layernorm', 'fwd', None), ('mlp', 'fwd', None)),
     'hook_resid_post': ('',                 'fwd', None),
 }
 TL_ALIASES = {  # TransformerLens block-point suffix -> ours
-    'ln1.hook_normalized': 'hook_attn_in', 'attn.hook_q': 'hook_q', 'attn.hook_k': 'hook_k', 'attn.hook_v': 'hook_v',
-    'attn.hook_pattern': 'hook_pattern', 'ln2.hook_normalized': 'hook_mlp_in', 'mlp.hook_post': 'hook_mlp_post', 'hook_z': 'attn.hook_z',
+    'ln1.hook_normalized': 'hook_attn_in', 'ln2.hook_normalized': 'hook_mlp_in', 'mlp.hook_post': 'hook_mlp_post',
+    'attn.hook_q': 'hook_q', 'attn.hook_k': 'hook_k', 'attn.hook_v': 'hook_v', 'attn.hook_pattern': 'hook_pattern',
+    'hook_z': 'attn.hook_z',
 }
+
+# %% ../nbs/02_hooks.ipynb #hk00dec1
+_LAYERS = ('model.layers', 'layers', 'model.language_model.layers', 'transformer.h')  # where models keep their blocks
+
+def _decoder(model: nn.Module) -> tuple:
+    "(the module that holds the decoder blocks, their `ModuleList`)."
+    for path in _LAYERS:
+        owner, _, last = path.rpartition('.')
+        try: m = model.get_submodule(owner)
+        except AttributeError: continue
+        if isinstance(getattr(m, last, None), nn.ModuleList): return m, getattr(m, last)
+    raise TypeError(f"{type(model).__name__} has no decoder layers where a Llama-style model keeps them (model.layers)")
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     "The `ModuleList` of decoder blocks (`model.model.layers` for `*ForCausalLM`)."
-    for name in ('model.layers', 'layers', 'model.language_model.layers', 'transformer.h'):
-        m = model
-        try:
-            for part in name.split('.'): m = getattr(m, part)
-        except AttributeError: continue
-        if isinstance(m, nn.ModuleList): return m
-    raise TypeError(f"{type(model).__name__} has no decoder layers where a Llama-style model keeps them (model.layers)")
+    return _decoder(model)[1]
 
 # %% ../nbs/02_hooks.ipynb #cc3a1cf1
 def _locate(blk, spec):
     """The (module, kind, idx) of a point spec in block `blk`, or None. A spec is (path, kind, idx) or alternatives
-    (guard path, path, kind, idx) / (path, kind, idx) tried in order (a guard must exist for its alternative to apply)."""
+    (guard path, path, kind, idx) / (path, kind, idx) tried in order (an alternative applies if its guard exists)."""
     alts = spec if isinstance(spec[0], tuple) else (spec,)
     for alt in alts:
         *guard, path, kind, idx = alt
@@ -63,20 +71,22 @@ def _heads(blk) -> int:
     a = blk.self_attn
     return a.o_proj.in_features // a.head_dim
 
+def _extra(blk, suffix: str, kind: str):
+    "A point's 4th field: heads for `attn.hook_z`; for a `mid` point the module whose input is $x_i$ (else None)."
+    if suffix == 'attn.hook_z': return _heads(blk)
+    return blk.get_submodule('input_layernorm') if kind == 'mid' else None
+
+# %% ../nbs/02_hooks.ipynb #hk00pts1
 def hook_points(model: nn.Module) -> dict:
-    "All hook point names of `model` -> (module, 'pre' | 'fwd', tuple index, number of heads for `attn.hook_z` else None)."
-    layers, pts = decoder_layers(model), {}
-    base = getattr(model, 'model', model)
-    if hasattr(base, 'embed_tokens'): pts['hook_embed'] = (base.embed_tokens, 'fwd', None, None)
+    "Every hook point of `model`: name -> (module, 'pre' | 'fwd' | 'mid', tuple index, extra (see `_extra`))."
+    base, layers = _decoder(model)
+    pts = {'hook_embed': (base.embed_tokens, 'fwd', None, None)} if hasattr(base, 'embed_tokens') else {}
     for i, blk in enumerate(layers):
         for suffix, spec in _BLOCK_POINTS.items():
             loc = _locate(blk, spec)
-            if loc is None: continue
-            if suffix == 'attn.hook_z':
-                try: loc = (*loc, _heads(blk))
-                except AttributeError: continue
-            else: loc = (*loc, None)
-            pts[f'blocks.{i}.{suffix}'] = loc
+            try:
+                if loc is not None: pts[f'blocks.{i}.{suffix}'] = (*loc, _extra(blk, suffix, loc[1]))
+            except AttributeError: pass                                # no heads or no input norm: not this point
     if hasattr(base, 'norm'): pts['hook_final_norm'] = (base.norm, 'fwd', None, None)
     return pts
 
@@ -90,78 +100,158 @@ def canonical_name(name: str) -> str:
         if suffix in TL_ALIASES: return f'blocks.{i}.{TL_ALIASES[suffix]}'
     return name
 
-def resolve_names(model, names) -> list[str]:
-    "Expand names / glob patterns (ours or TransformerLens's) / a predicate into the matching hook point names (model order)."
-    pts = list(hook_points(model))
-    if names is None: return pts
-    if callable(names): return [n for n in pts if names(n)]
-    if isinstance(names, str): names = [names]
+def _every_name(model) -> list[str]:
+    "The points of a Llama-style model with as many blocks as `model`: what patterns are matched against."
+    n = len(decoder_layers(model))
+    return ['hook_embed', *(f'blocks.{i}.{s}' for i in range(n) for s in _BLOCK_POINTS), 'hook_final_norm']
+
+# %% ../nbs/02_hooks.ipynb #hk00res1
+def _unsupported(model, pts, missing) -> TypeError:
+    have = {n.split('.', 2)[2] if n.startswith('blocks.') else n for n in pts}
+    found = [s for s in ('hook_embed', *_BLOCK_POINTS, 'hook_final_norm') if s in have]
+    more = ', ...' if len(missing) > 3 else ''
+    return TypeError(f"architecture {type(model).__name__} not supported: found points {', '.join(found) or 'none'}; "
+                     f"missing {', '.join(missing[:3])}{more}. workbench.hooks knows Llama-style blocks (self_attn "
+                     "with q/k/v/o_proj, mlp with down_proj, input_layernorm, post_attention_layernorm): Llama, Qwen2, "
+                     "Gemma")
+
+def _match(every, patterns) -> list[str]:
     out = []
-    for pat in names:
-        hit = [n for n in pts if fnmatch.fnmatchcase(n, canonical_name(pat))]
-        if not hit: raise ValueError(f"no hook point matches {pat!r}; e.g. {', '.join(pts[:3])}, ..., {pts[-1]} (see hook_points(model))")
-        out += [n for n in hit if n not in out]
-    return [n for n in pts if n in out]
+    for pat in patterns:
+        hit = [n for n in every if fnmatch.fnmatchcase(n, canonical_name(pat))]
+        if not hit: raise ValueError(f"no hook point matches {pat!r}; e.g. {', '.join(every[:3])}, ..., {every[-1]} "
+                                     "(see hook_points(model))")
+        out += hit
+    return out
+
+# %% ../nbs/02_hooks.ipynb #hk00res2
+def resolve_names(model, names) -> list[str]:
+    "Expand names / glob patterns (ours or TransformerLens's) / a predicate into hook point names (model order)."
+    pts, every = hook_points(model), _every_name(model)
+    if names is None: want = every
+    elif callable(names): want = [n for n in every if names(n)]
+    else: want = _match(every, [names] if isinstance(names, str) else names)
+    missing = [n for n in want if n not in pts]
+    if missing: raise _unsupported(model, pts, missing)
+    want = set(want)
+    return [n for n in pts if n in want]
+
+# %% ../nbs/02_hooks.ipynb #hk00nam1
+class HookName(str):
+    "A hook point's name as hook functions get it: a `str` with TransformerLens's `hook.name` and `hook.layer()`."
+    @property
+    def name(self) -> str: return str(self)
+    def layer(self) -> int:
+        "The block index of a `blocks.{i}.…` point."
+        head, _, rest = self.partition('.')
+        if head != 'blocks': raise ValueError(f"{self} is not in a block: it has no layer")
+        return int(rest.partition('.')[0])
 
 # %% ../nbs/02_hooks.ipynb #48e253ea
-def _register(mod, kind, idx, name, fn, heads=None):
-    def call(x):                                                  # `attn.hook_z`: (B, T, H·d) <-> (B, T, H, d)
-        if heads is None: return fn(x, name)
-        y = fn(x.unflatten(-1, (heads, -1)), name)
+def _pick(out, idx):
+    "(activation, index) in a module output: `out[idx]`; a tuple gives its first item when no index is named."
+    if idx is None and isinstance(out, tuple): idx = 0
+    return (out, None) if idx is None else (out[idx], idx)
+
+def _put(out, idx, y): return y if idx is None else (*out[:idx], y, *out[idx + 1:])
+
+def _caller(fn, name: str, heads: int|None=None):
+    "x -> fn(x, HookName(name)); for `attn.hook_z` fn sees (B, T, H·d) as (B, T, H, d_head)."
+    hook = HookName(name)
+    if heads is None: return lambda x: fn(x, hook)
+    def call(x):
+        y = fn(x.unflatten(-1, (heads, -1)), hook)
         return None if y is None else y.flatten(-2)
-    if kind == 'pre':
-        def pre(m, args, kwargs):
-            if args: x, rest, in_kw = args[0], args[1:], False
-            else: x, in_kw = kwargs['hidden_states'], True   # HF passes some inputs by keyword
-            y = call(x)
-            if y is None: return None
-            if in_kw: return args, {**kwargs, 'hidden_states': y}
-            return (y, *rest), kwargs
-        return mod.register_forward_pre_hook(pre, with_kwargs=True)
-    def post(m, args, out):
-        x = out if idx is None else out[idx]
-        if x is None: raise RuntimeError(f"{name} is empty: attention weights need load_model(..., attn='eager')")
+    return call
+
+# %% ../nbs/02_hooks.ipynb #hk00reg1
+def _pre_hook(mod, call) -> list:
+    def pre(m, args, kwargs):
+        x = args[0] if args else kwargs['hidden_states']                    # HF passes some inputs by keyword
         y = call(x)
         if y is None: return None
-        if idx is None: return y
-        return (*out[:idx], y, *out[idx+1:])
-    return mod.register_forward_hook(post)
+        return ((y, *args[1:]), kwargs) if args else (args, {**kwargs, 'hidden_states': y})
+    return [mod.register_forward_pre_hook(pre, with_kwargs=True)]
+
+def _fwd_hook(mod, idx, name, call) -> list:
+    def post(m, args, out):
+        x, i = _pick(out, idx)
+        if x is None: raise RuntimeError(f"{name} is empty: sdpa never forms attention weights; run the model inside "
+                                         "`with eager_attention(model):` (or load it with attn='eager')")
+        y = call(x)
+        return None if y is None else _put(out, i, y)
+    handle = mod.register_forward_hook(post)
+    _mid_hooks_last(mod)
+    return [handle]
+
+# %% ../nbs/02_hooks.ipynb #hk00reg2
+def _mid_hooks(mod, idx, src, call) -> list:
+    "resid_mid at the attention output `mod` (a): fn sees x + a, with x the input of `src` (the block's $N_1$)."
+    seen = threading.local()                                                # this thread's x
+    def grab(m, args, kwargs): seen.x = args[0] if args else kwargs['hidden_states']
+    def post(m, args, out):
+        a, i = _pick(out, idx)
+        # $x^{\text{mid}} = x + a$; a returned $x'$ is written as $a' = x' - x$, so the block's sum is $x'$
+        y = call(seen.x + a)
+        return None if y is None else _put(out, i, y - seen.x)
+    post.resid_mid = True
+    return [src.register_forward_pre_hook(grab, with_kwargs=True), mod.register_forward_hook(post)]
+
+def _mid_hooks_last(mod):
+    "Move `mod`'s resid_mid hooks after its other forward hooks: the stream adds the attention output as edited."
+    for k in [k for k, f in mod._forward_hooks.items() if getattr(f, 'resid_mid', False)]:
+        mod._forward_hooks.move_to_end(k)
+
+# %% ../nbs/02_hooks.ipynb #hk00reg3
+def _register(point: tuple, name: str, fn) -> list:
+    "Hook `fn` in at a point of `hook_points` (module, kind, index, extra); returns the PyTorch handles."
+    mod, kind, idx, extra = point
+    if kind == 'pre': return _pre_hook(mod, _caller(fn, name, extra))
+    if kind == 'mid': return _mid_hooks(mod, idx, extra, _caller(fn, name))
+    return _fwd_hook(mod, idx, name, _caller(fn, name))
 
 @contextlib.contextmanager
 def hooks(model: nn.Module, fwd_hooks):
-    "Context manager: `fwd_hooks` is a list of (name / pattern / predicate, fn(act, name) -> act | None)."
+    "Context manager: `fwd_hooks` is a list of (name / pattern / predicate, fn(act, hook) -> act | None)."
     pts, handles = hook_points(model), []
     try:
         for names, fn in fwd_hooks:
-            if not callable(fn): raise TypeError(f"hook for {names!r} must be callable fn(act, name), got {type(fn).__name__}")
-            for n in resolve_names(model, names): handles.append(_register(*pts[n][:3], n, fn, pts[n][3]))
+            if not callable(fn):
+                raise TypeError(f"hook for {names!r} must be callable fn(act, hook), got {type(fn).__name__}")
+            for n in resolve_names(model, names): handles += _register(pts[n], n, fn)
         yield model
     finally:
         for h in handles: h.remove()
 
 # %% ../nbs/02_hooks.ipynb #abb5cccf
 def act_name(name: str, layer: int|None=None) -> str:
-    "The hook point for a short name and block, as TransformerLens's `get_act_name`: ('resid_post', 5) -> 'blocks.5.hook_resid_post'."
+    "A point from a short name and block, as TransformerLens's `get_act_name`: ('resid_post', 5) -> a block point."
     if layer is None:
-        return {'embed': 'hook_embed', 'ln_final': 'hook_final_norm', 'final_norm': 'hook_final_norm'}.get(name, canonical_name(name))
+        top = {'embed': 'hook_embed', 'ln_final': 'hook_final_norm', 'final_norm': 'hook_final_norm'}
+        return top.get(name, canonical_name(name))
     short = {'z': 'attn.hook_z', 'post': 'hook_mlp_post', 'normalized': 'hook_mlp_in'}
     return f'blocks.{layer}.{short.get(name, name if name.startswith(("hook_", "attn.")) else "hook_" + name)}'
 
+def _few(keys, k: int=4) -> str:
+    keys = list(keys)
+    return ', '.join(keys[:k]) + (', ...' if len(keys) > k else '')
+
+# %% ../nbs/02_hooks.ipynb #hk00cac1
 class ActivationCache(dict):
-    "Activations by hook point name; `cache['resid_post', 5]` and TransformerLens names work too; `stack(pattern)` gives (L, ...)."
+    "Activations by hook point name; `cache['resid_post', 5]` and TransformerLens names work; `stack`: (L, ...)."
     def _key(self, k):
         if isinstance(k, tuple): return act_name(*k)
         return k if dict.__contains__(self, k) else act_name(k)
     def __getitem__(self, k):
         key = self._key(k)
-        if not dict.__contains__(self, key): raise KeyError(f"{k!r} ({key}) is not cached; cached: {', '.join(list(self)[:4])}{', ...' if len(self) > 4 else ''}")
+        if not dict.__contains__(self, key): raise KeyError(f"{k!r} ({key}) is not cached; cached: {_few(self)}")
         return dict.__getitem__(self, key)
     def __contains__(self, k): return dict.__contains__(self, self._key(k))
     def stack(self, pattern: str) -> torch.Tensor:
         keys = [k for k in self if fnmatch.fnmatchcase(k, canonical_name(pattern))]
-        if not keys: raise KeyError(f"no cached activation matches {pattern!r}; cached: {', '.join(list(self)[:4])}...")
+        if not keys: raise KeyError(f"no cached activation matches {pattern!r}; cached: {_few(self)}")
         return torch.stack([self[k] for k in keys])
-    def __repr__(self): return f"ActivationCache({len(self)} points: {', '.join(list(self)[:3])}{', ...' if len(self) > 3 else ''})"
+    def __repr__(self): return f"ActivationCache({len(self)} points: {_few(self, 3)})"
 
 def _forward(model, inputs, **kw):
     if isinstance(inputs, torch.Tensor): return model(input_ids=inputs, **kw)
@@ -181,8 +271,8 @@ def run_with_cache(model: nn.Module,
     names = names_filter if names is None else names
     cache, wanted = ActivationCache(), resolve_names(model, names)
     if names is None and getattr(getattr(model, 'config', None), '_attn_implementation', 'eager') != 'eager':
-        wanted = [n for n in wanted if not n.endswith('hook_pattern')]   # "everything" skips weights that sdpa never forms
-    def save(a, n): cache[n] = (a.detach() if detach else a).to(device)
+        wanted = [n for n in wanted if not n.endswith('hook_pattern')]   # "everything" skips what sdpa never forms
+    def save(a, hook): cache[hook] = (a.detach() if detach else a).to(device)
     ctx = torch.no_grad() if detach else contextlib.nullcontext()
     with ctx, hooks(model, [(wanted, save)]):
         out = _forward(model, inputs, **kwargs)
@@ -196,19 +286,36 @@ def run_with_hooks(model, inputs, fwd_hooks, **kwargs):
 def add_vector(v: torch.Tensor, alpha: float=1.0, positions=None):
     "Hook fn: $x \\leftarrow x + \\alpha v$ at `positions` (default all); `v` is (d,) or broadcastable to (B, T, d)."
     if not isinstance(v, torch.Tensor): raise TypeError(f"v must be a tensor, got {type(v).__name__}")
-    def fn(x, name):
-        if v.shape[-1] != x.shape[-1]: raise ValueError(f"steering vector has width {v.shape[-1]} but {name} has {x.shape[-1]}")
+    def fn(x, hook):
+        if v.shape[-1] != x.shape[-1]:
+            raise ValueError(f"steering vector has width {v.shape[-1]} but {hook} has {x.shape[-1]}")
         d = alpha * v.to(x.dtype).to(x.device)
         if positions is None: return x + d
-        x = x.clone(); x[:, positions] = x[:, positions] + d
+        x = x.clone()
+        x[:, positions] = x[:, positions] + d
         return x
     return fn
 
+# %% ../nbs/02_hooks.ipynb #hk00pat1
 def patch(source: torch.Tensor, positions=None):
     "Hook fn: replace the activation by `source` (same shape) at `positions` (default all)."
-    def fn(x, name):
-        if source.shape != x.shape: raise ValueError(f"patch for {name} has shape {tuple(source.shape)}, activation has {tuple(x.shape)}")
+    def fn(x, hook):
+        if source.shape != x.shape:
+            raise ValueError(f"patch for {hook} has shape {tuple(source.shape)}, activation has {tuple(x.shape)}")
         if positions is None: return source.to(x)
-        x = x.clone(); x[:, positions] = source[:, positions].to(x)
+        x = x.clone()
+        x[:, positions] = source[:, positions].to(x)
         return x
     return fn
+
+# %% ../nbs/02_hooks.ipynb #hk00eag1
+@contextlib.contextmanager
+def eager_attention(model: nn.Module):
+    "Context manager: run `model` with eager attention, which forms the weights `hook_pattern` reads; restored on exit."
+    cfgs = [m.config for m in model.modules() if hasattr(getattr(m, 'config', None), '_attn_implementation_internal')]
+    cfgs = list({id(c): c for c in cfgs}.values())                             # each config once
+    old = [c._attn_implementation_internal for c in cfgs]
+    for c in cfgs: c._attn_implementation_internal = 'eager'
+    try: yield model
+    finally:
+        for c, impl in zip(cfgs, old): c._attn_implementation_internal = impl

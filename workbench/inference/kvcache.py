@@ -16,9 +16,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ..measure import check_int, check_choice, kl_from_logits
 
 # %% auto #0
-__all__ = ['ATTN_NAME', 'check_window', 'held_bytes', 'cache_bytes', 'PolicyLayer', 'PolicyCache', 'policy_attention',
-           'DecodeTrace', 'decode', 'decode_batch', 'reference_logprobs', 'decode_more', 'group_attention',
-           'recent_topk', 'StreamingLLMCache', 'H2OCache', 'TOVACache', 'SnapKVCache', 'fidelity',
+__all__ = ['ATTN_NAME', 'check_window', 'held_bytes', 'cache_bytes', 'PolicyLayer', 'PolicyCache', 'check_budget',
+           'policy_attention', 'DecodeTrace', 'decode', 'decode_batch', 'reference_logprobs', 'decode_more',
+           'group_attention', 'recent_topk', 'StreamingLLMCache', 'H2OCache', 'TOVACache', 'SnapKVCache', 'fidelity',
            'generation_similarity', 'StackedPolicies', 'decode_stacked', 'replay_after_prefill', 'KVCacheConfig',
            'sink_prompts', 'run_experiment', 'claims', 'verdict', 'headline']
 
@@ -45,13 +45,16 @@ def cache_bytes(cache) -> int:
 class PolicyLayer(DynamicLayer):
     "A `DynamicLayer` that records each entry's absolute position and can keep a subset of its entries."
     def __init__(self):
-        super().__init__(); self.pos, self.seen, self.per_entry, self.extra = None, 0, {}, {}
-    def update(self, key_states, value_states, cache_kwargs=None):
-        B, H, T, _ = key_states.shape                                          # (B, n_kv, T, d), post-RoPE
+        super().__init__()
+        self.pos, self.seen, self.per_entry, self.extra = None, 0, {}, {}
+        self.window = None                                                     # attention span of a sliding layer
+    def update(self, key_states, value_states, *args, **kwargs):
+        "Append post-RoPE keys and values (B, n_kv, T, d); `cache_kwargs` (5.2) or `kwargs=` (later 5.x) are unused."
+        B, H, T, _ = key_states.shape
         p = torch.arange(self.seen, self.seen + T, device=key_states.device).expand(B, H, T)
         self.pos = p if self.pos is None else torch.cat([self.pos, p], -1)     # (B, n_kv, S) absolute positions
         self.seen += T
-        return super().update(key_states, value_states, cache_kwargs)
+        return super().update(key_states, value_states)
     def keep(self, idx):
         "Keep only the entries `idx` (B, n_kv, S') of each KV head, in time order (per-entry state too)."
         idx = idx.sort(-1).values; (B, H, S, d), C = self.keys.shape, idx.shape[-1]
@@ -64,7 +67,7 @@ class PolicyLayer(DynamicLayer):
 # %% ../../nbs/inference/00_kvcache.ipynb #79648240
 def _slide(L, window):
     "A sliding-window layer (attention span `window`) keeps what the model's own cache keeps: its last `window - 1` entries."
-    S = L.keys.shape[-2]
+    L.window, S = window, L.keys.shape[-2]
     if S > window - 1:                                                         # entries are contiguous in time: the newest are last
         B, H = L.keys.shape[:2]
         L.keep(torch.arange(S - window + 1, S, device=L.keys.device).expand(B, H, -1))
@@ -86,6 +89,9 @@ class PolicyCache(Cache):
             if idx is not None: L.keep(idx)
     def record(self, L, query, scaling): pass
     def select(self, L, query, scaling): return None
+    def max_entries(self, step: int) -> int|None:
+        "The most entries a full-attention layer may hold after decode step `step` (0: the prefill); None: any."
+        return self.budget
     @property
     def seen_tokens(self) -> int: return self.layers[0].seen if self.layers else 0
     def kv_bytes(self) -> int:
@@ -100,6 +106,18 @@ class PolicyCache(Cache):
         B = self.layers[0].keys.shape[0] if self.layers else 1
         return [self.state_bytes() / B] * B
     def __repr__(self): return f"{type(self).__name__}(budget={self.budget})"
+
+# %% ../../nbs/inference/00_kvcache.ipynb #kv00chk1
+def check_budget(cache: PolicyCache, step: int, model=None):
+    "Raise if a full-attention layer holds more entries than `cache.max_entries(step)`: the policy never ran there."
+    lim = cache.max_entries(step)
+    over = [(l, L.get_seq_length()) for l, L in enumerate(cache.layers) if L.window is None]
+    over = [(l, n) for l, n in over if lim is not None and n > lim]
+    if not over: return
+    l, n = over[0]
+    raise RuntimeError(f"the {cache.name!r} policy was not applied: layer {l} holds {n} entries after step {step}, "
+                       f"budget {lim}; {type(model).__name__} does not hand the cache to the workbench's attention "
+                       "function (KV policies support Llama-style models: Llama, Qwen2, Gemma 3, Mistral)")
 
 # %% ../../nbs/inference/00_kvcache.ipynb #7db2304d
 ATTN_NAME = 'workbench_kv'
@@ -161,6 +179,7 @@ def _decode_rows(model, input_ids, cache, n, teacher, record_kept, M=1, referenc
         i, pos = len(toks), torch.arange(start, start + ids.shape[1], device=dev)
         o = model(input_ids=ids, past_key_values=cache, position_ids=pos[None].expand(B, -1), cache_position=pos,
                   use_cache=True, kv_policy=pol, logits_to_keep=1)                      # the last position's logits only
+        if pol is not None: check_budget(pol, i, model)
         lg = o.logits[:, -1].float(); lp = lg.log_softmax(-1); pred = lg.argmax(-1)  # (B, V), (B, V), (B,)
         if keep_logits: logits.append(lg)
         nxt = tch[:, i] if tch is not None else pred
@@ -303,6 +322,8 @@ class SnapKVCache(PolicyCache):
         super().__init__(budget); self.window = check_window(budget, window); self.kernel = check_int('kernel', kernel, lo=1)
         if kernel % 2 == 0: raise ValueError(f"kernel must be odd, got {kernel}")
         self.pool = check_choice('pool', pool, ('avg', 'max'))
+    def max_entries(self, step: int) -> int:
+        return self.budget + step                                  # the compressed prompt, then every new token
     def select(self, L, query, scaling):
         if query.shape[2] == 1: return None                                    # decoding: never evict
         W = min(self.window, query.shape[2])
@@ -394,7 +415,7 @@ def replay_after_prefill(model, input_ids: torch.Tensor, cache: Cache, tokens: t
     return trs
 
 # %% ../../nbs/inference/00_kvcache.ipynb #kvx00002
-from ..core import ExperimentConfig, size, Results, judge, cached_unit, Timer, progress
+from ..core import ExperimentConfig, size, Results, judge, cached_unit, Timer, progress, verdict_rule
 from ..measure import paired_bootstrap, claim, check_int, torch_threads
 
 @dataclass
@@ -456,6 +477,7 @@ def claims(res: Results) -> list:
         out.append(claim(f'budget {b}: KL(window) − KL(sinks+window)', paired_bootstrap(d['window'].to_numpy(), d['sinks+window'].to_numpy(), unit='prompts'), better='higher'))
     return out
 
+@verdict_rule
 def verdict(res: Results) -> str:
     "Reproduced when keeping the sinks lowers the KL to the full cache beyond its 95% CI at every budget; partly at some; otherwise not."
     return judge(claims(res))
