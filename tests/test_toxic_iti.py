@@ -3,7 +3,7 @@ import math, random
 import numpy as np
 import pytest
 import torch
-from workbench.core import Results
+from workbench.core import Results, Claim, judge
 from workbench.testing import tiny_model, tiny_ids
 from workbench.train import generate_ids
 from workbench.interpretability.toxic_iti import (entanglement, welch_bound, train_toy_superposition, WordTokenizer, StyleProcess, sentence,
@@ -113,7 +113,7 @@ def test_seed_setting_changes_the_run(monkeypatch):
     assert ToxicITIConfig(mode='full').seeds == [7, 8, 9, 10, 11]
 
 
-def _fake(prefix_clean, seeds=(0, 1, 2)):
+def _fake(prefix_clean, seeds=(0, 1, 2), pre=()):
     rows = [dict(phase='toy_superposition', freq=f, seed=s, E=e + 0.01 * s, E_others=0.5, norm=1.0, chance=0.8) for s in seeds for f, e in ((0.002, 0.9), (0.05, 0.6))]
     rows += [dict(phase='toy_markov', share0=sh, seed=s, E_chain0=e + 0.01 * s, E_others=0.9, loss=0.1) for s in seeds for sh, e in ((0.02, 0.95), (1 / 3, 0.8))]
     for s in seeds:
@@ -125,7 +125,7 @@ def _fake(prefix_clean, seeds=(0, 1, 2)):
                 for method, r in (('iti', rate), ('random', base)):
                     rows.append(dict(phase='sweep', share=sh, seed=s, method=method, K=4, alpha=a, rate_attribute=r, rate_cue=r, ppl=ppl0 * (1 + cost * a)))
     conf = dict(clean_share=0.005, claim_share=0.10, budget=0.05, toy_freqs=[0.002, 0.05], toy_base_freq=0.05, markov_shares=[0.02, 1 / 3])
-    return Results('toxic_iti', conf, rows, seeds=list(seeds))
+    return Results('toxic_iti', conf, rows, seeds=list(seeds), claims=list(pre))
 
 
 def test_frontier_and_verdict_rule():
@@ -140,10 +140,41 @@ def test_frontier_and_verdict_rule():
     assert verdict(one) == 'not reproduced'                                       # one seed: no interval, nothing shows
 
 
-def test_committed_results_recompute():
+def _precondition(holds: bool) -> Claim:
+    "A made-up precondition (the clean model has learned the attribute: its base rate on cue prompts is above the declared 0.05)."
+    est = 0.2 if holds else 0.01
+    return Claim('base attribute rate of the clean model on cue prompts (made up)', est, est - 0.005, est + 0.005, null=0.05, n=3,
+                 role='precondition', threshold_from='min_clean_rate')
+
+
+# prefix_clean: the clean model's best rate with a prompt prefix; seeds; what the rule must say
+CASES = {'reproduced': (0.3, (0, 1, 2), 'reproduced'),            # every part shows
+         'partly': (0.06, (0, 1, 2), 'partly'),                    # the trade-off ties (no effect), the other six show
+         'other way': (0.0, (0, 1, 2), 'not reproduced'),          # the trade-off goes the other way, though six parts show
+         'no interval': (0.3, (0,), 'not reproduced')}             # one seed: no interval, nothing shows
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_verdict_rule_on_made_up_rows(case):
+    prefix, seeds, want = CASES[case]
+    assert verdict(_fake(prefix, seeds)) == want
+
+
+def test_the_trade_off_going_the_other_way_overrides_the_count():
+    cs = claims(_fake(0.0))
+    assert sum(c.shows for c in cs) == 6 and judge(cs) == 'partly'               # counting alone would say partly
+    assert verdict(_fake(0.0)) == 'not reproduced'
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_failed_precondition_makes_it_untestable(case):
+    prefix, seeds, want = CASES[case]
+    assert verdict(_fake(prefix, seeds, pre=[_precondition(False)])) == 'untestable here'
+    assert verdict(_fake(prefix, seeds, pre=[_precondition(True)])) == want       # one that holds leaves the rule's verdict
+
+
+def test_recorded_run_is_full_with_three_seeds():
     from workbench.core import load_results
     try: R = load_results('toxic_iti')
     except FileNotFoundError: pytest.skip('no full run recorded yet')
-    assert R.mode == 'full' and len(R.seeds) >= 3
-    assert verdict(R) == R.verdict
-    assert [c.name for c in claims(R)] == [c.name for c in R.claims]
+    assert R.mode == 'full' and len(R.seeds) >= 3 and len(R.claims) == 8

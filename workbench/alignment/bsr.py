@@ -17,7 +17,7 @@ from torch import nn
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, atomic_write_json, atomic_dir
+from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, seed_everything, cached_unit, progress, Timer, atomic_write_json, atomic_dir
 from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kendall_tau_b, mean_ci, paired_t, claim
 from ..models import tiny_llama, load_pretrained
 from ..hooks import run_with_cache
@@ -450,6 +450,7 @@ def claims(results: Results) -> list[Claim]:
                      paired_t(_arm(df, *bsr, None, 'bon_drop'), _arm(df, *base, None, 'bon_drop')), better='lower'))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when every claim (lower ‖h‖ dispersion than BT; higher OOD Kendall τ-b than the stronger baseline in each of the three OOD scenarios; a smaller best-of-n drop than the stronger baseline) shows beyond its paired 95% CI over seeds, partly when at least one does, else not reproduced."
     return judge(claims(results))

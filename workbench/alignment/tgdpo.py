@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, kl_from_logits, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids
@@ -518,6 +518,7 @@ def claims(results: Results) -> list[Claim]:
         out.append(claim(f"{name} − DPO, win rate at matched KL (points), {int(n)} pairs", paired_t(100 * m.win, 100 * m.win_base), better='higher'))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when the paper's TGDPO recipe beats DPO's win rate at matched KL beyond the paired 95% CI over seeds at every data size, partly at some, not reproduced at none."
     return judge(claims(results))

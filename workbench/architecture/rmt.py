@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, mean_ci
 from ..data import workbench_bpe, lm_dataset
 from ..hooks import run_with_cache
@@ -618,6 +618,7 @@ def claims(results: Results, n_boot: int=10_000) -> list:
                         p, p if reached else math.nan, p if reached else math.nan, n=None,
                         ci='exact: parameter counts' if reached else f'no interval: {rmt} does not reach the target')]
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when the declared RMT (default: the largest D_k) reaches the mirrored transformer's final loss with fewer FLOPs than the cheapest transformer of the width sweep, fewer tokens than the mirrored transformer and fewer parameters than the smallest transformer that reaches it, each beyond its 95% CI (seed bootstrap; parameters exact); partly when at least one shows; else not reproduced."
     return judge(claims(results))

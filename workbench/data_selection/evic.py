@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, lr_at, param_groups, collate, lm_loss
@@ -592,6 +592,7 @@ def claims(results: Results) -> list[Claim]:
             claim("EVIC steps to MTL's final accuracy ÷ MTL's steps", mean_ci(_final(df, 'evic', 'step_frac').values), better='lower', null=1.0),
             claim("EVIC − one-shot selection, final accuracy (points)", paired_t(100 * e.values, 100 * _final(df, 'static').reindex(e.index).values))]
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when EVIC beats the strongest baseline's final accuracy, reaches MTL's final accuracy in fewer steps, and beats one-shot selection, each beyond its 95% CI over seeds; partly when some do; not reproduced when none does."
     return judge(claims(results))

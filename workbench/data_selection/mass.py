@@ -16,7 +16,7 @@ import networkx as nx
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_t, claim
 from ..models import tiny_llama, load_embedder
 from ..data import train_bpe, load_corpus
@@ -450,6 +450,7 @@ def claims(results: Results) -> list[Claim]:
         out.append(claim(f"{METHOD_NAMES[b]} − MASS held-out loss at equal tokens (strongest simple selector)", paired_t(_by_seed(df, b), mass)))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced if MASS beats the full pool at equal tokens, beats it with half the tokens, and beats the strongest simple selector, each beyond its 95% CI over seeds; partly if some do."
     return judge(claims(results))

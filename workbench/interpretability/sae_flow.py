@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-from ..core import (ExperimentConfig, Results, judge, size, cached, cache_path, cached_unit, progress, in_test, Timer, atomic_dir,
+from ..core import (ExperimentConfig, Results, judge, verdict_rule, size, cached, cache_path, cached_unit, progress, in_test, Timer, atomic_dir,
                             seed_everything, atomic_write_json)
 from ..hooks import hooks, decoder_layers, add_vector
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, paired_bootstrap, claim
@@ -913,6 +913,7 @@ def claims(results: Results) -> list:
         out.append(claim(f'{th} {dirn}: steering score, flow − single-layer at matched push (alpha*={a:g})', paired_bootstrap(f, s, unit='prompts')))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced if every layer's deactivation effect and every theme-and-direction steering difference (flow − single-layer at matched push) shows beyond its 95% CI; partly if at least one does; not reproduced if none does."
     return judge(claims(results))

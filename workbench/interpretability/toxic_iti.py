@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, paired_t, mean_ci, claim
 from ..hooks import hooks, run_with_cache, decoder_layers
 from ..models import tiny_llama
@@ -622,6 +622,7 @@ def claims(results: Results) -> list:
                          f"(ITI, prompt prefix or nothing) minus the {hi:.1%} model's with ITI", paired_t(*_pair(T, f'iti_{kind}', clean, hi, f'best_clean_{kind}'))))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Not reproduced when the headline effect, the trade-off (the claim-share model with ITI below the clean model's best option within the perplexity budget), goes the other way on either prompt set; otherwise reproduced when all eight parts show beyond their 95% paired-t intervals over seeds (toy entanglement falls with frequency in both toys; at the claim share, higher probe accuracy, lower attribute entanglement, a higher base rate, and the trade-off on both prompt sets), partly when at least one shows, else not reproduced."
     cs = claims(results)
