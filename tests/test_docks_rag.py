@@ -1,9 +1,9 @@
-"Tests of DocKS-RAG (`workbench.retrieval.docks_rag`): generator, scorer (official Ign-F1), retrieval without leakage, head, errors, recorded verdict."
+"Tests of DocKS-RAG (`workbench.retrieval.docks_rag`): generator, scorer (official Ign-F1), retrieval without leakage, head, errors, the verdict rule on made-up rows."
 import json
 import pytest, torch
-from workbench.core import load_results, get_settings
+from workbench.core import Claim, Results, UNTESTABLE
 from workbench.retrieval.docks_rag import (make_world, make_docre_dataset, DocKG, SentenceKB, build_hybrid_prompt, HybridRelationHead,
-                                           atlop_threshold_loss, docre_scores, rel_id, DocKSConfig, verdict, BASE, RULES, RELATIONS, _encoder)
+                                           atlop_threshold_loss, docre_scores, rel_id, DocKSConfig, verdict, claims, BASE, RULES, RELATIONS, _encoder)
 
 @pytest.fixture(scope='module')
 def ds(): return make_docre_dataset(20, 6, seed=3)
@@ -79,12 +79,6 @@ def test_bad_inputs(ds, kb):
     with pytest.raises(ValueError, match=r'^k must be an int in \[0'): DocKSConfig(mode='quick', k=-1)
     with pytest.raises(ValueError, match=r'^tau_eq must be a finite number'): build_hybrid_prompt(ds.test[0], *ds.test[0]['entities'][:2], kg, kb, tau_eq=float('nan'))
 
-def test_recorded_verdict():
-    p = get_settings().results_path / 'docks_rag.json'
-    if not p.is_file(): pytest.skip('no full run recorded yet')
-    R = load_results('docks_rag')
-    assert R.mode == 'full' and len(R.seeds) >= 5 and verdict(R) == R.verdict
-
 # --- sweeps and the untuned-LLM probe (issue 23: B4, k and tau_eq sweeps) ---
 from workbench.retrieval.docks_rag import (with_k, with_link, exact_link, AliasLinker, alias, split_features, llm_relation_scores,
                                            probe_prompt, _load_llm, VERBAL, _unit_cfg, calibrated_scores, PROBE_CANDS, build_pipeline)
@@ -156,3 +150,66 @@ def test_pipeline_prompts_retrieve_only_training_documents():
             n += len(hp.hits)
     assert n and not test_ids & train_ids
     assert {(h, r, t) for h, t, r in pipe.kg.g.edges(keys=True)} <= train_trip
+
+
+# --- the verdict rule on made-up rows ---
+FAILED = Claim('made-up precondition: DocKG adds inferred edges', 0.0, 0.0, 0.0, null=1.0, role='precondition', threshold_from='min_inferred_edges')
+HOLDS = Claim('made-up precondition: the document-only head is above the type prior', 0.2, 0.15, 0.25, null=0.05, role='precondition', threshold_from='min_gap')
+K_UP = {0: -0.1, 2: -0.05, 10: -0.02, 20: -0.05}                  # F1 at each swept k relative to the default k=5 (k=0 is B1's row)
+TAU_UP = {0.6: -0.05, 0.7: -0.03, 0.8: 0.0, 0.9: -0.03, 1.0: -0.05}  # relative to the default tau_eq=0.8
+GOOD_PROBE = [dict(seed=0, gold=['works_for'], B3=['works_for'], B4_hybrid=['works_for'] if i < 3 else [], B4_plain=[]) for i in range(6)]
+
+
+def _made_up(lead, k=None, tau=None, probe=None, seeds=range(5)):
+    """Rows (and the probe table) in the shape `claims` reads: F1 and Ign-F1 per (seed, variant) with B3's lead over B0-B2
+    (`lead`: a number, or variant -> lead); optionally the k and tau_eq sweeps (offsets from the default) and probe pairs."""
+    lead = lead if isinstance(lead, dict) else dict(B0=0.0, B1=0.0, B2=0.0, B3=lead)
+    jit = lambda s, i: 0.01 * s + 0.005 * ((s + i) % 2)                # seed jitter: finite intervals
+    rows = []
+    for s in seeds:
+        b3 = 0.4 + lead['B3'] + jit(s, 3)
+        rows += [dict(seed=s, variant=v, part='main', k=5, tau_eq=None, sweep=False, f1=0.4 + a + jit(s, i), ign_f1=0.3 + a + jit(s, i))
+                 for i, (v, a) in enumerate({**lead, 'prior': -0.2}.items())]
+        rows += [dict(seed=s, variant='B3', part='k', k=kk, tau_eq=None, sweep=True, f1=b3 + d + jit(s, j), ign_f1=b3 + d) for j, (kk, d) in enumerate((k or {}).items())]
+        rows += [dict(seed=s, variant='B3', part='tau_eq', k=5, tau_eq=t, sweep=True, f1=b3 + d + jit(s, j), ign_f1=b3 + d) for j, (t, d) in enumerate((tau or {}).items())]
+    return Results('docks_rag', dict(seed=0, k=5, tau_eq=0.8), rows, seeds=list(seeds), tables=dict(probe=probe) if probe else {})
+
+
+@pytest.mark.parametrize('lead,want,status', [
+    (0.1, 'reproduced', ['shows'] * 6),
+    (dict(B0=0.0, B1=0.1, B2=0.1, B3=0.1), 'partly', ['shows', 'no effect', 'no effect'] * 2),   # B3 beats the document alone only
+    (0.0, 'not reproduced', ['no effect'] * 6),
+    (-0.1, 'not reproduced', ['opposite'] * 6),
+])
+def test_verdict_on_made_up_rows(lead, want, status):
+    "B3 − B0, B1, B2 in F1 then in Ign-F1, paired over seeds (no sweeps, no probe: those claims are absent)."
+    R = _made_up(lead)
+    assert [c.status for c in claims(R)] == status
+    assert verdict(R) == want
+
+
+def test_sweeps_and_probe_are_claims_too():
+    "The inverted U in k (smallest k > 0 and the largest) and in tau_eq (both ends and both neighbours), and the probe's two comparisons."
+    R = _made_up(0.1, K_UP, TAU_UP, GOOD_PROBE)
+    cs = claims(R)
+    assert [c.name.split(' − ')[-1] for c in cs[6:12]] == ['B3 at k=2', 'B3 at k=20', 'at tau_eq=0.6', 'at tau_eq=0.7', 'at tau_eq=0.9', 'at tau_eq=1.0']
+    assert len(cs) == 14 and all(c.shows for c in cs) and verdict(R) == 'reproduced'
+    cs = claims(_made_up(0.1, {**K_UP, 0: 0.3}, TAU_UP))               # k=0 (B1's inputs) is not a sweep claim, however it scores
+    assert len(cs) == 12 and verdict(_made_up(0.1, {**K_UP, 0: 0.3}, TAU_UP)) == 'reproduced'
+
+
+def test_a_sweep_going_the_other_way_is_partly():
+    "F1 rising with k (no inverted U): the k=20 claim goes the other way; the rule has no reversal clause, so the verdict is partly."
+    R = _made_up(0.1, {2: -0.05, 10: 0.02, 20: 0.05}, TAU_UP)
+    cs = claims(R)
+    assert cs[7].name.endswith('k=20') and cs[7].opposite and sum(c.shows for c in cs) == len(cs) - 1
+    assert verdict(R) == 'partly'
+
+
+@pytest.mark.parametrize('lead,want', [(0.1, 'reproduced'), (-0.1, 'not reproduced')])
+def test_a_failed_precondition_makes_it_untestable(lead, want):
+    R = _made_up(lead)
+    R.claims = [FAILED, *claims(R)]
+    assert verdict(R) == UNTESTABLE
+    R.claims = [HOLDS, *claims(R)]
+    assert verdict(R) == want

@@ -1,14 +1,15 @@
-"Cross-checks of `workbench.data_selection.epicoder`: temperature smoothing, subtree sampling limits, evolution frequencies, the sandbox (timeouts, network, writes), metrics, and the recorded verdict (fast, CPU)."
+"Cross-checks of `workbench.data_selection.epicoder`: temperature smoothing, subtree sampling limits, evolution frequencies, the sandbox (timeouts, network, writes), metrics, and the verdict rule on made-up rows (fast, CPU)."
 import math
 import os
 import tempfile
 from pathlib import Path
 import numpy as np
 import pytest
-from workbench.core import load_results
+from workbench.core import Claim, Results, UNTESTABLE
 from workbench.data_selection.epicoder import (FeatureTree, smooth_probs, extract_features, kcenter_greedy, feature_matrix, new_node_frequency,
     apply_expansion, evolve, StdlibExpander, synthesize, recipe, run_sandboxed, validate, cyclomatic, halstead, jaccard_distance,
-    iter_stdlib_functions, EpiCoderConfig, run_experiment, claims, verdict, headline, tree_from_records, tree_records, extract_code, humaneval_programs)
+    iter_stdlib_functions, EpiCoderConfig, run_experiment, claims, verdict, headline, tree_from_records, tree_records, extract_code, humaneval_programs,
+    strongest_baseline, CLAIM_METRICS)
 
 
 @pytest.fixture(scope='module')
@@ -135,7 +136,7 @@ def test_tiny_end_to_end_run():
     cfg = EpiCoderConfig(mode='quick', n_modules=12, n_seed_functions=15, evolve_steps=5, n_samples=6, n_seeds=2, n_humaneval=4, shapes=((2, 1, 1),), n_shape_samples=2)
     res = run_experiment(cfg)
     assert set(res.df.method) == set(cfg.methods) and (res.df.n == 6).all()
-    assert res.verdict == verdict(res) and len(res.claims) == 4 and 'equal request' in headline(res)
+    assert len(res.claims) == 4 and 'equal request' in headline(res)
     rq = res.df.pivot(index='seed', columns='method', values='requested')
     assert np.allclose(rq['flat_random'], rq['epicoder']) and (rq['seed_synth'] <= rq['epicoder'] + 1e-9).all()   # equal request (seed snippets: capped by the seed's own features)
     assert 'not tested' in headline(res)
@@ -152,9 +153,56 @@ def test_llm_model_reaches_the_generator(monkeypatch):
     assert seen['model'] == 'my-org/bigger-coder' and len(out['samples']) == 4 and all(s['status'] == 'pass' for s in out['samples'])
 
 
-def test_recorded_verdict():
-    try: R = load_results('epicoder')
-    except FileNotFoundError: pytest.skip('no full run recorded yet')
-    assert R.mode == 'full' and verdict(R) == R.verdict
-    assert [c.name for c in claims(R)] == [c.name for c in R.claims]
-    assert len(R.seeds) >= 3
+# --- the verdict rule on made-up rows ---
+FAILED = Claim('made-up precondition: the baselines leave headroom', 0.2, -0.1, 0.5, null=1.0, role='precondition', threshold_from='min_headroom')
+HOLDS = Claim('made-up precondition: the sandbox passes HumanEval', 0.98, 0.95, 1.0, null=0.9, role='precondition', threshold_from='min_pass')
+METRICS = tuple(CLAIM_METRICS)      # n_features, coverage_loc, eta2, cyclomatic: the order of `claims`
+
+
+def _made_up(epicoder=0.0, seeds=range(5), **baselines):
+    "Rows in the shape `claims` reads, one per (method, seed): each method's lead over a common level, per metric (a number: every metric)."
+    lead = {**dict.fromkeys(('flat_random', 'seed_synth', 'seed_full', 'seed_raw'), 0.0), **baselines, 'epicoder': epicoder}
+    rows = []
+    for s in seeds:
+        for i, (m, x) in enumerate(lead.items()):
+            x = x if isinstance(x, dict) else dict.fromkeys(METRICS, x)
+            rows.append(dict(method=m, seed=s, **{k: 10.0 + x.get(k, 0.0) + 0.1 * s + 0.05 * ((s + i) % 2) for k in METRICS}))  # seed jitter: finite CIs
+    return Results('epicoder', dict(seed=0), rows, seeds=list(seeds))
+
+
+@pytest.mark.parametrize('lead,want,shows', [
+    (1.0, 'reproduced', [True] * 4),
+    (dict(n_features=1.0, coverage_loc=1.0, eta2=0.0, cyclomatic=-1.0), 'partly', [True, True, False, False]),
+    (0.0, 'not reproduced', [False] * 4),                        # no effect beyond the CI
+    (-1.0, 'not reproduced', [False] * 4),                       # the other way on every metric
+])
+def test_verdict_on_made_up_rows(lead, want, shows):
+    R = _made_up(lead)
+    assert [c.shows for c in claims(R)] == shows
+    assert verdict(R) == want
+
+
+@pytest.mark.parametrize('stronger', ['flat_random', 'seed_synth'])
+def test_claims_are_against_the_strongest_equal_request_baseline(stronger):
+    "EpiCoder leads seed_synth and flat_random by 1; one of them leads by 2 on η2: that one is the baseline, and the η2 claim goes the other way."
+    R = _made_up(1.0, **{stronger: dict(eta2=2.0)})
+    assert strongest_baseline(R, 'eta2') == stronger and strongest_baseline(R, 'n_features') in ('flat_random', 'seed_synth')
+    assert [c.shows for c in claims(R)] == [True, True, False, True] and claims(R)[2].opposite
+    assert verdict(R) == 'partly'
+
+
+def test_seed_full_counts_for_coverage_but_not_per_program():
+    "All of a seed's features (3x the request) is excluded from per-program claims by the equal-request rule, but not from coverage at equal lines."
+    R = _made_up(1.0, seed_full=5.0)
+    assert strongest_baseline(R, 'n_features') != 'seed_full' and strongest_baseline(R, 'coverage_loc') == 'seed_full'
+    assert [c.shows for c in claims(R)] == [True, False, True, True] and claims(R)[1].opposite
+    assert verdict(R) == 'partly'
+
+
+@pytest.mark.parametrize('lead,want', [(1.0, 'reproduced'), (0.0, 'not reproduced')])
+def test_a_failed_precondition_makes_it_untestable(lead, want):
+    R = _made_up(lead)
+    R.claims = [FAILED, *claims(R)]
+    assert verdict(R) == UNTESTABLE
+    R.claims = [HOLDS, *claims(R)]
+    assert verdict(R) == want

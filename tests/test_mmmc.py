@@ -1,4 +1,4 @@
-"Cross-checks of `workbench.multimodal.mmmc`: scenes and conflicts, the judge, the model's input checks, REINFORCE++ and the experiment API (fast, CPU)."
+"Cross-checks of `workbench.multimodal.mmmc`: scenes and conflicts, the judge, the model's input checks, REINFORCE++, the experiment API and the verdict rule on made-up rows (fast, CPU)."
 import copy
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ from workbench.multimodal.mmmc import (SHAPES, COLOURS, RELATIONS, TYPES, CONFLI
     relation_holds, images_to_tensor, check_pixels, make_example, make_dataset, premise_holds, scene_split, judge_answer, rouge_l,
     verify_questions, TinyVLM, WithImages, lm_row, prompt_ids, sample_responses, response_logprobs, reinforcepp_advantages,
     group_advantages, policy_loss, rl_train, MMMCConfig, claims, verdict, IMG, EOS, N_IMG, CELL, RGB,
-    TEMPLATES, APPLIES, MMMC_MIX, base_mix, template_shares, template_table, template_rates, question_kind, METHODS)
-from workbench.core import load_results
+    TEMPLATES, APPLIES, MMMC_MIX, base_mix, template_shares, template_table, template_rates, question_kind)
+from workbench.core import Claim, Results, UNTESTABLE
 
 
 def _true_relations(a: Obj, b: Obj) -> set:
@@ -201,18 +201,9 @@ def test_cell_labels_and_encoder_loss():
     assert [probe_kind(q) for q in ('is there a cross ?', 'is the cross red ?', 'is the cross above the circle ?')] == ['existence', 'colour', 'relation']
 
 
-def test_config_and_recorded_verdict():
+def test_config_errors_and_full_seeds():
     with pytest.raises(ValueError, match='group_size'): MMMCConfig(batch_size=30)
     assert MMMCConfig(mode='full').n_seeds >= 3
-    try: R = load_results('mmmc')
-    except FileNotFoundError: pytest.skip('no committed full run yet')
-    assert R.mode == 'full' and len(R.seeds) >= 3
-    assert verdict(R) == R.verdict
-    assert [c.name for c in claims(R)] == [c.name for c in R.claims]
-    tr = R.df[R.df['record'] == 'template']                     # the shortcut diagnostic: every method x template x seed
-    assert set(tr['method']) >= set(METHODS) and set(tr['template']) == set(TEMPLATES)
-    assert len(tr) == len(R.seeds) * len(set(tr['method'])) * len(TEMPLATES)
-    assert np.allclose(tr['detection'], tr['flag_conflict'] - tr['flag_normal'])
 
 
 def test_stricter_rule_gives_no_credit_for_refusing():
@@ -238,3 +229,69 @@ def test_stricter_rule_gives_no_credit_for_refusing():
     assert cs[rl_drop].shows and not cr[rl_drop]                                   # the old rule would count it, the new one does not
     assert all(not ok for c, ok in zip(cs, cr) if c.name.startswith('hallucination rate on'))   # RL's lead over SFT: bought with refusal too
     assert sum(cr) < sum(c.shows for c in cs) and verdict(res) == 'partly'
+
+
+# --- the verdict rule on made-up rows ---
+from workbench.multimodal.mmmc import REFUSE, credited
+FAILED = Claim('made-up precondition: the base perceives the premise', 0.55, 0.45, 0.65, null=0.8, role='precondition', threshold_from='min_perception')
+HOLDS = Claim('made-up precondition: training has run its course', 0.001, -0.002, 0.004, better='lower', null=0.01, role='precondition', threshold_from='slope_tol')
+REMEDIES = ('PE: instruction', 'SFT', 'RL (REINFORCE++)')
+
+
+def _made_up(hallu, acc=None, det=None, instability=None, seeds=(0, 1, 2)):
+    """Rows in the shape `claims` and `gates` read: per seed and method, 'eval' rows (hallucination rate per conflict type, accuracy on
+    normal questions), 'template' rows (detection) and 'run' rows (instability). Defaults: normal accuracy 0.9, detection 0.5 for every
+    remedy (refuse-everything: 0), instability 0.2 for RL and 0.1 for SFT."""
+    acc = {m: 0.9 for m in hallu} | {REFUSE: 0.0} | (acc or {})
+    det = {m: 0.5 for m in REMEDIES} | {'base': 0.0, REFUSE: 0.0} | (det or {})
+    instability = {'SFT': 0.1, 'RL (REINFORCE++)': 0.2} | (instability or {})
+    hallu = hallu | {REFUSE: 0.0}
+    rows = []
+    for s in seeds:
+        for i, (m, h) in enumerate(hallu.items()):
+            j = 0.01 * s + 0.005 * ((s + i) % 2)                                   # seed jitter: finite intervals
+            h = h if isinstance(h, dict) else dict.fromkeys(CONFLICTS, h)
+            rows += [dict(record='eval', seed=s, method=m, conflict_type=t, hallu=0.0 if t == 'none' else h[t] + j, acc=acc[m] - j if t == 'none' else 0.5)
+                     for t in TYPES]
+            rows += [dict(record='template', seed=s, method=m, template=k, detection=det.get(m, 0.0) + (j if det.get(m) else 0.0)) for k in TEMPLATES]
+            rows.append(dict(record='run', seed=s, method=m, instability=instability.get(m, 0.0) + j))
+    return Results('mmmc', dict(seed=0), rows, seeds=list(seeds))
+
+
+WORKS = {'base': 0.7, 'PE: instruction': 0.5, 'SFT': 0.3, 'RL (REINFORCE++)': 0.1}
+
+
+# claims: base above 40%; PE, SFT, RL − base; RL − best other remedy per conflict type (object, attribute, relation); instability RL − SFT
+@pytest.mark.parametrize('hallu,kw,want,status', [
+    (WORKS, {}, 'reproduced', ['shows'] * 8),
+    (WORKS | {'RL (REINFORCE++)': 0.3}, {}, 'partly', ['shows'] * 4 + ['no effect'] * 3 + ['shows']),            # RL no better than SFT
+    (WORKS | {'RL (REINFORCE++)': dict(object=0.1, attribute=0.3, relation=0.5)}, {}, 'partly',
+     ['shows'] * 5 + ['no effect', 'opposite', 'shows']),                                                      # RL best on object conflicts only
+    (dict.fromkeys(('base', *REMEDIES), 0.3), dict(instability={'RL (REINFORCE++)': 0.1}), 'not reproduced',
+     ['opposite'] + ['no effect'] * 7),                                                                           # no problem, no remedy
+])
+def test_verdict_on_made_up_rows(hallu, kw, want, status):
+    R = _made_up(hallu, **kw)
+    cs = claims(R)
+    assert [c.status for c in cs] == status
+    assert credited(R) == [c.shows for c in cs]                              # every remedy detects: nothing is withheld
+    assert verdict(R) == want
+
+
+def test_remedies_that_only_refuse_get_no_credit():
+    "Every remedy drops hallucination to 0 by refusing (detection 0, normal accuracy 0): three claims show, none is credited, so not reproduced."
+    refuse = dict.fromkeys(REMEDIES, 0.0)
+    R = _made_up({'base': 0.3, **refuse}, acc=refuse, det=refuse, instability={'RL (REINFORCE++)': 0.1})
+    assert [c.shows for c in claims(R)] == [False, True, True, True, False, False, False, False]
+    assert not any(credited(R)) and verdict(R) == 'not reproduced'
+    R = _made_up({'base': 0.3, **refuse}, acc=refuse, instability={'RL (REINFORCE++)': 0.1})    # the same drops with detection: credited
+    assert credited(R) == [False, True, True, True, False, False, False, False] and verdict(R) == 'partly'
+
+
+@pytest.mark.parametrize('hallu,want', [(WORKS, 'reproduced'), (dict.fromkeys(('base', *REMEDIES), 0.3), 'not reproduced')])
+def test_a_failed_precondition_makes_it_untestable(hallu, want):
+    R = _made_up(hallu, instability={'RL (REINFORCE++)': 0.1} if want != 'reproduced' else None)
+    R.claims = [FAILED, *claims(R)]
+    assert verdict(R) == UNTESTABLE
+    R.claims = [HOLDS, *claims(R)]
+    assert verdict(R) == want

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn, Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress
+from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, verdict_rule
 from ..measure import check_int, check_num, check_tensor, paired_bootstrap, paired_t, claim, mean_ci
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids
@@ -632,6 +632,7 @@ def claims(res: Results) -> list[Claim]:
                          paired_bootstrap(e_n, _items(res, bn, seeds), unit='items'), better='higher'))
     return out
 
+@verdict_rule
 def verdict(res: Results) -> str:
     "Reproduced when ECON beats the strongest answer-alone baseline, the best debate and its learned vote alone beyond their 95% CIs, has lower cumulative regret than independent learners, gains from more executors and beats the strongest answer-alone baseline at that size; not reproduced when none of these shows or any goes the other way beyond its CI; else partly."
     cs = claims(res)

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch
-from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer, verdict_rule
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_t, bootstrap, claim
 from ..viz import PALETTE, Explorer
 
@@ -938,6 +938,7 @@ def claims(results: Results) -> list[Claim]:
         out.append(claim(f"EpiCoder − {METHOD_NAMES[b]}: {what}", paired_t(_by_seed(df, 'epicoder', k), _by_seed(df, b, k))))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced if EpiCoder beats the strongest equal-request baseline (seed snippets or random leaves) in unique features, Halstead η2 and cyclomatic complexity per program, and the strongest baseline in feature coverage at equal lines, each beyond its 95% CI over seeds; partly if some do."
     return judge(claims(results))

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch
-from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, get_device
+from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, get_device, verdict_rule
 from ..measure import check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids, model_device
@@ -772,6 +772,7 @@ def credited(results: Results) -> list[bool]:
     g = gates(results)
     return [c.shows and all(g[m]['credited'] for m, names in GATED.items() if c.name.startswith(names)) for c in claims(results)]
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when every claim (base hallucination above 40%; PE, SFT and RL each below the base; RL below the best other remedy on each conflict type; RL less stable than SFT) shows beyond its 95% CI over seeds, partly when at least one does, else not reproduced; a remedy's hallucination claims count only if its detection beats refuse-everything's (0) beyond its CI or its normal-question accuracy is not below the base's beyond its CI."
     return judge([c if ok else replace(c, lo=math.nan, hi=math.nan) for c, ok in zip(claims(results), credited(results))])

@@ -17,7 +17,7 @@ from torch import nn, Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer, verdict_rule
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, mean_ci, paired_t, claim
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids
@@ -416,6 +416,7 @@ def claims(results: Results) -> list:
     return out
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000054
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when every claim (cooling raises NLL's precision; heating NLL buys less recall than it costs precision; each declared PR loss + temperature beats the strongest baseline + temperature in recall at each precision level) shows beyond its paired 95% CI over seeds, partly when at least one does, else not reproduced."
     return judge(claims(results))

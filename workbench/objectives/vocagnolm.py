@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, judge, size, cached, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, judge, size, cached, cached_unit, progress, Timer, verdict_rule
 from ..measure import check_int, check_num, check_choice, paired_t, mean_ci, claim
 from ..viz import PALETTE, Explorer
 
@@ -406,6 +406,7 @@ def claims(results: Results) -> list:
             out.append(claim(f"{name}: VocAgnoLM-{t} (k={k0:g}) vs shuffled-teacher control", _gain(col, _vals(df, col, 'vocagnolm', t, k0, seeds), _vals(df, col, 'shuffled', t, k0, seeds)), 'higher'))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when, for every teacher and on both held-out metrics (bits per char, answer accuracy), VocAgnoLM beats the strongest equal-token baseline at every kept share and the shuffled-teacher control beyond the paired 95% CI over seeds; partly when at least one of these claims does; else not reproduced."
     return judge(claims(results))

@@ -13,7 +13,7 @@ from fastcore.basics import patch_to
 import numpy as np, torch, networkx as nx
 from torch import nn, Tensor
 import torch.nn.functional as F
-from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge
+from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, verdict_rule
 from ..measure import check_int, check_num, check_choice, paired_t, paired_bootstrap, claim
 from ..models import load_embedder
 from ..train import model_device
@@ -813,6 +813,7 @@ def claims(results) -> list:
             out.append(claim(f"tau_eq sweep f1 (alias queries): B3 at tau_eq={cfg['tau_eq']} − at tau_eq={t}", paired_t(ref.to_numpy(), x.to_numpy()), better='higher'))
     return out + _probe_claims(results)
 
+@verdict_rule
 def verdict(results) -> str:
     "Reproduced when every claim shows beyond its 95% CI (B3 over each ablation in F1 and Ign-F1, the inverted U in k (k > 0) and in tau_eq (ends and neighbours), tuning over the untuned SmolLM2 probe, the hybrid over the plain prompt for the probe), partly when some show, else not reproduced."
     return judge(claims(results))
