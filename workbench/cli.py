@@ -11,6 +11,7 @@ from pathlib import Path
 from . import __version__
 from .core import get_settings, from_overrides, save_results, Timer
 from .registry import METHODS, FIELDS, get_method, method_status, scoreboard, scoreboard_markdown, nbs_path, is_built
+from .registry import NEEDS, is_installed, missing_needs, install_commands
 
 # %% auto #0
 __all__ = ['format_table', 'cmd_list', 'run_notebook', 'UsageError', 'cmd_run', 'make_parser', 'main']
@@ -30,7 +31,7 @@ def format_table(rows: list[dict], cols: dict, widths: dict|None=None) -> str:
     return '\n'.join([line(list(cols.values())), line(['-'*x for x in w]), *map(line, cells)])
 
 # %% ../nbs/08_cli.ipynb #1ec4f144
-_LIST_COLS = dict(slug='method', field='field', status='status', measured='last results', date='date')
+_LIST_COLS = dict(slug='method', field='field', status='status', needs='needs', measured='last results', date='date')
 
 def cmd_list(args) -> int:
     "`workbench list`: methods, field, status, last results' headline and date."
@@ -38,7 +39,11 @@ def cmd_list(args) -> int:
     rows = scoreboard(field=args.field)
     for r in rows:
         if r['measured'] is not None and r['mode'] != 'full': r['measured'] += ' (quick run)'
-    print(format_table(rows, _LIST_COLS, dict(measured=50)))
+    print(format_table([dict(r, needs=r['needs'] or '—') for r in rows], _LIST_COLS, dict(measured=50)))
+    missing = [n for n in NEEDS if not is_installed(n) and any(n in METHODS[r['slug']].needs.full for r in rows)]
+    if missing:
+        print(f"\nnot installed here: {', '.join(missing)}; to run the methods that need them: "
+              + ' && '.join(install_commands(missing)))
     return 0
 
 # %% ../nbs/08_cli.ipynb #169e5920
@@ -86,9 +91,13 @@ def _resolve_methods(names, parser, notebook=False) -> list:
     return [get_method(n) for n in dict.fromkeys(names)]
 
 # %% ../nbs/08_cli.ipynb #179e1903
+_NO_NOTEBOOKS = ("notebooks are not installed with the package: --notebook runs need a checkout of the repository "
+                 "(run from inside it, or set WORKBENCH_ROOT)")
+
 def _run_notebook_of(m, full) -> bool:
     "Run method `m`'s notebook; report where its results went. True on success."
     nb = nbs_path()/m.notebook
+    if not nbs_path().is_dir(): print(f"{m.slug}: {_NO_NOTEBOOKS}", file=sys.stderr); return False
     if not nb.is_file():
         print(f"{m.slug}: its notebook {_rel(nb)} does not exist yet (status: not built yet)", file=sys.stderr); return False
     res = get_settings().results_path/f'{m.slug}.json'
@@ -117,30 +126,64 @@ def _api(m):
         if 'does not offer the experiment API' in str(e): return None
         raise
 
-def _run_api(m, api, full, sets, save) -> bool:
-    "Run `m`'s experiment through its API; print its claims and verdict; save a full run. True on success."
+def _run_api(m, api, full, sets, save, out=None) -> bool:
+    "Run `m`'s experiment through its API; print its claims and verdict; save a full run, or any run to `out`."
     try: cfg = from_overrides(api.config, sets, mode='full' if full else 'quick')
     except (ValueError, TypeError) as e: raise UsageError(f"{m.slug}: {e}") from None
     print(f"== {m.slug}: run_experiment({type(cfg).__name__}(mode={cfg.mode!r}, seed={cfg.seed}{''.join(f', {s}' for s in sets)}))", flush=True)
     with Timer() as t: res = api.run_experiment(cfg)
     print(res.summary())
-    if full and save: print(f"== {m.slug}: ok in {t.s:.0f} s; results written to {_rel(save_results(res))} [{res.verdict}]")
-    else: print(f"== {m.slug}: ok in {t.s:.0f} s; " + ("not saved (--no-save)" if full else "quick mode writes no results (--full does)"))
+    if out or (full and save):
+        saved = save_results(res, results_dir=out)
+        print(f"== {m.slug}: ok in {t.s:.0f} s; results written to {_rel(saved)} [{res.verdict}]")
+    elif full: print(f"== {m.slug}: ok in {t.s:.0f} s; not saved (--no-save)")
+    else: print(f"== {m.slug}: ok in {t.s:.0f} s; quick mode writes no results (--full or --out DIR do)")
     return True
 
 def _run_one(m, args) -> bool:
     if args.notebook: return _run_notebook_of(m, args.full)
-    api = _api(m)
-    if api is None:
-        if args.sets: print(f"{m.slug}: --set needs the experiment API, which {m.module} does not offer; run without --set", file=sys.stderr); return False
-        return _run_notebook_of(m, args.full)
-    return _run_api(m, api, args.full, args.sets, not args.no_save)
+    try:
+        api = _api(m)
+        if api is None:
+            if args.sets:
+                print(f"{m.slug}: --set needs the experiment API, which {m.module} does not offer; run without --set",
+                      file=sys.stderr)
+                return False
+            return _run_notebook_of(m, args.full)
+        return _run_api(m, api, args.full, args.sets, not args.no_save, args.out)
+    except ImportError as e:   # a model wheel or extra that the run's settings need: the error says how to install it
+        if 'pip install' in str(e): raise UsageError(f"{m.slug}: {e}") from None
+        raise
 
+# %% ../nbs/08_cli.ipynb #cl1needs2
+def _check_needs(ms, mode) -> None:
+    "A `UsageError` naming the install commands when the needs of methods `ms` for `mode` are not installed here."
+    missing = {m.slug: missing_needs(m, mode) for m in ms}
+    missing = {k: v for k, v in missing.items() if v}
+    if not missing: return
+    names = list(dict.fromkeys(n for v in missing.values() for n in v))
+    verb = 'needs' if len(missing) == 1 else 'need'
+    raise UsageError(f"{', '.join(missing)} {verb} {', '.join(names)}, not installed here; "
+                     f"run: {' && '.join(install_commands(names))}")
+
+def _check_device() -> None:
+    "A `UsageError` when the device setting names a device torch does not see."
+    if get_settings().device == 'cpu': return
+    from workbench.core import get_device
+    try: get_device()
+    except RuntimeError as e: raise UsageError(e) from None
+
+# %% ../nbs/08_cli.ipynb #cl1needs3
 def cmd_run(args, parser) -> int:
     "`workbench run`: run each method's experiment (or notebook); 1 if any failed or does not exist."
-    ms = _resolve_methods(args.methods, parser, args.notebook)
     if args.notebook and args.sets: parser.error("--set applies to the experiment API, not to --notebook runs")
+    if args.out and (args.notebook or args.no_save):
+        parser.error("--out saves what run_experiment returns: not with --notebook or --no-save")
+    if args.notebook and not nbs_path().is_dir(): raise UsageError(_NO_NOTEBOOKS)
+    ms = _resolve_methods(args.methods, parser, args.notebook)
     if not ms: print("no method notebooks exist yet: nothing to run"); return 0
+    _check_needs(ms, 'full' if args.full or args.notebook else 'quick')
+    _check_device()
     failed = [m.slug for m in ms if not _run_one(m, args)]
     if len(ms) > 1: print(f"== {len(ms) - len(failed)} of {len(ms)} ran" + (f"; failed or not built: {', '.join(failed)}" if failed else ''))
     return 1 if failed else 0
@@ -154,14 +197,18 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument('--field', choices=list(FIELDS), help='only this field')
     pl.add_argument('--markdown', action='store_true', help='print the Markdown scoreboard of the home page')
     pr = sub.add_parser('run', help="run methods' experiments (quick mode unless --full)",
-                        description="Run each method's experiment: run_experiment(<Method>Config) in quick mode, or with "
-                                    "--full in full mode, which writes data/results/<method>.json. --notebook executes "
-                                    "the whole notebook headless instead.")
+                        description="Run each method's experiment: run_experiment(<Method>Config) in quick mode, or "
+                                    "with --full in full mode, which writes data/results/<method>.json (--out DIR: "
+                                    "DIR/<method>.json, any mode). --notebook executes the whole notebook headless "
+                                    "instead. A method whose needs (see `workbench list`) are not installed stops with "
+                                    "the command that installs them.")
     pr.add_argument('methods', nargs='+', metavar='method', help=f"a method slug ({', '.join(METHODS)}) or 'all'")
     pr.add_argument('--full', action='store_true', help='full mode: the full sizes, results saved (minutes to hours per method)')
     pr.add_argument('--set', dest='sets', action='append', default=[], metavar='KEY=VALUE',
                     help="override a config field, e.g. --set n_seeds=2 (repeatable; values are Python literals)")
     pr.add_argument('--no-save', action='store_true', help='do not write data/results/<method>.json after a full run')
+    pr.add_argument('--out', metavar='DIR',
+                    help='write the results of this run (quick or full) to DIR/<method>.json instead')
     pr.add_argument('--notebook', action='store_true', help="execute the method's notebook headless (its #| slow cells with --full)")
     return p
 

