@@ -25,7 +25,8 @@ __all__ = ['SETTINGS_SCHEMA', 'SETTINGS_DEFAULTS', 'VERDICTS', 'UNTESTABLE', 'RO
 
 # %% ../nbs/00_core.ipynb #bfa19425
 SETTINGS_SCHEMA = {  # key: (type, check, what is allowed)
-    'model':     (str,  lambda v: bool(re.fullmatch(r'[a-z0-9][a-z0-9._-]*', v)), 'a model name from workbench.models.MODELS'),
+    'model':     (str,  lambda v: bool(v.strip()) and '\n' not in v,
+                  'a registry name from workbench.models.MODELS, a local Hugging Face folder or a cached hub id'),
     'dtype':     (str,  lambda v: v in ('float32', 'bfloat16'), "'float32' or 'bfloat16'"),
     'data_dir':  (str,  lambda v: bool(v.strip()), 'a folder path (relative paths are from the repository root)'),
     'cache_dir': (str,  lambda v: bool(v.strip()), 'a folder path (~ is expanded)'),
