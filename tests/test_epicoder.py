@@ -142,13 +142,13 @@ def test_tiny_end_to_end_run():
     assert 'not tested' in headline(res)
 
 
-def test_llm_model_reaches_the_generator(monkeypatch):
+def test_model_reaches_the_generator(monkeypatch):
     import workbench.data_selection.epicoder as E
     seen = {}
     def fake(prompts, max_new_tokens=160, model_name='smollm2-135m', batch_size=8):
         seen['model'] = model_name; return ["```python\ndef solve(data, text):\n    return [len(data)]\n```"] * len(prompts)
     monkeypatch.setattr(E, 'llm_generate', fake)
-    cfg = EpiCoderConfig(mode='quick', n_modules=8, n_seed_functions=10, evolve_steps=2, llm_samples=2, llm_model='my-org/bigger-coder')
+    cfg = EpiCoderConfig(mode='quick', n_modules=8, n_seed_functions=10, evolve_steps=2, llm_samples=2, model='my-org/bigger-coder')
     out = E.llm_unit(cfg, E.build_corpus(cfg), cfg.seed)
     assert seen['model'] == 'my-org/bigger-coder' and len(out['samples']) == 4 and all(s['status'] == 'pass' for s in out['samples'])
 

@@ -98,7 +98,10 @@ def test_errors(tok):
     al = align_spans(np.array([[0, 3], [3, 6]]), np.array([[0, 2], [2, 6]]))
     with pytest.raises(ValueError, match='different texts'): aggregate_teacher_loss(al, [0.1])
     with pytest.raises(ValueError, match='scored 1 texts'): build_stream(tok, ['a', 'b'], {'t': [dict()]})
-    with pytest.raises(ValueError): VocAgnoLMConfig(teachers=('gpt2',))
+    with pytest.raises(ValueError, match='unknown model'): VocAgnoLMConfig(model='gpt2')
+    with pytest.raises(ValueError, match='teacher2'): VocAgnoLMConfig(teacher2='no-such-model')
+    with pytest.raises(ValueError, match='differ'): VocAgnoLMConfig(teacher2=TEACHERS[0])
+    with pytest.raises(TypeError): VocAgnoLMConfig(teachers=TEACHERS)           # derived from model and teacher2
 
 
 def test_exact_match_kd(tok):

@@ -20,8 +20,9 @@ import ipywidgets as W
 from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, seed_everything, cached_unit, progress, Timer, atomic_write_json, atomic_dir
 from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kendall_tau_b, mean_ci, paired_t, claim
 from ..models import tiny_llama, load_pretrained
+from ..core import get_device
 from ..hooks import run_with_cache
-from ..train import TrainConfig, train, collate
+from ..train import TrainConfig, train, collate, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -223,14 +224,14 @@ class RewardModel(nn.Module):
         "h (B, d): the score head's input at the last non-pad token."
         if attention_mask is None: attention_mask = torch.ones_like(input_ids)
         x = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state   # (B, T, d)
-        return x[torch.arange(len(x)), attention_mask.sum(1) - 1]                               # (B, d) last non-pad position
+        return x[torch.arange(len(x), device=x.device), attention_mask.sum(1) - 1]   # (B, d) last non-pad position
     def forward(self, input_ids, attention_mask=None):
         return self.score(self.features(input_ids, attention_mask)).squeeze(-1)                 # (B,)
 
 def make_reward_model(vocab_size: int, n_layers: int=2, d_model: int=32, n_heads: int=4, head_input: str='residual', seed: int=0) -> RewardModel:
-    "A tiny Llama decoder (no LM head) with a scalar reward head, seeded."
+    "A tiny Llama decoder (no LM head) with a scalar reward head, seeded, on the settings' device."
     lm = tiny_llama(vocab_size=vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=64, tie=False, seed=seed)
-    return RewardModel(lm.model, d_model, head_input, seed=seed)
+    return RewardModel(lm.model, d_model, head_input, seed=seed).to(get_device())
 
 # %% ../../nbs/alignment/10_bsr.ipynb #sv0a1c02
 def save_reward_model(model: RewardModel, path) -> Path:
@@ -259,14 +260,14 @@ def score(model: RewardModel, seqs: list, batch_size: int=512) -> dict:
     "Rewards `r` (N,), score-head input norms `h` (N,), `cos` θ to W_p (N,), residual norms after each block `resid` (N, L)."
     if not isinstance(model, RewardModel): raise TypeError(f"model must be a RewardModel, got {type(model).__name__}")
     model.eval(); out = dict(r=[], h=[], cos=[], resid=[]); w = model.score.weight[0].cpu()    # (d,)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     for i in range(0, len(seqs), batch_size):
         b = collate([{'input_ids': torch.as_tensor(s)} for s in seqs[i:i + batch_size]])
         b.setdefault('attention_mask', torch.ones_like(b['input_ids']))
         r, cache = run_with_cache(model, {k: v.to(dev) for k, v in b.items()}, names=['blocks.*.hook_resid_post', 'hook_final_norm'])
         r = r.cpu()
         idx, last = torch.arange(len(r)), b['attention_mask'].sum(1) - 1
-        acts = [a[idx, last] for a in cache.values()]                                            # L+1 of (b, d); the last is h
+        acts = [a[idx, last].cpu() for a in cache.values()]                           # L+1 of (b, d); the last is h
         out['r'].append(r); out['h'].append(acts[-1].norm(dim=-1)); out['cos'].append(F.cosine_similarity(acts[-1], w[None], dim=-1))
         out['resid'].append(torch.stack([a.norm(dim=-1) for a in acts[:-1]], 1))
     return {k: torch.cat(v) for k, v in out.items()}

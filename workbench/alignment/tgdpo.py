@@ -17,10 +17,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer, get_device
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, kl_from_logits, mean_ci, paired_t, claim
 from ..models import tiny_llama
-from ..train import TrainConfig, train, generate_ids
+from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -192,8 +192,10 @@ def gold_guidance(task, prompts, chosen, rejected,   # a pair set: (n, L+2) prom
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #6aa3a47b
 def make_policy(task: DigitRuleTask, n_layers: int=2, d_model: int=64, n_heads: int=4, seed: int=0):
-    "A tiny Llama over the task's vocabulary."
-    return tiny_llama(vocab_size=task.vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=32, seed=seed)
+    "A tiny Llama over the task's vocabulary, on the settings' device."
+    m = tiny_llama(vocab_size=task.vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                   max_len=32, seed=seed)
+    return m.to(get_device())
 
 def seq_and_labels(task, prompts, responses) -> tuple[torch.Tensor, torch.Tensor]:
     "Token ids (n, L+2+L) and labels with the prompt set to -100."
@@ -201,8 +203,9 @@ def seq_and_labels(task, prompts, responses) -> tuple[torch.Tensor, torch.Tensor
     return ids, lab
 
 def sample_from(model, task, prompts: torch.Tensor, seed: int=0) -> torch.Tensor:
-    "Responses (n, L) sampled at temperature 1 with `generate_ids`."
-    return generate_ids(model, prompts, task.length, greedy=False, seed=seed)[:, prompts.shape[1]:].cpu()
+    "Responses (n, L) sampled at temperature 1 with `generate_ids` (on the model's device), returned on the CPU."
+    out = generate_ids(model, prompts.to(model_device(model)), task.length, greedy=False, seed=seed)   # (n, L+2+L)
+    return out[:, prompts.shape[1]:].cpu()
 
 _SFT_MEMO = {}   # one SFT per process and setting: the demos and the experiment share it
 
@@ -240,11 +243,14 @@ def pair_rows(task, pairs: dict, ref, guide=None, beta: float=0.1,
     gold = gold_guidance(task, pairs['prompts'], pairs['chosen'], pairs['rejected'], beta, GOLD_GUIDES[guide]) if isinstance(guide, str) else None
     cols = {}
     for i, s in enumerate(('chosen', 'rejected')):
-        ids, lab = seq_and_labels(task, pairs['prompts'], pairs[s])
-        lref, mk = token_logps(ref.eval(), ids, lab)                                          # (n, T-1)
+        ids, lab = seq_and_labels(task, pairs['prompts'], pairs[s])                          # rows stay on the CPU
+        on = lambda m: [t.to(model_device(m)) for t in (ids, lab)]                      # the inputs on a model's device
+        lref, mk = (t.cpu() for t in token_logps(ref.eval(), *on(ref)))                        # (n, T-1)
         if guide is None: rh = torch.zeros_like(lref)
-        elif gold is not None: rh = torch.zeros_like(lref); rh[:, -task.length:] = gold[i]
-        else: rh = token_rewards(token_logps(guide.eval(), ids, lab)[0], lref, mk, beta)
+        elif gold is not None:
+            rh = torch.zeros_like(lref)
+            rh[:, -task.length:] = gold[i]
+        else: rh = token_rewards(token_logps(guide.eval(), *on(guide))[0].cpu(), lref, mk, beta)
         cols.update({f'{s}_input_ids': ids, f'{s}_labels': lab, f'{s}_ref_logps': lref, f'{s}_rhat': rh, f'{s}_mask': mk.float()})
     if centre:                                                                                # $\hat r_t-\bar r_t$, $\bar r_t$ over both sides
         m = sum(cols[f'{s}_mask'] for s in ('chosen', 'rejected'))                            # (T-1,) tokens per position, both sides
@@ -306,7 +312,8 @@ def evaluate_policy(task, policy, ref, prompts: torch.Tensor, ref_rewards: torch
     # win $=\frac1k\sum_j \mathbb 1[R^*(y_\pi)>R^*(y^{ref}_j)]+\frac12\mathbb 1[=]$
     w = ((gp[:, None] > ref_rewards).float() + 0.5 * (gp[:, None] == ref_rewards).float()).mean(1)   # (n,)
     ids, sl, was = torch.cat([prompts, yp], 1), slice(task.prompt_len - 1, -1), policy.training    # logits that predict the response
-    try: zq, zr = (m.eval()(input_ids=ids.to(next(m.parameters()).device)).logits[:, sl].float().cpu() for m in (policy, ref))   # (n, L, V)
+    logits = lambda m: m.eval()(input_ids=ids.to(model_device(m))).logits[:, sl].float().cpu()       # (n, L, V)
+    try: zq, zr = logits(policy), logits(ref)
     finally: policy.train(was)
     kl = kl_from_logits(zq, zr, reduction='none').sum(-1)                                    # (n,) KL(π‖π_ref) summed over positions
     return dict(win=w.mean().item(), win_se=(w.std() / math.sqrt(len(w))).item(), gold=gp.mean().item(),

@@ -17,11 +17,11 @@ from torch.utils.flop_counter import FlopCounterMode
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer, get_device
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, mean_ci
 from ..data import workbench_bpe, lm_dataset
 from ..hooks import run_with_cache
-from ..train import TrainConfig, train
+from ..train import TrainConfig, train, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -300,7 +300,7 @@ def flops_per_token(c: LMConfig, seq_len: int) -> dict:
 
 def measured_flops(model: CausalLM, seq_len: int, backward: bool=False) -> float:
     "FLOPs per token that `torch`'s FlopCounterMode counts for one (1, seq_len) forward (and backward) pass."
-    ids = torch.zeros(1, seq_len, dtype=torch.long)
+    ids = torch.zeros(1, seq_len, dtype=torch.long, device=model_device(model))
     with FlopCounterMode(display=False) as fc:
         out = model(ids, labels=ids if backward else None)
         if backward: out.loss.backward()
@@ -330,7 +330,8 @@ def init_moments(model: CausalLM, ids: Tensor) -> dict:
     "Per layer: residual second moment E[X^2] and, for the RMT, measured vs Table-1 retrieval gain E[q^2]/E[N(X)^2] vs D_k mean(w_Q^2)."
     if not isinstance(model, CausalLM): raise TypeError(f"model must be a CausalLM, got {type(model).__name__}")
     names = ['blocks.*.hook_resid_pre', 'blocks.*.hook_resid_post'] + (['blocks.*.hook_q', 'blocks.*.hook_v'] if model.config.arch == 'rmt' else [])
-    _, c = run_with_cache(model, ids, names=names)
+    dev = model_device(model)
+    _, c = run_with_cache(model, ids.to(dev), names=names, device=dev)                      # the cache beside the model
     L, out = len(model.layers), dict(resid=[c['blocks.0.hook_resid_pre'].pow(2).mean().item()])
     out['resid'] += [c[f'blocks.{i}.hook_resid_post'].pow(2).mean().item() for i in range(L)]
     if model.config.arch == 'rmt':
@@ -362,7 +363,7 @@ def train_curve(c: LMConfig,              # the model (its `seed` is replaced by
                 callbacks=()):            # passed to `workbench.train.train`, e.g. a `workbench.viz.LiveCurves`
     "Train `build_lm(c)` from scratch; returns (curve dict: tokens, flops, time_s, val_loss per evaluation; the trained model)."
     check_tensor('train_ids', train_ids, ndim=2, floating=False); check_tensor('val_ids', val_ids, ndim=2, floating=False)
-    model, T = build_lm(replace(c, seed=seed)), train_ids.shape[1]
+    model, T = build_lm(replace(c, seed=seed)).to(get_device()), train_ids.shape[1]       # `train` keeps it there
     tcfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every, seed=seed, progress=False)
     h = train(model, train_ids, tcfg, eval_data=val_ids, callbacks=callbacks)
     busy = np.cumsum([batch_size * T / tps for tps in h.tokens_per_s])             # seconds after each update (log_every = 1)
@@ -375,7 +376,7 @@ def train_curve(c: LMConfig,              # the model (its `seed` is replaced by
 def residual_norms(model: CausalLM, ids: Tensor) -> dict:
     "'residual': (tokens, L) norms of each block's output residual; 'retrieved': (tokens, L) norms of the value vectors read by attention."
     if not isinstance(model, CausalLM): raise TypeError(f"model must be a CausalLM, got {type(model).__name__}")
-    _, c = run_with_cache(model, ids, names=['blocks.*.hook_resid_post', 'blocks.*.hook_v'])
+    _, c = run_with_cache(model, ids.to(model_device(model)), names=['blocks.*.hook_resid_post', 'blocks.*.hook_v'])
     L, nd_x, nd_v = len(model.layers), len(model.config.residual_shape), 2 if model.config.arch == 'rmt' else 1
     per = lambda name, nd: torch.stack([c[f'blocks.{k}.{name}'].flatten(-nd).norm(dim=-1).flatten() for k in range(L)], 1).numpy()
     # $\lVert X_t \rVert_F$ per token and layer; $\lVert \mathrm{concat}_h V^{(h)}_t \rVert$
@@ -460,7 +461,7 @@ def train_unit(data: tuple, mc: LMConfig, lr: float, seed: int, steps: int, batc
     c, model = train_curve(mc, tr, va, steps, batch_size, lr, eval_every, seed)
     out = dict(curve=dict(tokens=c['tokens'], time_s=[round(t, 3) for t in c['time_s']], val_loss=[round(l, 5) for l in c['val_loss']]),
                final_val_loss=c['val_loss'][-1], s_per_update=c['time_s'][-1] / steps)
-    if norms: out['norms'] = {k: np.round(v, 3).tolist() for k, v in residual_norms(model, va[:2].to(next(model.parameters()).device)).items()}
+    if norms: out['norms'] = {k: np.round(v, 3).tolist() for k, v in residual_norms(model, va[:2]).items()}
     return out
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5453d168

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn, Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, verdict_rule
+from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, verdict_rule, get_device
 from ..measure import check_int, check_num, check_tensor, paired_bootstrap, paired_t, claim, mean_ci
 from ..models import tiny_llama
-from ..train import TrainConfig, train, generate_ids
+from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -86,29 +86,33 @@ def train_executor(profile: dict, steps: int, batch_size: int=32, seed: int=0, l
     "A character-level `tiny_llama` of width `profile['d_model'] * width / 64`, trained with the platform's `train` on `profile['ops']` (eval mode on return)."
     check_int('steps', steps, lo=1); check_int('width', width, lo=8)
     if width % 8: raise ValueError(f"width must be a multiple of 8 (4 heads, half width for C), got {width}")
-    m = tiny_llama(len(VOCAB), 2, profile['d_model'] * width // 64, 4, max_len=32, seed=seed)
+    m = tiny_llama(len(VOCAB), 2, profile['d_model'] * width // 64, 4, max_len=32, seed=seed).to(get_device())
     train(m, executor_rows(profile['ops'], steps * batch_size, seed), TrainConfig(steps=steps, batch_size=batch_size, lr=lr, progress=False, seed=seed))
     return m.eval()
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000015
-def _left_pad(prompts):
-    enc = [encode(p) for p in prompts]; L = max(map(len, enc))
-    ids = torch.tensor([[0] * (L - len(e)) + e for e in enc]); mask = (torch.arange(L)[None] >= torch.tensor([L - len(e) for e in enc])[:, None]).long()
-    return ids, mask                                                      # (B, L), (B, L)
+def _left_pad(prompts, device=None):
+    "Left-padded ids (B, L) and attention mask (B, L) of `prompts`, on `device`."
+    enc = [encode(p) for p in prompts]
+    L = max(map(len, enc))
+    ids = torch.tensor([[0] * (L - len(e)) + e for e in enc], device=device)
+    mask = torch.tensor([[0] * (L - len(e)) + [1] * len(e) for e in enc], device=device)
+    return ids, mask
 
 def answer(model, prompts: list[str], temperature: float, seed: int=0, n: int=1) -> list[str]:
     "`n` answers per prompt (prompt-major): greedy when `temperature` is 0, else sampled."
     check_num('temperature', temperature, lo=0)
-    ids, mask = _left_pad([p for p in prompts for _ in range(n)])
+    ids, mask = _left_pad([p for p in prompts for _ in range(n)], model_device(model))
     out = generate_ids(model, ids, 5, greedy=temperature == 0, temperature=max(temperature, 1e-3), seed=seed, eos_id=EOS, attention_mask=mask, pad_id=EOS)
     return [decode(o[ids.shape[1]:].tolist()) for o in out]
 
 @torch.no_grad()
 def observe(model, prompts: list[str]) -> Tensor:
-    "(B, d_model) the executor's mean last hidden state over each prompt: its private view."
-    ids, mask = _left_pad(prompts)
-    h = model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).last_hidden_state  # (B, L, d)
-    return (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    "(B, d_model) the executor's mean last hidden state over each prompt: its private view, on the CPU."
+    ids, mask = _left_pad(prompts, model_device(model))
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    h = model.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (B, L, d)
+    return ((h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).cpu()
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000015b
 def flops_per_token(model) -> int:
@@ -137,18 +141,19 @@ def build_bank(executors, tasks, m: int, seed: int=0, temps=TEMPS, secs: np.ndar
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000021
 def weighted_vote(U: Tensor, w: Tensor) -> Tensor:
     "(B,) commitments $C=\\arg\\max_v \\sum_i w_i 1[u_i=v]$ for answers U (B, N) and weights w (B, N); ties go to the lowest agent."
-    U, w = torch.as_tensor(U), torch.as_tensor(w, dtype=torch.float32)
+    U = torch.as_tensor(U)
+    w = torch.as_tensor(w, dtype=torch.float32, device=U.device)
     if U.ndim != 2 or U.shape != w.shape: raise ValueError(f"U and w must both be (B, N), got {tuple(U.shape)} and {tuple(w.shape)}")
     if U.shape[1] < 1: raise ValueError("need at least one agent (N >= 1)")
     # score of agent i's answer: $s_i=\sum_j w_j 1[u_j=u_i]$  (B, N)
     s = ((U[:, :, None] == U[:, None, :]).float() * w[:, None, :]).sum(-1)
-    s = s - 1e-6 * torch.arange(U.shape[1])                               # deterministic tie-break
+    s = s - 1e-6 * torch.arange(U.shape[1], device=U.device)              # deterministic tie-break
     return U.gather(1, s.argmax(1, keepdim=True))[:, 0]
 
 def majority_vote(U) -> Tensor:
     "(B,) the most frequent answer of each row of U (B, N); ties go to the lowest agent."
     U = torch.as_tensor(U)
-    return weighted_vote(U, torch.ones(U.shape, dtype=torch.float32))
+    return weighted_vote(U, torch.ones(U.shape, dtype=torch.float32, device=U.device))
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000024
 def econ_rewards(U: Tensor, C: Tensor, y: Tensor, weights=(0.4, 0.4, 0.2)) -> Tensor:
@@ -209,9 +214,9 @@ class QMixer(nn.Module):
 def best_response_profile(q_fns, init: Tensor, max_iter: int=5) -> tuple[Tensor, Tensor]:
     "Iterated best response from `init` (B, N): the profile (B, N) and which rows reached a fixed point (B,)."
     if len(q_fns) != init.shape[1]: raise ValueError(f"need one q_fn per agent: {len(q_fns)} q_fns for {init.shape[1]} agents")
-    a, done = init.clone(), torch.zeros(len(init), dtype=torch.bool)
+    a, done = init.clone(), torch.zeros(len(init), dtype=torch.bool, device=init.device)
     for _ in range(check_int('max_iter', max_iter, lo=1)):
-        changed = torch.zeros(len(a), dtype=torch.bool)
+        changed = torch.zeros(len(a), dtype=torch.bool, device=a.device)
         for i, q in enumerate(q_fns):
             # $a_i \leftarrow \arg\max_a Q_i(a \mid a_{-i})$
             new = q(a).argmax(-1); changed |= new != a[:, i]; a[:, i] = new
@@ -257,7 +262,7 @@ def decide(team: ECONTeam, obs: list[Tensor], max_iter: int=5, bel: tuple|None=N
     "Greedy profile (B, N), converged (B,), equilibrium gap (B,): best responses to beliefs (`bel` = `team.beliefs(obs)` if given), then iterated best response."
     if team.independent:
         a = torch.stack([q(o).argmax(-1) for q, o in zip(team.qind, obs)], 1)
-        return a, torch.ones(len(a), dtype=torch.bool), torch.zeros(len(a))
+        return a, torch.ones(len(a), dtype=torch.bool, device=a.device), torch.zeros(len(a), device=a.device)
     b, pis, _ = team.beliefs(obs) if bel is None else bel; fns = q_fns(team, b)
     init = torch.stack([team.nets[i].q(b[:, i], pis[i].argmax(-1)).argmax(-1) for i in range(team.N)], 1)
     a, ok = best_response_profile(fns, init, max_iter)
@@ -266,14 +271,15 @@ def decide(team: ECONTeam, obs: list[Tensor], max_iter: int=5, bel: tuple|None=N
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000039
 def team_step(team, opt, obs, bank, y, eps: float, g: torch.Generator, fixed: int|None=None, lam_e=0.5, lam_b=0.5) -> dict:
     "One update on a batch: obs [(B, d_i)], bank (B, N, K, m) codes, y (B,). Returns the greedy profile and metrics."
-    B, N = len(y), team.N
+    B, N, dev = len(y), team.N, y.device
+    draw = lambda f, *a: f(*a, generator=g, device=g.device).to(dev)       # drawn on the CPU: the same on any device
     a_greedy, ok, gap = decide(team, obs)
     a = a_greedy.clone() if fixed is None else torch.full_like(a_greedy, fixed)
     if fixed is None:
-        explore = torch.rand(B, N, generator=g) < eps
-        a = torch.where(explore, torch.randint(0, team.K, (B, N), generator=g), a)
-    j = torch.randint(0, bank.shape[-1], (B, N), generator=g)
-    U = bank[torch.arange(B)[:, None], torch.arange(N)[None], a, j]          # (B, N) answers
+        explore = draw(torch.rand, B, N) < eps
+        a = torch.where(explore, draw(torch.randint, 0, team.K, (B, N)), a)
+    j = draw(torch.randint, 0, bank.shape[-1], (B, N))
+    U = bank[torch.arange(B, device=dev)[:, None], torch.arange(N, device=dev)[None], a, j]   # (B, N) answers
     if team.independent:
         C = majority_vote(U); r = econ_rewards(U, C, y)
         Q = torch.stack([q(o).gather(1, a[:, i:i + 1])[:, 0] for i, (q, o) in enumerate(zip(team.qind, obs))], 1)
@@ -286,7 +292,8 @@ def team_step(team, opt, obs, bank, y, eps: float, g: torch.Generator, fixed: in
         loss = ((team.mixer(Q, E) - r.mean(1)) ** 2).mean() + lam_e * ((Q - r) ** 2).sum(1).mean()
         if N > 1:
             ce = [F.cross_entropy(pis[i].flatten(0, 1), _others(a, i).flatten()) for i in range(N)]
-            loss = loss + lam_b * sum(ce); bacc = float(np.mean([(pis[i].argmax(-1) == _others(a, i)).float().mean() for i in range(N)]))
+            loss = loss + lam_b * sum(ce)
+            bacc = float(np.mean([(pis[i].argmax(-1) == _others(a, i)).float().mean().cpu() for i in range(N)]))
         else: bacc = float('nan')
         hit = (U == y[:, None]).float(); some = hit.sum(1) > 0
         if some.any(): loss = loss - torch.log((w * hit).sum(1)[some] + 1e-3).mean()    # $L_\omega$
@@ -314,16 +321,20 @@ def train_team(obs: list[Tensor], bank: np.ndarray, y: np.ndarray, episodes: int
                independent: bool=False, fixed: int|None=None, V: np.ndarray|None=None, log_every: int=20) -> tuple[ECONTeam, dict]:
     "Train a team for `episodes` questions drawn from the RL bank; the log holds per-episode regret of the greedy profile (when V is given)."
     check_int('episodes', episodes, lo=1)
-    torch.manual_seed(seed); g = torch.Generator().manual_seed(seed)
-    team = ECONTeam([o.shape[1] for o in obs], bank.shape[2], independent=independent)
-    opt, bt, yt = torch.optim.Adam(team.parameters(), lr=lr), torch.from_numpy(bank), torch.from_numpy(y)
+    torch.manual_seed(seed)
+    g, dev = torch.Generator().manual_seed(seed), get_device()            # the team trains on the settings' device
+    team = ECONTeam([o.shape[1] for o in obs], bank.shape[2], independent=independent).to(dev)
+    opt = torch.optim.Adam(team.parameters(), lr=lr)
+    bt, yt = torch.from_numpy(bank).to(dev), torch.from_numpy(y).to(dev)
+    obs = [o.to(dev) for o in obs]
     n_up, log = max(episodes // batch, 1), dict(regret=[], bins=[], belief_acc=[], gap=[], acc=[])
     for u in range(n_up):
-        q = torch.randint(0, len(y), (batch,), generator=g)
+        q = torch.randint(0, len(y), (batch,), generator=g, device=g.device)   # questions drawn on the CPU
         eps = 0.3 + (0.05 - 0.3) * u / max(n_up - 1, 1)                     # $\epsilon$: 0.3 -> 0.05
-        out = team_step(team, opt, [o[q] for o in obs], bt[q], yt[q], eps, g, fixed)
+        qd = q.to(dev)
+        out = team_step(team, opt, [o[qd] for o in obs], bt[qd], yt[qd], eps, g, fixed)
         a = out['a'] if fixed is None else torch.full_like(out['a'], fixed)
-        if V is not None: log['regret'] += regret(V[q.numpy()], a.numpy(), team.K).round(4).tolist()
+        if V is not None: log['regret'] += regret(V[q.numpy()], a.cpu().numpy(), team.K).round(4).tolist()
         if u % log_every == 0 or u == n_up - 1:
             log['bins'].append(F.one_hot(a, team.K).float().mean(0).round(decimals=3).tolist())   # (N, K) share of each bin
             log['belief_acc'].append(out['belief_acc']); log['gap'].append(out['gap'].mean().item()); log['acc'].append(out['acc'])
@@ -502,14 +513,20 @@ def _alone(exs, B_rl, y_rl, B_te, y_te, plen, secs, seed) -> tuple:
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000053a
 def _run_team(team, obs, fixed: int|None=None) -> tuple:
-    "A trained team's test-time decision: profile, converged, gap, weights (or None), beliefs (or None), and its FLOPs and seconds per question."
+    "Test-time decision, on the CPU: profile, converged, gap, weights, beliefs (or None); FLOPs and seconds a question."
     from torch.utils.flop_counter import FlopCounterMode
+    dev = model_device(team)
+    obs = [o.to(dev) for o in obs]
     @torch.no_grad()
     def go():
         bel = None if team.independent else team.beliefs(obs)
         if fixed is None: a, ok, gap = decide(team, obs, bel=bel)
-        else: a = torch.full((len(obs[0]), team.N), fixed); ok, gap = torch.ones(len(a), dtype=torch.bool), torch.zeros(len(a))
-        return a, ok, gap, None if bel is None else team.omega(bel[0], bel[2]).numpy(), bel
+        else:
+            a = torch.full((len(obs[0]), team.N), fixed)
+            ok, gap = torch.ones(len(a), dtype=torch.bool), torch.zeros(len(a))
+        w = None if bel is None else team.omega(bel[0], bel[2]).cpu().numpy()
+        bel = None if bel is None else (bel[0].cpu(), [p.cpu() for p in bel[1]], bel[2].cpu())
+        return a.cpu(), ok.cpu(), gap.cpu(), w, bel
     t0 = time.perf_counter(); out = go(); sec = (time.perf_counter() - t0) / len(obs[0])
     fc = FlopCounterMode(display=False)
     with fc: go()                                                           # counted apart: the counter slows the timed run

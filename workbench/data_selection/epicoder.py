@@ -20,6 +20,7 @@ import ipywidgets as W
 from fastcore.basics import patch
 from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer, verdict_rule
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_t, bootstrap, claim
+from ..models import model_source
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -31,11 +32,12 @@ __all__ = ['DEFAULT_EXCLUDES', 'CONTAINERS', 'FILE_MODULES', 'PROCESSING_MODULES
            'iter_stdlib_functions', 'op_group', 'extract_features', 'feature_matrix', 'kcenter_greedy', 'FeatureTree',
            'smooth_probs', 'module_public_names', 'StdlibExpander', 'new_node_frequency', 'apply_expansion', 'evolve',
            'recipe', 'SynthTask', 'task_text', 'synthesize', 'run_sandboxed', 'validate', 'cyclomatic', 'halstead',
-           'ast_depth', 'code_metrics', 'jaccard_distance', 'extract_code', 'llm_generate', 'llm_program',
-           'humaneval_programs', 'EpiCoderConfig', 'build_corpus', 'synth_records', 'seed_unit', 'tree_records',
-           'first_seed_extras', 'reference_unit', 'llm_unit', 'coverage_at_lines', 'method_row', 'run_experiment',
-           'strongest_baseline', 'claims', 'verdict', 'pass_rate_gap', 'headline', 'tree_from_records', 'fig_tree',
-           'FeatureTreeExplorer', 'fig_complexity', 'ComplexityExplorer', 'fig_frontier', 'summary_table']
+           'ast_depth', 'code_metrics', 'jaccard_distance', 'extract_code', 'chat_ids', 'llm_generate', 'llm_program',
+           'humaneval_programs', 'EpiCoderConfig', 'check_model', 'llm_name', 'build_corpus', 'synth_records',
+           'seed_unit', 'tree_records', 'first_seed_extras', 'reference_unit', 'llm_unit', 'coverage_at_lines',
+           'method_row', 'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'pass_rate_gap', 'headline',
+           'tree_from_records', 'fig_tree', 'FeatureTreeExplorer', 'fig_complexity', 'ComplexityExplorer',
+           'fig_frontier', 'summary_table']
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000011
 DEFAULT_EXCLUDES = ('test', 'tests', 'idlelib', 'tkinter', 'lib2to3', 'ensurepip', 'turtledemo', 'site-packages', '__pycache__')
@@ -715,16 +717,25 @@ def extract_code(reply: str) -> str:
     m = re.search(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", reply, flags=re.S)
     return (m.group(1) if m else reply).strip('\n')
 
+def chat_ids(tok, prompt: str) -> list[int]:
+    "The prompt's ids: a user turn in the tokenizer's chat template if it has one, else the plain text."
+    if getattr(tok, 'chat_template', None):
+        text = tok.apply_chat_template([dict(role='user', content=prompt)], tokenize=False, add_generation_prompt=True)
+        return tok(text, add_special_tokens=False)['input_ids']
+    return tok(prompt)['input_ids']
+
 def llm_generate(prompts: list[str], max_new_tokens: int=160, model_name: str='smollm2-135m', batch_size: int=8) -> list[str]:
-    "Greedy replies of the instruct model to each prompt (chat template, left-padded batches)."
+    "Greedy replies of the instruct model `model_name` to each prompt (chat template, left-padded batches)."
     from workbench.models import load_model, load_tokenizer
     from workbench.train import generate_ids, model_device
-    model, tok = load_model(model_name, dtype='float32'), load_tokenizer(model_name); out = []
+    model, tok = load_model(model_name, dtype='float32'), load_tokenizer(model_name)
+    dev, out = model_device(model), []                        # the settings' device (a GPU where there is one)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     for b in range(0, len(prompts), batch_size):
-        ids = [tok(tok.apply_chat_template([dict(role='user', content=p)], tokenize=False, add_generation_prompt=True), add_special_tokens=False)['input_ids'] for p in prompts[b:b + batch_size]]
-        T = max(map(len, ids)); pad = tok.pad_token_id
-        dev = model_device(model)                                               # the settings' device (a GPU where there is one)
-        x = torch.tensor([[pad] * (T - len(i)) + i for i in ids], device=dev); mask = torch.tensor([[0] * (T - len(i)) + [1] * len(i) for i in ids], device=dev)
+        ids = [chat_ids(tok, p) for p in prompts[b:b + batch_size]]
+        T = max(map(len, ids))
+        x = torch.tensor([[pad] * (T - len(i)) + i for i in ids], device=dev)                     # (B, T), left-padded
+        mask = torch.tensor([[0] * (T - len(i)) + [1] * len(i) for i in ids], device=dev)         # (B, T)
         y = generate_ids(model, x, max_new_tokens, greedy=True, eos_id=tok.eos_token_id, attention_mask=mask)
         out += [tok.decode(r[T:].tolist(), skip_special_tokens=True) for r in y]
     return out
@@ -770,7 +781,7 @@ class EpiCoderConfig(ExperimentConfig):
     mem_mb: int = 256                                  # address-space limit per program
     repair_turns: int = 2                              # repairs (drop the failing feature) per program
     n_humaneval: int|None = size(quick=20, full=None)  # HumanEval problems (None: all of them)
-    llm_model: str = 'smollm2-135m'                    # the LLM generator: a `workbench.models` name, local folder or hub id (GPU: a larger instruct model)
+    model: str = 'smollm2-135m'                        # LLM generator: registry name, local HF folder or cached hub id
     llm_samples: int = size(quick=0, full=8)           # LLM programs per method (epicoder, seed_synth); 0: skip
     llm_tokens: int = 128                              # new tokens per LLM reply
     unit_fields: ClassVar[tuple] = ('n_seeds', 'methods')
@@ -779,13 +790,27 @@ class EpiCoderConfig(ExperimentConfig):
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000112
+def check_model(name) -> str:
+    "`name` if it names a pretrained model: a registry name, a local Hugging Face folder or a hub id (`model_source`)."
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"model must be a registry name, a local Hugging Face folder or a hub id, got {name!r}")
+    kind, src = model_source(name)                                           # ValueError for anything else
+    if kind == 'registry' and src.kind != 'pretrained':
+        raise ValueError(f"model={name!r} is a {src.kind} registry model without weights or tokenizer; "
+                         "the LLM generator needs a pretrained one")
+    return name
+
+def llm_name(config: dict) -> str:
+    "The LLM generator a run's config names (`model`; `llm_model` in results recorded before the field was renamed)."
+    return config.get('model', config.get('llm_model', 'smollm2-135m'))
+
 def _validate_cfg(self: EpiCoderConfig):
     for k, lo in dict(min_lines=1, n_seed_functions=2, evolve_steps=0, n_samples=2, n_shape_samples=1, n_seeds=1, mem_mb=64, repair_turns=0, llm_samples=0, llm_tokens=1).items():
         check_int(k, getattr(self, k), lo=lo)
     for k in ('n_modules', 'n_humaneval'):
         if getattr(self, k) is not None: check_int(k, getattr(self, k), lo=1)
     check_num('temperature', self.temperature, lo=0, lo_open=True); check_num('timeout_s', self.timeout_s, lo=0, lo_open=True)
-    if not isinstance(self.llm_model, str) or not self.llm_model: raise ValueError(f"llm_model must be a non-empty model name, got {self.llm_model!r}")
+    check_model(self.model)
     _check_shape(self.shape); _check_shape(self.evolve_shape); [_check_shape(s) for s in self.shapes]; check_choice('level', self.level, ('function', 'file'))
     if not {'epicoder', 'seed_synth'} <= set(self.methods) or set(self.methods) - set(METHODS):
         raise ValueError(f"methods must include 'epicoder' and the baseline 'seed_synth', from {METHODS}; got {self.methods}")
@@ -858,12 +883,13 @@ def reference_unit(cfg: EpiCoderConfig) -> dict:
     return dict(samples=[dict(_sample_record('humaneval', p['solution'], 0, r['status'], r['status'], 0, 0), task_id=p['task_id']) for p, r in zip(ps, rs)])
 
 def llm_unit(cfg: EpiCoderConfig, corpus: dict, seed: int) -> dict:
-    "LLM (`cfg.llm_model`) programs from tree-sampled features and from seed functions' features (first 8 of each), measured."
+    "LLM (`cfg.model`) programs from tree-sampled features and seed functions' features (first 8 of each), measured."
     rng = np.random.default_rng(seed + 7); S = kcenter_greedy(corpus['X'], min(cfg.n_seed_functions, corpus['X'].shape[0]), seed)
     T1, _ = evolve(FeatureTree.from_feature_sets([corpus['feats'][i] for i in S]), StdlibExpander(), cfg.evolve_steps, cfg.evolve_shape, np.random.default_rng(seed))
     feats = dict(epicoder=[T1.sample(cfg.shape, cfg.temperature, cfg.fixed, rng).paths()[:8] for _ in range(cfg.llm_samples)],
                  seed_synth=[sorted(corpus['feats'][i])[:8] for i in rng.choice(S, size=cfg.llm_samples)])
-    prompts = [task_text(f) for m in feats for f in feats[m]]; replies = llm_generate(prompts, cfg.llm_tokens, model_name=cfg.llm_model, batch_size=16)
+    prompts = [task_text(f) for m in feats for f in feats[m]]
+    replies = llm_generate(prompts, cfg.llm_tokens, model_name=cfg.model, batch_size=16)
     progs = [llm_program(r) for r in replies]; rs = run_sandboxed(progs, cfg.timeout_s, cfg.mem_mb); out = []
     for (m, f), p, r, rep in zip([(m, f) for m in feats for f in feats[m]], progs, rs, replies):
         req = {'/'.join(x) for x in f}; rec = _sample_record(m, p, len(f), r['status'], r['status'], 0, 0) if r['status'] != 'compile' else dict(method=m, requested=len(f), status='compile', n_features=0)
@@ -919,6 +945,7 @@ def run_experiment(cfg: EpiCoderConfig|None=None) -> Results:
     notes = (f"{len(corpus['units'])} stdlib functions ({'all' if cfg.n_modules is None else cfg.n_modules} files); {cfg.n_seed_functions} KCenter seeds; "
              f"{cfg.evolve_steps} evolution steps; {cfg.n_samples} programs per method and seed; shape {cfg.shape}, t={cfg.temperature}; "
              f"HumanEval: {len(ref['samples'])} problems, {len(he_feats)} distinct features; template generator at '{cfg.level}' level.")
+    if cfg.llm_samples: notes += f" LLM generator {cfg.model}: {cfg.llm_samples} programs per method (first seed)."
     res = Results('epicoder', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=tt.s)
     return res.conclude(verdict, claims(res), headline(res))
 

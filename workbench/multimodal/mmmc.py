@@ -385,11 +385,15 @@ def pixels_of(examples, cache: dict|None=None, device=None) -> torch.Tensor:
 def respond(model: TinyVLM, examples, instruct: bool=False, questions=None, greedy: bool=True, temperature: float=1.0,
             seed: int=0, max_new_tokens: int=14, batch_size: int=256, cache=None) -> list[str]:
     "The model's answers to the examples (or to `questions` about their images), decoded by the platform's loop."
-    texts = []
+    texts, dev = [], model_device(model)
     for i in range(0, len(examples), batch_size):
-        ex = examples[i:i + batch_size]; qs = None if questions is None else questions[i:i + batch_size]
-        ids, mask = left_pad([prompt_ids(e, instruct, None if qs is None else qs[j]) for j, e in enumerate(ex)])
-        out = generate_ids(WithImages(model, pixels_of(ex, cache, model_device(model))), ids, max_new_tokens, greedy, temperature, seed + i, eos_id=EOS, attention_mask=mask, pad_id=PAD)
+        ex = examples[i:i + batch_size]
+        qs = None if questions is None else questions[i:i + batch_size]
+        prompts = [prompt_ids(e, instruct, None if qs is None else qs[j]) for j, e in enumerate(ex)]
+        ids, mask = (t.to(dev) for t in left_pad(prompts))                          # (B, T) each, on the model's device
+        vlm = WithImages(model, pixels_of(ex, cache, dev))                            # the images there too
+        out = generate_ids(vlm, ids, max_new_tokens, greedy, temperature, seed + i, eos_id=EOS, attention_mask=mask,
+                           pad_id=PAD)
         texts += [decode(r[ids.shape[1]:]) for r in out]
     return texts
 

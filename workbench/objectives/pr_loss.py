@@ -17,10 +17,10 @@ from torch import nn, Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer, verdict_rule
+from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer, verdict_rule, get_device
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, mean_ci, paired_t, claim
 from ..models import tiny_llama
-from ..train import TrainConfig, train, generate_ids
+from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -47,7 +47,7 @@ class MarkovTarget:
     def n_support(self) -> int: return self.branch ** self.length
     def context(self, window: Tensor) -> Tensor:
         "Context ids of (..., order) token windows."
-        c = torch.zeros(window.shape[:-1], dtype=torch.long)
+        c = torch.zeros(window.shape[:-1], dtype=torch.long, device=window.device)
         for k in range(self.order): c = c * (self.vocab + 1) + window[..., k]
         return c
     def __repr__(self): return f"MarkovTarget(vocab={self.vocab}, branch={self.branch}, length={self.length}, order={self.order}, |S|={self.n_support})"
@@ -55,7 +55,7 @@ class MarkovTarget:
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000009
 def _windows(t: MarkovTarget, seqs: Tensor) -> Tensor:
     "The context window before every token after BOS: (N, L, order), BOS-padded on the left."
-    s = torch.cat([torch.full((len(seqs), t.order - 1), t.bos, dtype=torch.long), seqs], 1)
+    s = torch.cat([torch.full((len(seqs), t.order - 1), t.bos, dtype=torch.long, device=seqs.device), seqs], 1)
     return s.unfold(1, t.order, 1)[:, :seqs.shape[1] - 1]
 
 @patch_to(MarkovTarget)
@@ -102,17 +102,18 @@ class TargetLM(nn.Module):
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000016
 @torch.no_grad()
 def sequence_log_prob(model, seqs: Tensor, temperatures=(1.0,), batch_size: int=4096) -> Tensor:
-    "log q_T(x) of sequences (N, 1 + L), BOS first, for each T: (len(temperatures), N) float64."
+    "log q_T(x) of sequences (N, 1 + L), BOS first, for each T: (len(temperatures), N) float64, on the CPU."
     check_tensor('seqs', seqs, ndim=2, floating=False)
     Ts = [check_num('temperature', T, lo=0, lo_open=True) for T in temperatures]
     was, out = model.training, []
     model.eval()
     try:
         for i in range(0, len(seqs), batch_size):
-            x = seqs[i:i + batch_size]
+            x = seqs[i:i + batch_size].to(model_device(model))
             z = model(input_ids=x[:, :-1]).logits.double()                                      # (B, L, V + 1)
             # $\log q_T(x)=\sum_t \log\mathrm{softmax}(z_t/T)[x_t]$
-            out.append(torch.stack([torch.log_softmax(z / T, -1).gather(-1, x[:, 1:, None])[..., 0].sum(-1) for T in Ts]))
+            lq = [torch.log_softmax(z / T, -1).gather(-1, x[:, 1:, None])[..., 0].sum(-1) for T in Ts]
+            out.append(torch.stack(lq).cpu())
     finally: model.train(was)
     return torch.cat(out, 1)
 
@@ -146,7 +147,8 @@ def precision_recall(log_q: Tensor, log_p: Tensor, n: int) -> dict:
 def sampled_precision_recall(model, target: MarkovTarget, n: int, temperature: float=1.0, seed: int=0) -> dict:
     "Precision (share of n samples of Q_T that are valid, with its se) and recall@n (P-mass of the distinct valid samples)."
     check_int('n', n, lo=1)
-    x = generate_ids(model, torch.full((n, 1), target.bos, dtype=torch.long), target.length, greedy=False, temperature=temperature, seed=seed).cpu()
+    bos = torch.full((n, 1), target.bos, dtype=torch.long, device=model_device(model))                      # (n, 1)
+    x = generate_ids(model, bos, target.length, greedy=False, temperature=temperature, seed=seed).cpu()
     ok = torch.isfinite(target.log_prob(x))
     hit = torch.unique(x[ok], dim=0)
     prec = ok.double().mean().item()
@@ -239,6 +241,7 @@ def train_toy_lm(data: Tensor, setting: str, vocab: int, seed: int=0, steps: int
     "(model, History): a tiny Llama trained on `data` (N, 1 + L) with the loss `setting` (e.g. 'cdiv:alpha=2') through `workbench.train.train`."
     name, kw = parse_setting(setting)
     model = tiny_llama(vocab_size=vocab + 1, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=data.shape[1], seed=seed)
+    model = model.to(get_device())                                     # `train` keeps it there
     rows = [dict(input_ids=x, log_p_hat=l.float()) for x, l in zip(data, empirical_log_prob(data))]
     def lf(m, b):
         extra = dict(log_p_hat=b['log_p_hat']) if name == 'pr' else {}
@@ -364,7 +367,7 @@ def run_experiment(cfg: PRLossConfig|None=None) -> Results:
     jobs = [(s, sd) for s in cfg.losses for sd in cfg.seeds] + [(s, sd) for s in cfg.extra_losses for sd in cfg.extra_seeds]
     rows, tables = [], dict(pr_curves=[], coverage=[], train_curves=[])
     with Timer() as t, torch_threads(cfg.threads):
-        ref = _sweep(TargetLM(cfg.target()), cfg.target(), cfg, cfg.seed, first=True)
+        ref = _sweep(TargetLM(cfg.target()), cfg.target(), cfg, cfg.seed, first=True)   # a lookup table: on the CPU
         rows += unit_rows(cfg, 'target', cfg.seed, ref)
         for k, v in unit_tables(cfg, 'target', ref).items(): tables[k] += v
         for setting, seed in progress(jobs, 'pr_loss units'):

@@ -6,8 +6,9 @@ Docs: https://workbench-dev.github.io/workbench/objectives/vocagnolm.html.md"""
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000003
 from __future__ import annotations
-import hashlib, math, random, re
-from dataclasses import dataclass
+import functools, hashlib, math, random, re
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 import numpy as np
@@ -17,16 +18,19 @@ from torch import Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
 from ..core import ExperimentConfig, Results, judge, size, cached, cached_unit, progress, Timer, verdict_rule
+from ..core import get_device
+from ..models import model_source
+from ..train import model_device
 from ..measure import check_int, check_num, check_choice, paired_t, mean_ci, claim
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
 __all__ = ['TEACHERS', 'METRICS', 'math_corpus', 'token_spans', 'Alignment', 'align_spans', 'teacher_token_losses',
-           'scored_texts', 'aggregate_teacher_loss', 'teacher_guided_loss', 'shared_vocab_map',
+           'teacher_tokenizer', 'scored_texts', 'aggregate_teacher_loss', 'teacher_guided_loss', 'shared_vocab_map',
            'exact_match_kd_targets', 'exact_match_kd_loss', 'build_stream', 'shuffle_mapped', 'train_student',
-           'answer_spans', 'score_heldout', 'bits_per_char', 'vocab_overlap', 'VocAgnoLMConfig', 'setting_label',
-           'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'headline', 'example_selection',
-           'fig_alignment', 'AlignmentExplorer', 'metric_table', 'fig_metric']
+           'answer_spans', 'score_heldout', 'bits_per_char', 'vocab_overlap', 'check_teacher', 'VocAgnoLMConfig',
+           'teacher_label', 'setting_label', 'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'headline',
+           'example_selection', 'fig_alignment', 'AlignmentExplorer', 'metric_table', 'fig_metric']
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000008
 _FACTS = ["A prime number has exactly two divisors.", "The sum of two even numbers is even.", "A triangle has three sides.",
@@ -106,29 +110,43 @@ def align_spans(student,   # (N, 2) student character spans
 @torch.no_grad()
 def teacher_token_losses(model, tokenizer, texts: list[str], batch_size: int=4, topk: int=16) -> list[dict]:
     "Per text: the teacher's spans (M, 2), per-token losses (M,) -log q(x_j | x_<j), and its top-k ids/probs (M, topk) for each token; the BOS dropped."
-    enc = [token_spans(tokenizer, t, add_bos=True) for t in texts]; out = []
+    enc, dev, out = [token_spans(tokenizer, t, add_bos=True) for t in texts], model_device(model), []
     for i in range(0, len(enc), batch_size):
-        chunk = enc[i:i + batch_size]; T = max(len(ids) for ids, _ in chunk)
-        x, m = torch.zeros(len(chunk), T, dtype=torch.long), torch.zeros(len(chunk), T, dtype=torch.long)
-        for r, (ids, _) in enumerate(chunk): x[r, :len(ids)] = torch.from_numpy(ids); m[r, :len(ids)] = 1
-        logits = model(input_ids=x, attention_mask=m).logits[:, :-1].float()                              # (B, T-1, V): row j-1 scores token j
+        chunk = enc[i:i + batch_size]
+        T = max(len(ids) for ids, _ in chunk)
+        x = torch.tensor([ids.tolist() + [0] * (T - len(ids)) for ids, _ in chunk], device=dev)   # (B, T), right-padded
+        m = torch.tensor([[1] * len(ids) + [0] * (T - len(ids)) for ids, _ in chunk], device=dev)   # (B, T)
+        logits = model(input_ids=x, attention_mask=m).logits[:, :-1].float()   # (B, T-1, V): row j-1 scores token j
         # $\ell^T_j = -\log q(x_j \mid x_{<j})$
-        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction='none')                         # (B, T-1)
-        p, ix = logits.softmax(-1).topk(topk, dim=-1)                                                     # (B, T-1, topk)
-        out += [dict(spans=sp[1:], losses=nll[r, :len(ids) - 1].numpy().astype(np.float32), top_ids=ix[r, :len(ids) - 1].numpy().astype(np.int32),
-                     top_p=p[r, :len(ids) - 1].numpy().astype(np.float32)) for r, (ids, sp) in enumerate(chunk)]
+        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction='none').cpu()   # (B, T-1)
+        p, ix = (t.cpu() for t in logits.softmax(-1).topk(topk, dim=-1))               # (B, T-1, topk)
+        for r, (ids, sp) in enumerate(chunk):
+            n = len(ids) - 1                                                          # the BOS has no loss
+            out.append(dict(spans=sp[1:], losses=nll[r, :n].numpy().astype(np.float32),
+                            top_ids=ix[r, :n].numpy().astype(np.int32), top_p=p[r, :n].numpy().astype(np.float32)))
     return out
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000020
 _FIELDS = ('spans', 'losses', 'top_ids', 'top_p')
+
+@functools.lru_cache(maxsize=4)
+def teacher_tokenizer(name: str):
+    "Teacher `name`'s tokenizer, loaded once per process (a 262k vocabulary takes seconds to load)."
+    from workbench.models import load_tokenizer
+    return load_tokenizer(name)
+
 def scored_texts(name: str, texts: list[str], batch_size: int=4) -> list[dict]:
-    "Teacher `name`'s `teacher_token_losses` on `texts`, scored once and cached on disk (keyed by model and texts)."
+    "Teacher `name`'s `teacher_token_losses` on `texts`, scored once, cached on disk (key: model, folder files, texts)."
     h = hashlib.sha256('\0'.join(texts).encode()).hexdigest()[:16]
+    kind, src = model_source(name)
+    stamp = lambda f: [f.stat().st_size, int(f.stat().st_mtime)]
+    files = {f.name: stamp(f) for f in sorted(Path(src).iterdir()) if f.is_file()} if kind == 'local' else None
     def build(tmp):
-        from workbench.models import load_model, load_tokenizer
-        sc = teacher_token_losses(load_model(name, dtype='float32'), load_tokenizer(name), texts, batch_size)
+        from workbench.models import load_model
+        sc = teacher_token_losses(load_model(name, dtype='float32'), teacher_tokenizer(name), texts, batch_size)
         np.savez(tmp/'scores.npz', **{f'{k}{i}': s[k] for i, s in enumerate(sc) for k in _FIELDS})
-    z = np.load(cached('vocagnolm-teacher', dict(model=name, texts=h, n=len(texts), version=2), build)/'scores.npz')
+    key = dict(model=name, **({'model_files': files} if files else {}), texts=h, n=len(texts), version=2)
+    z = np.load(cached('vocagnolm-teacher', key, build)/'scores.npz')
     return [{k: z[f'{k}{i}'] for k in _FIELDS} for i in range(len(texts))]
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000021
@@ -216,23 +234,37 @@ def shuffle_mapped(tl: np.ndarray, seed: int) -> np.ndarray:
     out = tl.copy(); m = ~np.isnan(tl); out[m] = np.random.default_rng(seed).permutation(tl[m]); return out
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000030
+def _windows(a: Tensor, starts: list, lo: int, hi: int) -> Tensor:
+    "(B, hi - lo): the slices a[s + lo : s + hi] of a stream, one per start s."
+    return torch.stack([a[s + lo:s + hi] for s in starts])
+
 def train_student(model, ids: np.ndarray, tl: np.ndarray|None, steps: int, batch_size: int, seq_len: int, lr: float, seed: int,
                   top_k_ratio: float=1.0, log_every: int=10, kd: tuple|None=None) -> list:
     "AdamW + cosine on windows of the stream drawn by `seed`: plain CE, the teacher-guided loss (`tl`), or exact-match KD (`kd` = ids, probs). Returns (step, loss) pairs."
-    g, x_all = torch.Generator().manual_seed(seed), torch.from_numpy(ids)
-    t_all = None if tl is None else torch.from_numpy(tl)
+    dev, g = model_device(model), torch.Generator().manual_seed(seed)   # windows drawn on the CPU: the same anywhere
+    x_all = torch.from_numpy(ids).to(dev)
+    t_all = None if tl is None else torch.from_numpy(tl).to(dev)
+    kd_all = None if kd is None else [torch.from_numpy(a).to(dev) for a in kd]  # (N, K) ids and probs
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    model.train(); curve = []
+    model.train()
+    curve = []
     for step in range(steps):
-        st = torch.randint(0, len(ids) - seq_len - 1, (batch_size,), generator=g).tolist()
-        w = torch.stack([x_all[s:s + seq_len + 1] for s in st]); logits = model(input_ids=w[:, :-1]).logits      # (B, T+1), (B, T, V)
-        if kd is not None: loss = exact_match_kd_loss(logits, w[:, 1:], *(torch.stack([torch.from_numpy(a[s + 1:s + seq_len + 1]) for s in st]) for a in kd))
+        st = torch.randint(0, len(ids) - seq_len - 1, (batch_size,), generator=g, device=g.device).tolist()
+        w = _windows(x_all, st, 0, seq_len + 1)                                    # (B, T+1)
+        logits = model(input_ids=w[:, :-1]).logits                                   # (B, T, V)
+        if kd is not None:
+            loss = exact_match_kd_loss(logits, w[:, 1:], *(_windows(a, st, 1, seq_len + 1) for a in kd_all))
         elif t_all is None: loss = F.cross_entropy(logits.transpose(1, 2), w[:, 1:])
-        else: loss = teacher_guided_loss(logits, w[:, 1:], torch.stack([t_all[s + 1:s + seq_len + 1] for s in st]), top_k_ratio)
-        opt.zero_grad(set_to_none=True); loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step(); sched.step()
+        else: loss = teacher_guided_loss(logits, w[:, 1:], _windows(t_all, st, 1, seq_len + 1), top_k_ratio)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
         if step % log_every == 0 or step == steps - 1: curve.append((step, round(loss.item(), 4)))
-    model.eval(); return curve
+    model.eval()
+    return curve
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000031
 _ANSWER = re.compile(r'= (\d+),')
@@ -244,14 +276,16 @@ def answer_spans(text: str) -> np.ndarray:
 @torch.no_grad()
 def score_heldout(model, tokenizer, texts: list[str], batch_size: int=16) -> dict:
     "Per text: bits per char (every token predicted after an eos: sum(-log2 p)/len) and answers right / answers (all answer tokens argmax-correct)."
-    bpc, right, total = [], [], []
+    bpc, right, total, dev = [], [], [], model_device(model)
     for i in range(0, len(texts), batch_size):
-        chunk = texts[i:i + batch_size]; enc = [token_spans(tokenizer, t) for t in chunk]; T = max(len(e) for e, _ in enc) + 1
-        x, y = torch.full((len(enc), T), tokenizer.eos_token_id), torch.full((len(enc), T - 1), -100)
-        for r, (e, _) in enumerate(enc): x[r, 1:len(e) + 1] = torch.from_numpy(e); y[r, :len(e)] = torch.from_numpy(e)
+        chunk = texts[i:i + batch_size]
+        enc = [token_spans(tokenizer, t) for t in chunk]
+        T, eos = max(len(e) for e, _ in enc) + 1, tokenizer.eos_token_id
+        x = torch.tensor([[eos, *e.tolist()] + [eos] * (T - 1 - len(e)) for e, _ in enc], device=dev)      # (B, T)
+        y = torch.tensor([e.tolist() + [-100] * (T - 1 - len(e)) for e, _ in enc], device=dev)            # (B, T-1)
         logits = model(input_ids=x).logits[:, :-1]                                                  # (B, T-1, V)
         nll = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=-100, reduction='none')      # (B, T-1)
-        ok = (logits.argmax(-1) == y).numpy()
+        ok = (logits.argmax(-1) == y).cpu().numpy()
         for r, (t, (e, sp)) in enumerate(zip(chunk, enc)):
             # $\mathrm{BPC} = \sum_i -\log_2 p(x^S_i \mid x^S_{<i}) / |x|$
             bpc.append(float(nll[r].sum()) / math.log(2) / len(t)); a = answer_spans(t)
@@ -270,11 +304,24 @@ def vocab_overlap(student_tok, teacher_tok, normalize: bool=False) -> float:
     return len(vs & vt) / len(vs)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041
-TEACHERS = ('smollm2-135m', 'gemma3-270m')
+TEACHERS = ('smollm2-135m', 'gemma3-270m')   # the default teachers: `model` and, in the full run, `teacher2`
+
+def check_teacher(name: str, field: str) -> str:
+    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id."
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{field} must be a registry name, a local Hugging Face folder or a hub id, got {name!r}")
+    try: kind, src = model_source(name)
+    except (TypeError, ValueError) as e: raise ValueError(f"{field}: {e}") from None
+    if kind == 'registry' and src.kind != 'pretrained':
+        raise ValueError(f"{field}={name!r} is a {src.kind} registry model without weights or tokenizer; "
+                         "a teacher is pretrained")
+    return name
 
 @dataclass
 class VocAgnoLMConfig(ExperimentConfig):
-    teachers: tuple = size(quick=('smollm2-135m',), full=TEACHERS)  # teacher models (registry names), each with its own vocabulary
+    model: str = TEACHERS[0]                         # teacher 1 (SmolLM2's role, 49k BPE): name, folder or hub id
+    teacher2: str|None = size(quick=None, full=TEACHERS[1])  # teacher 2 (Gemma-3's role: 262k SentencePiece) or None
+    teachers: tuple = field(init=False, default=())  # derived: (model, teacher2), each teacher's runs in this order
     n_seeds: int = size(quick=2, full=4)             # student seeds (initialisation and window order)
     n_train_docs: int = size(quick=8, full=40)       # continual-pretraining documents, scored once by each teacher
     n_eval_docs: int = size(quick=8, full=80)        # clean held-out documents (bits per character, answer accuracy)
@@ -293,7 +340,11 @@ class VocAgnoLMConfig(ExperimentConfig):
     unit_fields: ClassVar[tuple] = ('n_seeds',)
     cache_version: ClassVar[int] = 1
     def validate(self):
-        for t in self.teachers: check_choice('teachers', t, TEACHERS)
+        check_teacher(self.model, 'model')
+        if self.teacher2 is not None: check_teacher(self.teacher2, 'teacher2')
+        if self.teacher2 == self.model:
+            raise ValueError(f"teacher2 must differ from model (both {self.model!r}); None: one teacher")
+        self.teachers = (self.model,) + (() if self.teacher2 is None else (self.teacher2,))
         for k in ('n_seeds', 'n_train_docs', 'n_eval_docs', 'n_teacher_eval_docs', 'd_model', 'n_layers', 'seq_len', 'batch_size', 'steps'): check_int(k, getattr(self, k), lo=1)
         check_int('warmup_steps', self.warmup_steps, lo=0); check_int('vocab_size', self.vocab_size, lo=300)
         check_num('noise', self.noise, lo=0, hi=1); check_num('lr', self.lr, lo=0, lo_open=True); check_choice('agg', self.agg, ('max', 'mean', 'sum'))
@@ -302,11 +353,15 @@ class VocAgnoLMConfig(ExperimentConfig):
     def seeds(self): return self.seed_list(self.n_seeds)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000043
+def teacher_label(teacher: str) -> str:
+    "A teacher's short name: a registry model's family ('smollm2'), else the folder or hub id as given."
+    return teacher.split('-')[0] if teacher in TEACHERS else teacher
+
 def setting_label(method, teacher, k) -> str:
     "A setting's name in tables and figures."
     if method in ('cpt', 'warm'): return dict(cpt='CPT', warm='warm start')[method]
-    if method == 'kd': return f"KD-exact-{teacher.split('-')[0]}"
-    return f"{'VocAgnoLM' if method == 'vocagnolm' else 'shuffled'}-{teacher.split('-')[0]} k={float(k):g}"
+    if method == 'kd': return f"KD-exact-{teacher_label(teacher)}"
+    return f"{'VocAgnoLM' if method == 'vocagnolm' else 'shuffled'}-{teacher_label(teacher)} k={float(k):g}"
 
 def _runs(cfg):
     "The (method, teacher, k) settings, all trained from the same warm student on the same windows."
@@ -315,19 +370,19 @@ def _runs(cfg):
 def _setup(cfg):
     "Corpora (noisy training, clean held-out), the student's tokenizer, the teachers' scores and the aligned training stream."
     from workbench.data import train_bpe, load_corpus
-    from workbench.models import load_tokenizer
     train = math_corpus(cfg.n_train_docs, seed=cfg.seed + 1000, noise=cfg.noise)
     held, warm = math_corpus(cfg.n_eval_docs, seed=cfg.seed + 2000, noise=0.0), [d['text'] for d in load_corpus('licenses')]
     stok = train_bpe(math_corpus(300, seed=cfg.seed + 3000, noise=cfg.noise) + warm, vocab_size=cfg.vocab_size)
     scores = {t: scored_texts(t, train) for t in cfg.teachers}
-    kd_maps = {t: shared_vocab_map(stok, load_tokenizer(t)) for t in cfg.teachers}
+    kd_maps = {t: shared_vocab_map(stok, teacher_tokenizer(t)) for t in cfg.teachers}
     return SimpleNamespace(train=train, held=held, stok=stok, scores=scores, stream=build_stream(stok, train, scores, cfg.agg, kd_maps), warm=build_stream(stok, warm, {})['ids'])
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000044
 def _seed_unit(cfg, seed, S) -> dict:
     "Warm one student, continue it with every setting on the same windows; clean held-out bits per char of each."
     from workbench.models import tiny_llama
-    make = lambda: tiny_llama(len(S.stok), cfg.n_layers, cfg.d_model, 4, max_len=cfg.seq_len + 1, seed=seed)
+    dev = get_device()                                                 # the student trains on the settings' device
+    make = lambda: tiny_llama(len(S.stok), cfg.n_layers, cfg.d_model, 4, max_len=cfg.seq_len + 1, seed=seed).to(dev)
     base = make()
     if cfg.warmup_steps: train_student(base, S.warm, None, cfg.warmup_steps, cfg.batch_size, cfg.seq_len, cfg.lr, seed)
     state = {k: v.clone() for k, v in base.state_dict().items()}
@@ -339,18 +394,17 @@ def _seed_unit(cfg, seed, S) -> dict:
         with Timer() as t: c = train_student(m, S.stream['ids'], tl, cfg.steps, cfg.batch_size, cfg.seq_len, cfg.lr, seed + 10_000, k, kd=S.stream['kd'][teacher] if method == 'kd' else None)
         rows.append(dict(method=method, teacher=teacher, k=k, seed=seed, **ev(m), train_s=round(t.s, 2)))
         curves.append(dict(setting=setting_label(method, teacher, k), seed=seed, step=[s for s, _ in c], loss=[l for _, l in c]))
-    x = torch.tensor([[S.stok.eos_token_id, *token_spans(S.stok, S.train[0])[0].tolist()]])       # the widget's example: the warm student's losses
+    x = torch.tensor([[S.stok.eos_token_id, *token_spans(S.stok, S.train[0])[0].tolist()]], device=dev)   # the example
     with torch.no_grad(): ls = F.cross_entropy(base(input_ids=x[:, :-1]).logits[0], x[0, 1:], reduction='none')
     return dict(rows=rows, curves=curves, example_student_loss=[round(float(v), 3) for v in ls])
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000045
 def _teacher_table(cfg, S, example_student_loss) -> tuple:
     "Per teacher: vocabulary overlap, coverage, teacher tokens per student token, its own held-out bits per char; and the widget's example."
-    from workbench.models import load_tokenizer
     held, info, ex = S.held[:cfg.n_teacher_eval_docs], [], []
     sp = token_spans(S.stok, S.train[0])[1]
     for t in cfg.teachers:
-        tt, hs, sc = load_tokenizer(t), scored_texts(t, held), S.scores[t][0]
+        tt, hs, sc = teacher_tokenizer(t), scored_texts(t, held), S.scores[t][0]
         info.append(dict(teacher=t, vocab=len(tt), overlap_raw=vocab_overlap(S.stok, tt), overlap_norm=vocab_overlap(S.stok, tt, True),
                          coverage=S.stream['coverage'][t], kd_coverage=S.stream['kd_coverage'][t], teacher_per_student=S.stream['teacher_per_student'][t],
                          teacher_bpc=float(sum(h['losses'].sum() for h in hs) / math.log(2) / sum(map(len, held)))))
@@ -368,8 +422,11 @@ def run_experiment(cfg: VocAgnoLMConfig) -> Results:
             rows += u['rows']
             if seed == cfg.seeds[0]: curves, ex_loss = u['curves'], u['example_student_loss']
         info, ex = _teacher_table(cfg, S, ex_loss)
-    notes = (f"student: own byte-level BPE ({len(S.stok)} tokens), Llama {cfg.n_layers}x{cfg.d_model}; {len(S.stream['ids'])} training tokens, each seen "
-             f"{cfg.steps * cfg.batch_size * cfg.seq_len / len(S.stream['ids']):.1f} times on average; BPC on {cfg.n_eval_docs} clean held-out documents")
+    seen = cfg.steps * cfg.batch_size * cfg.seq_len / len(S.stream['ids'])
+    notes = (f"teachers: {', '.join(cfg.teachers)}; student: own byte-level BPE ({len(S.stok)} tokens), "
+             f"Llama {cfg.n_layers}x{cfg.d_model}; {len(S.stream['ids'])} training tokens, each seen {seen:.1f} times "
+             "on average; "
+             f"BPC on {cfg.n_eval_docs} clean held-out documents")
     res = Results('vocagnolm', cfg, rows, seeds=cfg.seeds, tables=dict(curves=curves, teachers=info, example=ex), notes=notes, wall_time_s=tm.s)
     return res.conclude(verdict, claims(res), headline(res))
 

@@ -13,9 +13,9 @@ from fastcore.basics import patch_to
 import numpy as np, torch, networkx as nx
 from torch import nn, Tensor
 import torch.nn.functional as F
-from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, verdict_rule
+from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, verdict_rule, get_device
 from ..measure import check_int, check_num, check_choice, paired_t, paired_bootstrap, claim
-from ..models import load_embedder
+from ..models import load_embedder, model_source
 from ..train import model_device
 from ..viz import Explorer, PALETTE
 from ..measure import mean_ci
@@ -24,15 +24,15 @@ import plotly.graph_objects as go, ipywidgets as W
 
 # %% auto #0
 __all__ = ['TYPES', 'BASE', 'RULES', 'RELATIONS', 'REL_ID', 'SYMMETRIC', 'TEMPLATES', 'DISTRACT', 'PARTS', 'VARIANTS', 'SUPPORTS',
-           'VERBAL', 'REL_TYPES', 'PROBE_CANDS', 'TYPE_COLOR', 'rel_id', 'make_world', 'make_document', 'DocREDataset',
-           'make_docre_dataset', 'DocKG', 'Hit', 'embed', 'SentenceKB', 'HybridPrompt', 'exact_link', 'kg_block',
-           'set_block', 'build_hybrid_prompt', 'with_k', 'with_link', 'HybridRelationHead', 'atlop_threshold_loss',
-           'predict_relations', 'fit_head', 'docre_scores', 'DocKSConfig', 'split_features', 'build_split', 'Pipeline',
-           'build_pipeline', 'fit_variant', 'train_heads', 'predict_facts', 'type_prior_facts', 'evaluate',
-           'hop_closure', 'run_unit', 'alias', 'AliasLinker', 'probe_prompt', 'calibrated_scores',
-           'llm_relation_scores', 'probe_pairs', 'run_probe', 'run_extra', 'run_experiment', 'claims', 'verdict',
-           'headline', 'doc_predictions', 'fig_pair', 'DocExplorer', 'fig_scores', 'ScoresExplorer', 'fig_sweeps',
-           'SweepExplorer']
+           'LLM_LABELS', 'VERBAL', 'REL_TYPES', 'PROBE_CANDS', 'TYPE_COLOR', 'rel_id', 'make_world', 'make_document',
+           'DocREDataset', 'make_docre_dataset', 'DocKG', 'Hit', 'embed', 'SentenceKB', 'HybridPrompt', 'exact_link',
+           'kg_block', 'set_block', 'build_hybrid_prompt', 'with_k', 'with_link', 'HybridRelationHead',
+           'atlop_threshold_loss', 'predict_relations', 'head_logits', 'fit_head', 'docre_scores', 'check_model',
+           'probe_label', 'DocKSConfig', 'split_features', 'build_split', 'Pipeline', 'build_pipeline', 'fit_variant',
+           'train_heads', 'predict_facts', 'type_prior_facts', 'evaluate', 'hop_closure', 'run_unit', 'alias',
+           'AliasLinker', 'probe_prompt', 'calibrated_scores', 'llm_relation_scores', 'probe_pairs', 'run_probe',
+           'run_extra', 'run_experiment', 'claims', 'verdict', 'headline', 'doc_predictions', 'fig_pair', 'DocExplorer',
+           'fig_scores', 'ScoresExplorer', 'fig_sweeps', 'SweepExplorer']
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks007
 TYPES = ('PER', 'ORG', 'CITY', 'COUNTRY')
@@ -202,12 +202,14 @@ def _distmult_edges(g, trip, types, tau_er, dim, epochs, seed):
     "Fit DistMult $p(h,r,t)=\\sigma(\\langle e_h, w_r, e_t\\rangle)$ on `trip` (1 corrupted tail per positive), add type-valid edges with p > tau_er."
     ents, rels = sorted(g.nodes), list(RELATIONS)
     ei, ri = {e: i for i, e in enumerate(ents)}, {r: i for i, r in enumerate(rels)}
-    gen = torch.Generator().manual_seed(seed)
-    E, W = (torch.randn(len(ents), dim, generator=gen) * .1).requires_grad_(), (torch.randn(len(rels), dim, generator=gen) * .1).requires_grad_()
-    T = torch.tensor([(ei[h], ri[r], ei[t]) for h, r, t in sorted(trip)])              # (N, 3)
+    gen, dev = torch.Generator().manual_seed(seed), get_device()   # drawn on the CPU, trained on dev
+    E = (torch.randn(len(ents), dim, generator=gen, device=gen.device) * .1).to(dev).requires_grad_()   # (|E|, dim)
+    W = (torch.randn(len(rels), dim, generator=gen, device=gen.device) * .1).to(dev).requires_grad_()   # (|R|, dim)
+    T = torch.tensor([(ei[h], ri[r], ei[t]) for h, r, t in sorted(trip)], device=dev)                  # (N, 3)
     opt = torch.optim.Adam([E, W], lr=0.05)
     for _ in range(epochs):
-        neg = T.clone(); neg[:, 2] = torch.randint(len(ents), (len(T),), generator=gen)
+        neg = T.clone()
+        neg[:, 2] = torch.randint(len(ents), (len(T),), generator=gen, device=gen.device).to(dev)
         s = lambda x: (E[x[:, 0]] * W[x[:, 1]] * E[x[:, 2]]).sum(-1)
         loss = F.softplus(-s(T)).mean() + F.softplus(s(neg)).mean() + 1e-3 * (E.square().sum() + W.square().sum())
         opt.zero_grad(); loss.backward(); opt.step()
@@ -414,13 +416,21 @@ def predict_relations(logits: Tensor) -> Tensor:
     "(B, |R|+1) logits -> (B, |R|) bool: relation r is predicted when its logit beats the threshold class."
     return logits[:, 1:] > logits[:, :1]
 
+@torch.no_grad()
+def head_logits(head: nn.Module, X) -> Tensor:
+    "(B, |R|+1) logits of a trained head (run on its device) on features X (B, D), a tensor or array; on the CPU."
+    X = torch.from_numpy(X) if isinstance(X, np.ndarray) else X
+    return head(X.to(model_device(head))).cpu()
+
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks030
 def fit_head(model: HybridRelationHead, X: Tensor, Y: Tensor, epochs: int = 30, lr: float = 1e-3, batch: int = 256, seed: int = 0) -> list:
-    "Adam on the ATLOP loss; returns the mean loss per epoch."
+    "Adam on the ATLOP loss, on the head's device; returns the mean loss per epoch."
     gen, opt, hist = torch.Generator().manual_seed(seed), torch.optim.Adam(model.parameters(), lr=lr, weight_decay=1e-4), []
+    dev = model_device(model)
+    X, Y = X.to(dev), Y.to(dev)
     model.train()
     for _ in range(epochs):
-        perm, tot = torch.randperm(len(X), generator=gen), 0.
+        perm, tot = torch.randperm(len(X), generator=gen, device=gen.device).to(dev), 0.   # the order drawn on the CPU
         for i in range(0, len(X), batch):
             j = perm[i:i + batch]; loss = atlop_threshold_loss(model(X[j]), Y[j])
             opt.zero_grad(); loss.backward(); opt.step(); tot += loss.item() * len(j)
@@ -451,6 +461,24 @@ def docre_scores(pred: set, gold: set, train_facts: set, inter: set | None = Non
 VARIANTS = {'B0': ('ctx',), 'B1': ('ctx', 'kg'), 'B2': ('ctx', 'set'), 'B3': PARTS}   # document only, +DocKG, +SetRAG, hybrid
 SUPPORTS = ('explicit', 'coref', 'composed_doc', 'composed_kg')
 
+def check_model(name) -> str:
+    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id."
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"model must be a registry name, a local Hugging Face folder or a hub id, got {name!r}")
+    kind, src = model_source(name)                                               # ValueError for anything else
+    if kind == 'registry' and src.kind != 'pretrained':
+        raise ValueError(f"model={name!r} is a {src.kind} registry model without weights or tokenizer; "
+                         "the probe needs a pretrained one")
+    return name
+
+LLM_LABELS = {'smollm2-135m': 'SmolLM2'}          # how notes, claims and headlines name a registry probe model
+
+def probe_label(config) -> str:
+    "The probe's LLM as results name it: 'SmolLM2' for the default, else the model as given (older runs: probe_model)."
+    c = config if isinstance(config, dict) else vars(config)
+    name = c.get('model', c.get('probe_model', 'smollm2-135m'))
+    return LLM_LABELS.get(name, name)
+
 @dataclass
 class DocKSConfig(ExperimentConfig):
     n_seeds: int = size(quick=1, full=6)          # seeds: each draws a new world, documents and head initialisation
@@ -464,13 +492,13 @@ class DocKSConfig(ExperimentConfig):
     k: int = 5                                    # SetRAG: retrieved sentences
     k_grid: tuple = size(quick=(0,), full=(0, 1, 3, 8, 10))    # the paper's k sweep: the hybrid head (B3) retrained with each k (k=0 is B1: same inputs)
     tau_grid: tuple = size(quick=(0.0, 1.0), full=(0.0, 0.2, 0.5, 0.7, 0.9, 1.0))  # the paper's tau_eq sweep, on alias queries (see `AliasLinker`)
-    n_sweep_seeds: int = size(quick=1, full=6)    # the first seeds also run the k / tau_eq sweeps and the SmolLM2 probe
-    n_probe: int = size(quick=1, full=16)         # test pairs per sweep seed scored by untuned SmolLM2 (half with a gold relation)
-    probe_model: str = 'smollm2-135m'             # the untuned LLM of the probe (B4): registry name or local HF folder; the GPU field (a larger instruct model runs on the settings' device)
+    n_sweep_seeds: int = size(quick=1, full=6)    # the first seeds also run the k / tau_eq sweeps and the LLM probe
+    n_probe: int = size(quick=1, full=16)         # test pairs per sweep seed scored by the untuned LLM (half with gold)
+    model: str = 'smollm2-135m'                   # the probe's untuned LLM (B4): registry name, HF folder or hub id
     epochs: int = size(quick=40, full=20)         # head training epochs (quick: fewer pairs, so more epochs)
     d_hidden: int = 128                           # head hidden width
     lr: float = 2e-3                              # head learning rate
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'tau_grid', 'n_sweep_seeds', 'n_probe', 'probe_model')   # k_grid: see `_unit_cfg`
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'tau_grid', 'n_sweep_seeds', 'n_probe', 'model')  # k_grid: `_unit_cfg`
     cache_version: ClassVar[int] = 2              # 2: rows carry Ign-F1's counts and the hop-closure statistic; the probe scores every relation, calibrated
     @property
     def seeds(self) -> list: return self.seed_list(self.n_seeds)
@@ -483,6 +511,7 @@ class DocKSConfig(ExperimentConfig):
         for k in self.k_grid: check_int('k_grid item', k, lo=0)
         for t in self.tau_grid: _check_tau('tau_grid item', t)
         check_int('n_sweep_seeds', self.n_sweep_seeds, lo=0, hi=self.n_seeds); check_int('n_probe', self.n_probe, lo=0)
+        check_model(self.model)
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks037
 def _pairs(doc): return [(h, t) for h in doc['entities'] for t in doc['entities'] if h != t]
@@ -537,7 +566,7 @@ def fit_variant(pipe: Pipeline, Xtr: Tensor) -> tuple:
     "One head on training features `Xtr` with the pipeline's seed, size and epochs (equal budget) -> (head, losses)."
     cfg = pipe.cfg
     torch.manual_seed(pipe.seed)
-    m = HybridRelationHead(Xtr.shape[1], cfg.d_hidden)
+    m = HybridRelationHead(Xtr.shape[1], cfg.d_hidden).to(get_device())   # made on the CPU, trained on the device
     return m, fit_head(m, Xtr, pipe.train[2], cfg.epochs, cfg.lr, seed=pipe.seed)
 
 def train_heads(pipe: Pipeline, variants=tuple(VARIANTS)) -> Pipeline:
@@ -548,7 +577,7 @@ def train_heads(pipe: Pipeline, variants=tuple(VARIANTS)) -> Pipeline:
 def predict_facts(pipe: Pipeline, v: str, head=None, X: Tensor | None = None) -> set:
     "Test facts (doc, h, t, r) predicted by variant `v` (or by `head` on test features `X`)."
     _, Xs, _, meta = pipe.test
-    with torch.no_grad(): hit = predict_relations((head or pipe.heads[v])(Xs[v] if X is None else X))             # (N, |R|)
+    hit = predict_relations(head_logits(head or pipe.heads[v], Xs[v] if X is None else X))       # (N, |R|)
     return {(*meta[i], RELATIONS[j]) for i, j in hit.nonzero().tolist()}
 
 def type_prior_facts(pipe: Pipeline) -> set:
@@ -679,7 +708,7 @@ def probe_pairs(pipe: Pipeline, n: int, seed: int) -> list:
 def run_probe(pipe: Pipeline, model, tokenizer, idx: list) -> list:
     "Per probe pair: gold relations, B3's prediction, SmolLM2's top calibrated candidate (and raw top) with the plain and the hybrid prompt."
     P, X, Y, meta = pipe.test
-    with torch.no_grad(): b3 = predict_relations(pipe.heads['B3'](X['B3'][idx]))           # (n, |R|)
+    b3 = predict_relations(head_logits(pipe.heads['B3'], X['B3'][idx]))                     # (n, |R|)
     rows, top = [], lambda s: [] if PROBE_CANDS[int(s.argmax())] == 'NA' else [PROBE_CANDS[int(s.argmax())]]
     for j, i in enumerate(idx):
         (doc, h, t), hp = meta[i], with_k(P[i], pipe.kb, pipe.cfg.k)
@@ -715,7 +744,7 @@ def run_extra(cfg: DocKSConfig, seed: int, pipe: Pipeline | None = None) -> dict
             out['tau'][str(tau)] = _scores(evaluate(pipe, predict_facts(pipe, 'B3', X=X))) | dict(
                 links=float(np.mean([len(link(e)) for e in ents])), own_linked=float(np.mean([e in link(e) for e in ents])))
     if cfg.n_probe:
-        model, tok = _load_llm(cfg.probe_model)
+        model, tok = _load_llm(cfg.model)
         out['probe'] = run_probe(pipe, model, tok, probe_pairs(pipe, cfg.n_probe, seed))
     return out
 
@@ -756,7 +785,8 @@ def run_experiment(cfg: DocKSConfig) -> Results:
             per_doc += [dict(seed=seed, variant=v, **d) for d in m['per_doc']]
         curves += [dict(seed=seed, variant=v, loss=h) for v, h in u['loss'].items()]
         if seed not in cfg.sweep_seeds: continue
-        key = dict(seed=seed, part='sweeps', k_grid=list(cfg.k_grid), tau_grid=list(cfg.tau_grid), n_probe=cfg.n_probe, probe_model=cfg.probe_model)
+        key = dict(seed=seed, part='sweeps', k_grid=list(cfg.k_grid), tau_grid=list(cfg.tau_grid), n_probe=cfg.n_probe,
+                   model=cfg.model)
         x = cached_unit('docks_rag', ucfg, key, lambda: run_extra(cfg, seed, get()))
         if 0 in cfg.k_grid: x['k']['0'] = _scores(u['B1'])                 # same inputs, seed and budget as B1 (test: `split_features` at k=0)
         rows += [dict(seed=seed, variant='B3', part='k', k=int(k), tau_eq=None, sweep=True, **m, **size_) for k, m in sorted(x['k'].items(), key=lambda z: int(z[0]))]
@@ -765,10 +795,11 @@ def run_experiment(cfg: DocKSConfig) -> Results:
             rows += [dict(seed=seed, variant=a, part='probe', k=cfg.k, tau_eq=None, sweep=True, n_pairs=len(x['probe']), **_probe_f1(x['probe'], a))
                      for a in ('B3', 'B4_plain', 'B4_hybrid')]
             probe += x['probe']
+    llm = probe_label(cfg) + ('' if probe_label(cfg) == cfg.model else f' ({cfg.model})')   # 'SmolLM2 (smollm2-135m)'
     res = Results('docks_rag', cfg, rows, seeds=cfg.seeds, tables=dict(per_doc=per_doc, loss=curves, probe=probe),
                   notes='Synthetic DocRED-style world; MiniLM features + MLP head with ATLOP threshold stand in for LoRA-tuned LLaMA3-8B. '
                         'Claims: paired t over seeds of corpus-level micro F1 / Ign-F1 (each seed draws its own world and documents); '
-                        'k / tau_eq sweeps: paired t over the sweep seeds; SmolLM2 probe: paired bootstrap over the probe pairs.',
+                        f'k / tau_eq sweeps: paired t over the sweep seeds; {llm} probe: paired bootstrap over pairs.',
                   wall_time_s=round(time.perf_counter() - t0, 1))
     return res.conclude(verdict, claims(res), headline(res))
 
@@ -781,8 +812,10 @@ def _probe_claims(results) -> list:
     rows = P.to_dict('records'); n = len(rows)
     f1 = lambda idx, arm: _probe_f1([rows[i] for i in idx], arm)['f1']
     out = []
-    for a, b, name in (('B3', 'B4_hybrid', 'probe f1: tuned hybrid head (B3) − untuned SmolLM2 on the hybrid prompt (B4)'),
-                       ('B4_hybrid', 'B4_plain', 'probe f1: untuned SmolLM2, hybrid − plain prompt')):
+    llm = probe_label(results.config)
+    arms = (('B3', 'B4_hybrid', f'probe f1: tuned hybrid head (B3) − untuned {llm} on the hybrid prompt (B4)'),
+            ('B4_hybrid', 'B4_plain', f'probe f1: untuned {llm}, hybrid − plain prompt'))
+    for a, b, name in arms:
         # items are pair indices; the arm is chosen by the index range (paired: the same resampled pairs in both arms)
         stat = lambda ix: f1(ix.astype(int), a) if (ix < n).all() else f1(ix.astype(int) - n, b)
         out.append(claim(name, paired_bootstrap(np.arange(n), np.arange(n) + n, stat=stat, n_boot=2000, unit='probe pairs'), better='higher'))
@@ -826,7 +859,9 @@ def headline(results) -> str:
          " [B0 doc only, B1 +DocKG, B2 +SetRAG, B3 hybrid, prior = type-pair majority]")
     if 'part' in results.df and (results.df.part == 'probe').any():
         rows = results.table('probe').to_dict('records')
-        s += f"; on {len(rows)} probe pairs F1 B3 {100 * _probe_f1(rows, 'B3')['f1']:.1f} vs untuned SmolLM2 {100 * _probe_f1(rows, 'B4_hybrid')['f1']:.1f} (hybrid prompt) / {100 * _probe_f1(rows, 'B4_plain')['f1']:.1f} (plain)"
+        f1 = {a: 100 * _probe_f1(rows, a)['f1'] for a in ('B3', 'B4_hybrid', 'B4_plain')}
+        s += (f"; on {len(rows)} probe pairs F1 B3 {f1['B3']:.1f} vs untuned {probe_label(results.config)} "
+              f"{f1['B4_hybrid']:.1f} (hybrid prompt) / {f1['B4_plain']:.1f} (plain)")
     return s
 
 # %% ../../nbs/retrieval/90_docks_rag.ipynb #docks047
@@ -847,7 +882,7 @@ def doc_predictions(pipe: Pipeline, doc_i: int, k: int | None = None, link=None,
         hp = build_hybrid_prompt(d, h, t, pipe.kg, pipe.kb, pipe.cfg.tau_eq, k)
         if link is not None: hp = with_link(hp, pipe.kg, link)
         for v in variants:
-            with torch.no_grad(): hit = predict_relations(pipe.heads[v](torch.tensor(hp.vector(VARIANTS[v]))[None]))[0]   # (|R|,)
+            hit = predict_relations(head_logits(pipe.heads[v], hp.vector(VARIANTS[v])[None]))[0]   # (|R|,)
             for j in hit.nonzero()[:, 0].tolist(): found.setdefault((h, RELATIONS[j], t), set()).add(v)
         for r in lab.get((h, t), ()): found.setdefault((h, r, t), set())
     return [dict(h=h, r=r, t=t, gold=r in lab.get((h, t), ()), **{v: v in vs for v in variants}) for (h, r, t), vs in sorted(found.items())]
@@ -882,7 +917,7 @@ def fig_pair(pipe: Pipeline, doc_i: int, h: str, t: str, k: int | None = None, a
                          hovertext=['; '.join(map(str, x.triples)) for x in hp.hits][::-1]), 2, 2)
     for j, v in enumerate(('B0', 'B3')):
         if v not in pipe.heads: continue
-        with torch.no_grad(): l = pipe.heads[v](torch.tensor(hp.vector(VARIANTS[v]))[None])[0]
+        l = head_logits(pipe.heads[v], hp.vector(VARIANTS[v])[None])[0]
         fig.add_trace(go.Bar(y=list(RELATIONS), x=(l[1:] - l[0]).tolist(), orientation='h', name=v, marker_color=PALETTE[j]), 2, 3)
     vs = [v for v in ('B0', 'B3') if v in pipe.heads]
     if vs:
