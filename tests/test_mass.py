@@ -168,3 +168,23 @@ def test_recorded_run_is_full_with_three_seeds():
     try: R = load_results('mass')
     except FileNotFoundError: pytest.skip('no full run recorded yet')
     assert R.mode == 'full' and len(R.seeds) >= 3 and len(R.claims) == 3
+
+
+def test_the_lm_comes_from_the_model_field():
+    "The default is the registry's scratch model: the same seeded tiny Llama as before; a pretrained model is a fresh, trainable copy."
+    from workbench.data_selection.mass import lm_for
+    from workbench.models import tiny_llama, load_model
+    from workbench.testing import tiny_folder
+    class Tok:
+        def __len__(self): return 300
+    cfg = MASSConfig(mode='quick')
+    assert cfg.model == 'tiny-llama' and cfg.from_scratch
+    a, b = lm_for(cfg, Tok(), 3), tiny_llama(300, cfg.n_layers, cfg.d_model, 4, max_len=cfg.seq_len, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values())) and a.training
+    folder = tiny_folder('qwen2'); c = MASSConfig(mode='quick', model=folder)
+    assert not c.from_scratch
+    m = lm_for(c, None, 0)
+    assert m.training and all(p.requires_grad for p in m.parameters())
+    assert all(torch.equal(x, y) for x, y in zip(m.state_dict().values(), load_model(folder).state_dict().values()))   # pretrained weights
+    with pytest.raises(ValueError, match='exceeds'): lm_for(MASSConfig(mode='quick', model=folder, seq_len=4096), None, 0)
+    with pytest.raises(ValueError, match='unknown model'): MASSConfig(mode='quick', model='no-such-model')

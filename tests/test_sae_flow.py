@@ -11,7 +11,7 @@ from workbench.train import generate_ids
 from workbench.interpretability.sae_flow import (Site, site, check_sites, TopKSAE, train_sae, sae_stats, sae_loss, match_features,
     predecessors, chance_scores, chance_tau, planted_flow, link_recovery, PLANTED_SITES, origin_groups, build_flow_graph, collect_activations,
     run_block, Intervention, steer, prompt_batch, continuation_nll, keyword_share, steer_settings, deactivation_test, save_sae, load_sae,
-    FlowGraph, SAEFlowConfig, verdict, claims, throughput, TRAIN_TOKENS_FULL)
+    FlowGraph, SAEFlowConfig, verdict, claims, throughput, TRAIN_TOKENS_FULL, check_blocks, norm_gain, saelens_cfg)
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
@@ -209,12 +209,12 @@ def test_saelens_layout_round_trip(tmp_path):
     save_sae(sae, tmp_path/'M7')
     assert sorted(p.name for p in (tmp_path/'M7').iterdir()) == ['cfg.json', 'sae_weights.safetensors']
     cfg = json.loads((tmp_path/'M7'/'cfg.json').read_text())
-    assert (cfg['architecture'], cfg['d_in'], cfg['d_sae'], cfg['k'], cfg['meta']['hook_name'], cfg['meta']['hook_layer']) == ('topk', 24, 40, 3, 'blocks.7.hook_mlp_out', 7)
+    assert (cfg['architecture'], cfg['d_in'], cfg['d_sae'], cfg['k'], cfg['metadata']['hook_name']) == ('topk', 24, 40, 3, 'blocks.7.hook_mlp_out')
     from safetensors.torch import load_file
     w = load_file(str(tmp_path/'M7'/'sae_weights.safetensors'))
     assert {n: tuple(t.shape) for n, t in w.items()} == dict(W_enc=(24, 40), b_enc=(40,), W_dec=(40, 24), b_dec=(24,))   # SAELens' names and shapes
     back = load_sae(tmp_path/'M7')
-    assert back.hook_name == 'blocks.7.hook_mlp_out' and (back.d_in, back.d_sae, back.k) == (24, 40, 3)
+    assert back.hook_name == 'blocks.7.hook_mlp_out' and back.model_name is None and (back.d_in, back.d_sae, back.k) == (24, 40, 3)
     for n in ('W_enc', 'b_enc', 'W_dec', 'b_dec'): assert torch.equal(getattr(back, n), getattr(sae, n))
     z = sae.encode(x[:200])
     assert torch.equal(back.encode(x[:200]), z) and torch.equal(back.decode(z), sae.decode(z)) and torch.equal(back(x[:200]).x_hat, sae(x[:200]).x_hat)
@@ -304,3 +304,92 @@ def test_throughput_from_a_training_record():
     t = throughput(dict(tokens=200_000, wall_s=500.0, train_s=490.0, forward_s=150.0, forward_tokens=201_000, n_saes=18, threads=1))
     assert t['s_per_100k'] == 250.0 and t['sae_s_per_100k'] == 175.0 and t['projected_s'] == 5000 and abs(t['forward_tok_s'] - 1340.0) < 0.1
     assert 'forward_tok_s' not in throughput(dict(tokens=1000, train_s=10.0))       # an older record without the forward timing
+
+
+# SAELens 6 (sae_lens/saes/sae.py, sae_lens/loading/pretrained_sae_loaders.py): `SAE.load_from_disk` reads cfg.json, treats it as a
+# pre-6.0 file unless `metadata.sae_lens_version` (or a top-level `sae_lens_version`) is >= 6.0.0-rc.0, builds `TopKSAEConfig` from the
+# top-level keys that are its fields and `SAEMetadata(**cfg['metadata'])`; a pre-6.0 file's hook and model names are read from the top level.
+SAELENS_TOPK_FIELDS = {'d_in', 'd_sae', 'dtype', 'device', 'apply_b_dec_to_input', 'normalize_activations', 'reshape_activations', 'k',
+                       'rescale_acts_by_decoder_norm'}
+
+
+def _saelens_names(cfg: dict) -> dict:
+    "What SAELens 6's loader would take as the SAE's metadata from a cfg.json (its version test and key handling, without the package)."
+    from packaging.version import Version
+    version = cfg.get('sae_lens_version') or (cfg.get('metadata') or {}).get('sae_lens_version')
+    if not version or Version(version) < Version('6.0.0-rc.0'): return {k: cfg.get(k) for k in ('model_name', 'hook_name')}   # pre-6.0 path
+    return dict(cfg['metadata'])
+
+
+def test_saelens_metadata_carries_hook_and_model_names(tmp_path):
+    sae = TopKSAE(16, 32, 4, seed=1)
+    save_sae(sae, tmp_path/'R5', 'blocks.5.hook_resid_post', 'HuggingFaceTB/SmolLM2-135M-Instruct', 64, extra=dict(key='x'))
+    cfg = json.loads((tmp_path/'R5'/'cfg.json').read_text())
+    assert SAELENS_TOPK_FIELDS <= set(cfg) and cfg['architecture'] == 'topk' and 'meta' not in cfg
+    md = _saelens_names(cfg)                                                          # the 6.x path: names survive a SAELens load
+    assert md['hook_name'] == 'blocks.5.hook_resid_post' and md['model_name'] == 'HuggingFaceTB/SmolLM2-135M-Instruct'
+    assert md['context_size'] == 64 and md['hook_head_index'] is None and md['prepend_bos'] is False
+    assert cfg['workbench'] == dict(key='x')                                          # ours, beside SAELens' keys (which it ignores)
+    old = dict(cfg); old.pop('metadata'); old['meta'] = cfg['metadata']; old['meta'].pop('sae_lens_version')
+    assert _saelens_names(old)['hook_name'] is None                                   # the earlier layout: SAELens lost the hook name
+    assert saelens_cfg(sae, 'blocks.5.hook_resid_post')['metadata']['model_name'] is None
+
+
+def test_load_sae_reads_the_new_and_the_old_layout(tmp_path):
+    sae = TopKSAE(16, 32, 4, seed=2); x = torch.randn(50, 16)
+    save_sae(sae, tmp_path/'new', 'blocks.2.hook_attn_out', 'some/model')
+    cfg = json.loads((tmp_path/'new'/'cfg.json').read_text())
+    (tmp_path/'old').mkdir(); (tmp_path/'old'/'sae_weights.safetensors').write_bytes((tmp_path/'new'/'sae_weights.safetensors').read_bytes())
+    old = {k: v for k, v in cfg.items() if k not in ('metadata', 'rescale_acts_by_decoder_norm')}      # as save_sae wrote it before
+    old['meta'] = dict(model_name='some/model', hook_name='blocks.2.hook_attn_out', hook_layer=2, hook_head_index=None, context_size=None,
+                       prepend_bos=False, dataset_path=None)
+    (tmp_path/'old'/'cfg.json').write_text(json.dumps(old))
+    for d in ('new', 'old'):
+        back = load_sae(tmp_path/d)
+        assert (back.hook_name, back.model_name) == ('blocks.2.hook_attn_out', 'some/model'), d
+        assert torch.equal(back.encode(x), sae.encode(x))
+
+
+@pytest.mark.parametrize('arch', ['qwen2', 'gemma3'])
+def test_run_block_matches_the_full_pass_on_other_architectures(arch):
+    "Block by block on a tiny Qwen2 and a tiny Gemma-3 (70 tokens: Gemma-3's sliding layers see 32), hooks inside the block as in the full pass."
+    from workbench.models import load_model
+    from workbench.testing import tiny_folder
+    m = load_model(tiny_folder(arch)); ids = torch.randint(0, 1000, (2, 70), generator=torch.Generator().manual_seed(0))
+    acts = collect_activations(m, ids, ['R0', 'R1', 'A2', 'R2', 'R3'])
+    for l in (1, 2, 3):
+        out, ref = run_block(m, l, acts[site(f'R{l - 1}')]), acts[site(f'R{l}')]
+        assert torch.allclose(out, ref, atol=1e-5 * ref.abs().max().item()), (arch, l)
+    seen = {}
+    run_block(m, 2, acts[site('R1')], [(site('A2').hook, lambda x, n: seen.setdefault(n, x))])
+    assert torch.allclose(seen[site('A2').hook], acts[site('A2')], atol=1e-5 * acts[site('A2')].abs().max().item())
+    if arch == 'gemma3':                                                              # the sliding window matters: a plain causal mask differs
+        blk = decoder_layers(m)[1]; kind, blk.attention_type = blk.attention_type, 'full_attention'
+        try: assert not torch.allclose(run_block(m, 1, acts[site('R0')]), acts[site('R1')], atol=1e-3)
+        finally: blk.attention_type = kind
+
+
+def test_run_block_names_the_architectures_it_supports():
+    import transformers
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100)).eval()
+    with pytest.raises(ValueError, match='rotary embeddings .*Llama, Qwen2, Mistral, Gemma 3.*GPT2LMHeadModel'): run_block(gpt2, 0, torch.randn(1, 5, 32))
+
+
+def test_norm_gain_reads_each_parametrisation():
+    "Llama's RMSNorm scales by its weight, Gemma's by 1 + weight: the logit lens takes the gain the model applies."
+    from workbench.models import load_model
+    from workbench.testing import tiny_folder
+    m = tiny_model(fresh=True)
+    with torch.no_grad(): m.model.norm.weight.uniform_(0.5, 2.0)
+    assert torch.equal(norm_gain(m), m.model.norm.weight.float())
+    g = load_model(tiny_folder('gemma3'))
+    with torch.no_grad(): g.model.norm.weight.uniform_(-0.5, 0.5)
+    assert torch.allclose(norm_gain(g), 1 + g.model.norm.weight.float(), rtol=1e-4)
+
+
+def test_blocks_and_model_come_from_the_config():
+    assert SAEFlowConfig().model == 'smollm2-135m' and SAEFlowConfig(first_layer=25, n_layers=5).layers == [25, 26, 27, 28, 29]
+    assert check_blocks(SAEFlowConfig(first_layer=25, n_layers=5), smol()) == 30
+    with pytest.raises(ValueError, match='has 30 blocks'): check_blocks(SAEFlowConfig(first_layer=26, n_layers=5), smol())
+    with pytest.raises(ValueError, match='unknown model'): SAEFlowConfig(model='nowhere/at/all')
+    with pytest.raises(ValueError, match='needs a pretrained one'): SAEFlowConfig(model='tiny-llama')

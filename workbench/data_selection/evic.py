@@ -19,16 +19,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer, get_device
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
 from ..models import tiny_llama
-from ..train import TrainConfig, train, lr_at, param_groups, collate, lm_loss
+from ..train import TrainConfig, train, lr_at, param_groups, collate, lm_loss, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
 __all__ = ['TOK', 'DOMAINS', 'KINDS', 'UPDATES', 'METHODS', 'BASELINES', 'METHOD_NAMES', 'CENSORED', 'CharTokenizer',
            'make_sample', 'make_domains', 'held_out', 'encode_rows', 'stack_rows', 'make_model', 'format_strings',
-           'pretrained_state', 'sample_losses', 'evaluate', 'lm_row_loss', 'trainable', 'per_sample_grads',
+           'pretrained_state', 'on_model', 'sample_losses', 'evaluate', 'lm_row_loss', 'trainable', 'per_sample_grads',
            'summed_grad', 'adam_state', 'adam_preconditioned', 'real_interactions', 'RandomProjector',
            'interaction_matrix', 'net_influence', 'select_positive', 'passes', 'train_curriculum', 'mixing_plan',
            'sequential_plan', 'evic_plan', 'EVICConfig', 'round_stats', 'run_unit', 'steps_to', 'run_experiment',
@@ -113,7 +113,7 @@ def stack_rows(rows: list[dict]) -> dict:
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000016
 def make_model(seed: int=0, n_layers: int=2, d_model: int=64, n_heads: int=4) -> torch.nn.Module:
     "A tiny Llama over the character vocabulary (eager attention, so `vmap` over per-sample gradients needs no fallback)."
-    return tiny_llama(vocab_size=len(TOK), n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=32, seed=seed, attn='eager')
+    return tiny_llama(vocab_size=len(TOK), n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=32, seed=seed, attn='eager').to(get_device())
 
 def format_strings(n: int, seed: int=0) -> list[dict]:
     "Unlabeled pre-training strings: each domain's prompt format with a random answer of the right type."
@@ -134,8 +134,13 @@ def pretrained_state(steps: int=300, seed: int=0, n_layers: int=2, d_model: int=
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000018
 def _up(x: Tensor) -> Tensor: return x if x.dtype == torch.float64 else x.float()   # fp32 at least, fp64 kept
 
+def on_model(model, batch: dict) -> dict:
+    "`batch` with every tensor on the model's device."
+    dev = model_device(model); return {k: v.to(dev) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
 def sample_losses(model, batch: dict) -> Tensor:
     "(n,) per-sample loss: mean next-token cross-entropy over each row's labelled tokens."
+    batch = on_model(model, batch)
     logits = _up(model(input_ids=batch['input_ids']).logits[:, :-1]); y = batch['labels'][:, 1:]       # (n, T-1, V), (n, T-1)
     nll = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=-100, reduction='none')              # (n, T-1)
     return nll.sum(1) / (y != -100).sum(1).clamp_min(1)
@@ -146,7 +151,7 @@ def evaluate(model, test: dict) -> dict:
     was = model.training; model.eval(); out = {}
     try:
         for d, rows in test.items():
-            b = stack_rows(rows); logits = model(input_ids=b['input_ids']).logits[:, :-1]; y = b['labels'][:, 1:]
+            b = on_model(model, stack_rows(rows)); logits = model(input_ids=b['input_ids']).logits[:, :-1]; y = b['labels'][:, 1:]
             out[f'acc_{d}'] = ((logits.argmax(-1) == y) | (y == -100)).all(1).float().mean().item()
             out[f'loss_{d}'] = sample_losses(model, b).mean().item()
     finally: model.train(was)
@@ -176,7 +181,7 @@ def per_sample_grads(model, batch: dict,          # tensors with a leading row a
                     ) -> Tensor:
     "(n, P) per-sample gradients ∇ℓ_i, flattened in parameter order."
     ps = {k: v.detach() for k, v in trainable(model, params).items()}
-    n = len(next(iter(batch.values()))); check_int('chunk', chunk, lo=1)
+    batch = on_model(model, batch); n = len(next(iter(batch.values()))); check_int('chunk', chunk, lo=1)
     g_one = vmap(grad(lambda p, row: loss(model, p, row)), in_dims=(None, 0))
     out = []
     for s in range(0, n, chunk):
@@ -186,7 +191,7 @@ def per_sample_grads(model, batch: dict,          # tensors with a leading row a
 
 def summed_grad(model, batch: dict, loss=lm_row_loss, params: list[str]|None=None) -> Tensor:
     "(P,) gradient of Σ_i ℓ_i: one backward pass over the whole batch (= the sum of the per-sample gradients)."
-    ps = trainable(model, params)
+    ps, batch = trainable(model, params), on_model(model, batch)
     total = vmap(lambda row: loss(model, dict(ps), row))(batch).sum()
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(total, list(ps.values()))])
 
@@ -199,8 +204,8 @@ def adam_state(optimizer: torch.optim.Optimizer, params: list[Tensor]) -> tuple:
     if missing: raise ValueError(f"{len(missing)} of the {len(params)} parameters are not in the optimizer (e.g. index {missing[0]}): pass the optimizer that trains them")
     if len({(group[id(p)]['betas'], group[id(p)]['eps']) for p in params}) > 1: raise ValueError("all parameters must share betas and eps")
     st = [optimizer.state.get(p, {}) for p in params]
-    m = torch.cat([s['exp_avg'].reshape(-1) if s else torch.zeros(p.numel(), dtype=p.dtype) for s, p in zip(st, params)])
-    v = torch.cat([s['exp_avg_sq'].reshape(-1) if s else torch.zeros(p.numel(), dtype=p.dtype) for s, p in zip(st, params)])
+    m = torch.cat([s['exp_avg'].reshape(-1) if s else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for s, p in zip(st, params)])
+    v = torch.cat([s['exp_avg_sq'].reshape(-1) if s else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for s, p in zip(st, params)])
     t = max((int(s['step']) for s in st if s), default=0) + 1
     return m, v, t, group[id(params[0])]['betas'], group[id(params[0])]['eps']
 
@@ -224,6 +229,7 @@ def adam_preconditioned(grads: Tensor,                       # (n, P) per-sample
 def real_interactions(model, optimizer, batch: dict, j: int, lr: float, momentum: bool=False, loss=lm_row_loss) -> Tensor:
     "(n,) measured Int[j, :]: the drop of every ℓ_i after one real optimizer step on sample j (minus a zero-gradient step's drop if not `momentum`)."
     import copy
+    batch = on_model(model, batch)
     def after(step_on):
         m2, o2 = copy.deepcopy((model, optimizer))                      # one deepcopy keeps the optimizer -> parameter links
         for g in o2.param_groups: g['lr'] = lr
@@ -240,16 +246,16 @@ class RandomProjector:
     def __init__(self, dim_in: int, k: int, seed: int=0, kind: str='rademacher', block: int=4096):
         self.dim_in, self.k, self.seed, self.block = check_int('dim_in', dim_in, lo=1), check_int('k', k, lo=1), check_int('seed', seed, lo=0), check_int('block', block, lo=1)
         self.kind = check_choice('kind', kind, ('rademacher', 'gaussian'))
-    def _R(self, b: int, width: int, dtype) -> Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + b)
+    def _R(self, b: int, width: int, dtype, device=None) -> Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + b)                   # drawn on the CPU: the same R on every device
         R = torch.randn(self.k, width, generator=g) if self.kind == 'gaussian' else torch.randint(0, 2, (self.k, width), generator=g).float() * 2 - 1
-        return (R / math.sqrt(self.k)).to(dtype)
+        return (R / math.sqrt(self.k)).to(device=device, dtype=dtype)
     def __call__(self, X: Tensor) -> Tensor:
         "(n, P) -> (n, k)."
         check_tensor('X', X, ndim=2, floating=True)
         if X.shape[1] != self.dim_in: raise ValueError(f"X has {X.shape[1]} columns, the projector was built for {self.dim_in}")
         # $X R^\top=\sum_b X_{:,b}R_b^\top$
-        return sum(X[:, s:s + self.block] @ self._R(i, min(self.block, self.dim_in - s), X.dtype).T for i, s in enumerate(range(0, self.dim_in, self.block)))
+        return sum(X[:, s:s + self.block] @ self._R(i, min(self.block, self.dim_in - s), X.dtype, X.device).T for i, s in enumerate(range(0, self.dim_in, self.block)))
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000034
 def interaction_matrix(U: Tensor, G: Tensor, lr: float=1.0, projector: RandomProjector|None=None) -> Tensor:
@@ -268,7 +274,7 @@ def net_influence(model, optimizer, rows: list[dict], update: str='adam', chunk:
                   show: list[int]|None=None,              # rows whose full interaction matrix to return
                   loss=lm_row_loss) -> dict:
     "Row sums I_j = u_j·Σ_i g_i over the pool for `update` (and for the other two updates), plus Int on `show`."
-    check_choice('update', update, UPDATES); batch = stack_rows(rows) if isinstance(rows, list) else rows
+    check_choice('update', update, UPDATES); batch = on_model(model, stack_rows(rows) if isinstance(rows, list) else rows)
     ps = trainable(model); plist = list(ps.values()); was = model.training; model.eval()
     try:
         Gs = summed_grad(model, batch, loss)                                       # (P,) Σ_i g_i
@@ -317,7 +323,7 @@ def train_curriculum(model, rows: list[dict], plan, cfg: TrainConfig, test: dict
         step += 1
         if step > cfg.steps: raise ValueError(f"the plan yields more than cfg.steps={cfg.steps} batches")
         for gr in opt.param_groups: gr['lr'] = lr_at(step, cfg)
-        opt.zero_grad(set_to_none=True); lm_loss(model, collate([rows[i] for i in idx], cfg.pad_id)).backward()
+        opt.zero_grad(set_to_none=True); lm_loss(model, on_model(model, collate([rows[i] for i in idx], cfg.pad_id))).backward()
         if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         if test is not None and eval_every and step % eval_every == 0: curve.append(dict(step=step, **evaluate(model, test)))

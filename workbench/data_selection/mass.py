@@ -16,11 +16,11 @@ import networkx as nx
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer, get_device
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_t, claim
-from ..models import tiny_llama, load_embedder
+from ..models import load_model, load_tokenizer, load_embedder, model_source
 from ..data import train_bpe, load_corpus
-from ..train import TrainConfig, train, collate
+from ..train import TrainConfig, train, collate, model_device
 from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
@@ -28,7 +28,7 @@ __all__ = ['SKILLS', 'CATEGORIES', 'POOL_MIX', 'SKILL_RULES', 'SKILL_OF', 'METHO
            'skill_popularity', 'worked_problem', 'make_target_pool', 'make_problems', 'shingles', 'dedup',
            'extract_skills', 'merge_skills', 'SkillGraph', 'topk_sims', 'mass_scores', 'score_terms', 'centroid_scores',
            'dsir_lite_scores', 'select_top', 'token_blocks', 'answer_rows', 'answer_metrics', 'MASSConfig',
-           'build_world', 'skill_text', 'build_graph', 'method_scores', 'selection_unit', 'train_unit',
+           'build_world', 'skill_text', 'build_graph', 'method_scores', 'selection_unit', 'lm_for', 'train_unit',
            'tokens_to_reach', 'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'headline', 'graph_of',
            'fig_skill_graph', 'SkillGraphExplorer', 'fig_selection', 'SelectionExplorer', 'fig_training',
            'TrainingExplorer', 'summary_table']
@@ -270,9 +270,9 @@ def answer_rows(tok, problems: list[MathDoc], max_len: int) -> list[dict]:
 @torch.no_grad()
 def answer_metrics(model, rows: list[dict], batch_size: int=32) -> tuple[np.ndarray, np.ndarray]:
     "Per problem: mean NLL of the solution tokens, and 1 if every final-answer token is the argmax (teacher-forced)."
-    model.eval(); loss, acc = [], []
+    model.eval(); loss, acc, dev = [], [], model_device(model)
     for i in range(0, len(rows), batch_size):
-        b = collate(rows[i:i + batch_size], pad_id=0); logits = model(input_ids=b['input_ids'], attention_mask=b.get('attention_mask')).logits
+        b = {k: v.to(dev) for k, v in collate(rows[i:i + batch_size], pad_id=0).items()}; logits = model(input_ids=b['input_ids'], attention_mask=b.get('attention_mask')).logits
         y, fin = b['labels'][:, 1:], b['final'][:, 1:].bool() & (b['labels'][:, 1:] != -100)       # (B, T-1)
         nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), y, ignore_index=-100, reduction='none')
         m = (y != -100).float(); loss += (nll * m).sum(1).div(m.sum(1)).tolist()
@@ -287,7 +287,8 @@ METHOD_NAMES = dict(full='full pool', random='random (dedup)', mass='MASS (linea
 
 @dataclass
 class MASSConfig(ExperimentConfig):
-    "A MASS run: the synthetic world, the selectors' knobs, the tiny LM and its token budget."
+    "A MASS run: the synthetic world, the selectors' knobs, the LM the selections train and its token budget."
+    model: str = 'tiny-llama'                          # the LM: 'tiny-llama' (from scratch, pool BPE) or a pretrained one (continual pretraining)
     pool_size: int = size(quick=240, full=2000)        # target-pool documents
     n_ref: int = size(quick=80, full=300)              # reference problems (the skill graph's source)
     n_eval: int = size(quick=48, full=200)             # held-out multi-skill problems
@@ -304,9 +305,9 @@ class MASSConfig(ExperimentConfig):
     batch_size: int = 8                                # sequences per update
     seq_len: int = 256                                 # tokens per sequence
     n_evals: int = 6                                   # evaluations along training (even: one falls at T/2)
-    vocab_size: int = 512                              # BPE vocabulary trained on the pool
-    d_model: int = 64                                  # tiny Llama width
-    n_layers: int = 2                                  # tiny Llama depth
+    vocab_size: int = 512                              # BPE vocabulary trained on the pool (tiny-llama only)
+    d_model: int = 64                                  # tiny Llama width (tiny-llama only)
+    n_layers: int = 2                                  # tiny Llama depth (tiny-llama only)
     lr: float = 3e-3                                   # AdamW peak learning rate (warm-up 10%, cosine)
     unit_fields: ClassVar[tuple] = ('n_seeds', 'methods')
     cache_version: ClassVar[int] = 1
@@ -314,9 +315,15 @@ class MASSConfig(ExperimentConfig):
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
     @property
     def tokens(self) -> int: return self.steps * self.batch_size * self.seq_len
+    @property
+    def from_scratch(self) -> bool:
+        "True when `model` is the registry's scratch model (trained from scratch on the pool's BPE), False for a pretrained one."
+        kind, src = model_source(self.model); return kind == 'registry' and src.kind == 'scratch'
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000043
 def _validate(self: MASSConfig):
+    if not isinstance(self.model, str): raise TypeError(f"model must be a str (registry name, folder or hub id), got {self.model!r}")
+    model_source(self.model)                                                   # ValueError: not a registry name, folder or hub id
     for k, lo in dict(pool_size=40, n_ref=4, n_eval=2, min_cooc=1, top_k=1, n_seeds=1, steps=2, batch_size=1, seq_len=16, n_evals=2,
                       vocab_size=300, d_model=8, n_layers=1).items(): check_int(k, getattr(self, k), lo=lo)
     check_num('skew', self.skew, lo=0); check_num('merge_threshold', self.merge_threshold, lo=-1); check_num('lam', self.lam, lo=0)
@@ -329,11 +336,11 @@ MASSConfig.validate = _validate
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000046
 def build_world(cfg: MASSConfig) -> dict:
-    "Pool, reference and held-out problems (all from `cfg.seed`), and a BPE tokenizer trained on the pool."
+    "Pool, reference and held-out problems (all from `cfg.seed`), and a BPE tokenizer trained on the pool (or the pretrained model's tokenizer)."
     pool = make_target_pool(cfg.pool_size, seed=cfg.seed)
     ref = make_problems(cfg.n_ref, cfg.skew, seed=cfg.seed + 1, pop_seed=cfg.seed)
     held = make_problems(cfg.n_eval, cfg.skew, seed=cfg.seed + 2, pop_seed=cfg.seed)
-    tok = train_bpe([d.text for d in pool], cfg.vocab_size, cache=False)
+    tok = train_bpe([d.text for d in pool], cfg.vocab_size, cache=False) if cfg.from_scratch else load_tokenizer(cfg.model)
     ids = [tok(d.text, add_special_tokens=False)['input_ids'] for d in pool]
     return dict(pool=pool, ref=ref, held=held, tok=tok, ids=ids, lengths=np.array([len(x) for x in ids]))
 
@@ -384,13 +391,23 @@ def selection_unit(cfg: MASSConfig, world: dict) -> dict:
                 n_kept=len(keep), **ext)
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000048
+def lm_for(cfg: MASSConfig, tok, seed: int):
+    "The LM a training unit starts from, on the device setting's device: a fresh seeded tiny Llama, or a fresh copy of `cfg.model`."
+    if cfg.from_scratch:
+        kw = dict(vocab_size=len(tok), n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=4, max_len=cfg.seq_len, seed=seed)
+        return load_model(cfg.model, **kw).to(get_device())                           # the registry's scratch model: `tiny_llama(**kw)`
+    model = load_model(cfg.model).requires_grad_(True).train()                         # pretrained: continual pretraining
+    n = model.config.max_position_embeddings
+    if cfg.seq_len > n: raise ValueError(f"seq_len={cfg.seq_len} exceeds {cfg.model}'s {n} positions")
+    return model
+
 def train_unit(cfg: MASSConfig, world: dict, subset: list[int], seed: int) -> dict:
-    "Train a fresh tiny Llama on T tokens of `subset`; the held-out solution loss along training and at the end."
+    "Train a fresh LM (`lm_for`) on T tokens of `subset`; the held-out solution loss along training and at the end."
     tok = world['tok']; ev = answer_rows(tok, world['held'], cfg.seq_len)
     X = token_blocks(world['ids'], subset, cfg.steps * cfg.batch_size, cfg.seq_len, tok.eos_token_id, seed)
-    model = tiny_llama(len(tok), cfg.n_layers, cfg.d_model, 4, max_len=cfg.seq_len, seed=seed)
+    model = lm_for(cfg, tok, seed)
     tc = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, eval_every=cfg.steps // cfg.n_evals, eval_batch_size=32,
-                     seed=seed, progress=False, cpu=True, pad_id=tok.eos_token_id)
+                     seed=seed, progress=False, pad_id=tok.eos_token_id)                # the device setting picks the device
     with Timer() as t: h = train(model, [dict(input_ids=x) for x in X], tc, eval_data=[dict(input_ids=r['input_ids'], labels=r['labels']) for r in ev])
     loss, acc = answer_metrics(model, ev)
     sub_tokens = int(world['lengths'][subset].sum())
@@ -428,7 +445,9 @@ def run_experiment(cfg: MASSConfig|None=None) -> Results:
                   skill_lists=[dict(skills=s) for s in sel['skill_lists']],
                   selection=[dict(method=m, n_docs=len(ix), kept=sel['n_kept'], precision=sel['precision'], recall=sel['recall'],
                                   raw_names=sel['raw_names'], merged_names=sel['merged_names']) for m, ix in sel['subsets'].items()])
-    notes = (f"T = {cfg.tokens} training tokens for every method; subsets hold ρ = {cfg.ratio} of the pool's {int(world['lengths'].sum())} tokens after "
+    lm = (f"tiny Llama ({cfg.n_layers} layers, d={cfg.d_model}) from scratch with a {len(world['tok'])}-token BPE of the pool"
+          if cfg.from_scratch else f"{cfg.model} continually pretrained, with its own tokenizer")
+    notes = (f"LM: {lm}; T = {cfg.tokens} training tokens for every method; subsets hold ρ = {cfg.ratio} of the pool's {int(world['lengths'].sum())} tokens after "
              f"dedup ({sel['n_kept']} of {cfg.pool_size} documents kept); loss = mean NLL of the solution tokens of {cfg.n_eval} held-out problems.")
     res = Results('mass', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=tt.s)
     return res.conclude(verdict, claims(res), headline(res))

@@ -14,9 +14,10 @@ from transformers.modeling_utils import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ..measure import check_int, check_choice, kl_from_logits
+from ..train import model_device
 
 # %% auto #0
-__all__ = ['ATTN_NAME', 'check_window', 'held_bytes', 'cache_bytes', 'PolicyLayer', 'PolicyCache', 'check_budget',
+__all__ = ['ATTN_NAME', 'MODEL_NAMES', 'check_window', 'held_bytes', 'cache_bytes', 'PolicyLayer', 'PolicyCache', 'check_budget',
            'policy_attention', 'DecodeTrace', 'decode', 'decode_batch', 'reference_logprobs', 'decode_more',
            'group_attention', 'recent_topk', 'StreamingLLMCache', 'H2OCache', 'TOVACache', 'SnapKVCache', 'fidelity',
            'generation_similarity', 'StackedPolicies', 'decode_stacked', 'replay_after_prefill', 'KVCacheConfig',
@@ -169,8 +170,8 @@ class DecodeTrace:
 # %% ../../nbs/inference/00_kvcache.ipynb #12eb368b
 @torch.no_grad()
 def _decode_rows(model, input_ids, cache, n, teacher, record_kept, M=1, reference=None, keep_logits=True, on_step=None):
-    "The loop behind `decode`, `decode_batch` and `decode_stacked`: prompt p under member m is batch row m * P + p."
-    P, T = input_ids.shape; B, cfg, dev = M * P, model.config, input_ids.device
+    "The loop behind `decode`, `decode_batch` and `decode_stacked`: prompt p under member m is batch row m * P + p; inputs go to the model's device."
+    P, T = input_ids.shape; B, cfg, dev = M * P, model.config, model_device(model); input_ids = input_ids.to(dev)
     tch = None if teacher is None else teacher.reshape(-1, teacher.shape[-1])[:, :n].expand(P, -1).repeat(M, 1).to(dev)  # (B, n)
     ref_top = None if reference is None else reference.argmax(-1)             # (P, n)
     S, kept, logits, toks, kvb, stb, out = T + n, [], [], [], [], [], dict(kl=[], top1=[], pred=[], logp=[])
@@ -183,22 +184,23 @@ def _decode_rows(model, input_ids, cache, n, teacher, record_kept, M=1, referenc
         lg = o.logits[:, -1].float(); lp = lg.log_softmax(-1); pred = lg.argmax(-1)  # (B, V), (B, V), (B,)
         if keep_logits: logits.append(lg)
         nxt = tch[:, i] if tch is not None else pred
-        out['pred'].append(pred.cpu()); out['logp'].append(lp.gather(-1, nxt[:, None])[:, 0].cpu())
+        out['pred'].append(pred); out['logp'].append(lp.gather(-1, nxt[:, None])[:, 0])   # kept on the device: no sync per step
         if reference is not None:
             r = reference[:, i].to(dev).repeat(M, 1)                           # (B, V) reference log-probs (normalized logits)
-            out['kl'].append(kl_from_logits(r, lg, 'none').cpu()); out['top1'].append((pred == ref_top[:, i].to(dev).repeat(M)).cpu())
-        toks.append(nxt.cpu()); kvb.append(cache_bytes(cache) / B)            # rows hold equal shares
+            out['kl'].append(kl_from_logits(r, lg, 'none')); out['top1'].append(pred == ref_top[:, i].to(dev).repeat(M))
+        toks.append(nxt); kvb.append(cache_bytes(cache) / B)                  # rows hold equal shares
         stb.append(pol.row_state_bytes() if pol else [0] * B)
         if record_kept: kept.append(torch.stack([_kept_now(cache, cfg.num_hidden_layers, cfg.num_key_value_heads, S, r) for r in range(B)]))
         if on_step is not None: on_step(i, cache)
         return nxt[:, None]
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == 'cuda' else (lambda: None)   # timings wait for the GPU's queue
     with (policy_attention(model) if pol is not None else _null()):
-        t0 = time.perf_counter(); nxt = step(input_ids.repeat(M, 1), 0); t1 = time.perf_counter()
+        t0 = time.perf_counter(); nxt = step(input_ids.repeat(M, 1), 0); sync(); t1 = time.perf_counter()
         for i in range(1, n): nxt = step(nxt, T + i - 1)
-        t2 = time.perf_counter()
-    tk, lg = torch.stack(toks, 1), torch.stack(logits, 1) if keep_logits else None   # (B, n), (B, n, V)
+        sync(); t2 = time.perf_counter()
+    tk, lg = torch.stack(toks, 1).cpu(), torch.stack(logits, 1) if keep_logits else None   # (B, n) on the CPU, (B, n, V)
     kp = torch.stack(kept, 1) if record_kept else None                         # (B, n, L, n_kv, S)
-    per = {k: torch.stack(v, 1) if v else None for k, v in out.items()}         # (B, n) each
+    per = {k: torch.stack(v, 1).cpu() if v else None for k, v in out.items()}   # (B, n) each, on the CPU
     return [DecodeTrace(tk[r], lg[r] if keep_logits else None, kvb, [x[r] for x in stb], kp[r] if record_kept else None, t1 - t0, t2 - t1,
                         **{k: None if v is None else v[r] for k, v in per.items()}) for r in range(B)]
 
@@ -247,8 +249,9 @@ def reference_logprobs(model, input_ids: torch.Tensor, tokens: torch.Tensor) -> 
     "Full-cache log-probabilities (P, n, V) that predicted `tokens` (P, n) after prompts `input_ids` (P, T): one forward per prompt."
     if input_ids.ndim != 2 or tokens.ndim != 2 or len(input_ids) != len(tokens): raise ValueError(f"need input_ids (P, T) and tokens (P, n), got {tuple(input_ids.shape)} and {tuple(tokens.shape)}")
     n = tokens.shape[1]                                                        # logits of the last n positions: T-1 .. T+n-2
-    return torch.stack([model(torch.cat([x, y[:-1].to(x.device)])[None], logits_to_keep=n).logits[0].float().log_softmax(-1)
-                        for x, y in zip(input_ids, tokens)])
+    dev = model_device(model)                                                  # (P, n, V) on the model's device
+    return torch.stack([model(torch.cat([x, y[:-1]]).to(dev)[None], logits_to_keep=n).logits[0].float().log_softmax(-1)
+                        for x, y in zip(input_ids, tokens.to(input_ids.device))])
 
 @torch.no_grad()
 def decode_more(model, cache: Cache, tokens: torch.Tensor, start: int) -> Cache:
@@ -256,8 +259,8 @@ def decode_more(model, cache: Cache, tokens: torch.Tensor, start: int) -> Cache:
     check_int('start', start, lo=1); pol = cache if isinstance(cache, PolicyCache) else None
     with (policy_attention(model) if pol is not None else _null()):
         for i, t in enumerate(tokens.tolist()):
-            pos = torch.tensor([start + i], device=model.device)
-            model(input_ids=torch.tensor([[t]], device=model.device), past_key_values=cache, position_ids=pos[None], cache_position=pos,
+            pos = torch.tensor([start + i], device=model_device(model))
+            model(input_ids=torch.tensor([[t]], device=pos.device), past_key_values=cache, position_ids=pos[None], cache_position=pos,
                   use_cache=True, kv_policy=pol)
     return cache
 
@@ -401,7 +404,7 @@ def replay_after_prefill(model, input_ids: torch.Tensor, cache: Cache, tokens: t
         trs = decode_batch(model, input_ids, cache, 1, tokens[:, :1], reference=None if reference is None else reference[:, :1], keep_logits=False)
     lp_all, kvb = [], [trs[0].kv_bytes[0]]
     for a in range(0, n - 1, chunk):
-        ids = tokens[:, a:min(a + chunk, n - 1)].to(input_ids.device); S0, m = cache.get_seq_length(), ids.shape[1]
+        ids = tokens[:, a:min(a + chunk, n - 1)].to(model_device(model)); S0, m = cache.get_seq_length(), ids.shape[1]
         out = model(input_ids=ids, past_key_values=cache, position_ids=(T + a + torch.arange(m, device=ids.device))[None].expand(P, -1),
                     cache_position=S0 + torch.arange(m, device=ids.device), use_cache=True)
         lp_all.append(out.logits.float().log_softmax(-1)); kvb.append(cache_bytes(cache) / P)    # (P, m, V)
@@ -417,6 +420,7 @@ def replay_after_prefill(model, input_ids: torch.Tensor, cache: Cache, tokens: t
 # %% ../../nbs/inference/00_kvcache.ipynb #kvx00002
 from ..core import ExperimentConfig, size, Results, judge, cached_unit, Timer, progress, verdict_rule
 from ..measure import paired_bootstrap, claim, check_int, torch_threads
+from ..models import model_source
 
 @dataclass
 class KVCacheConfig(ExperimentConfig):
@@ -426,8 +430,12 @@ class KVCacheConfig(ExperimentConfig):
     n_tokens: int = size(quick=48, full=160)       # real continuation tokens replayed teacher-forced
     budgets: tuple = size(quick=(16,), full=(32, 64))   # cache entries per layer and KV head
     n_sink: int = 4                                # sink tokens (the paper's 4)
-    model: str = 'smollm2-135m'                    # a registry model of `workbench.models`
+    model: str = 'smollm2-135m'                    # a pretrained LM: registry name, local Hugging Face folder or cached hub id
     def validate(self):
+        if not isinstance(self.model, str): raise TypeError(f"model must be a str (registry name, folder or hub id), got {self.model!r}")
+        kind, src = model_source(self.model)                                   # ValueError: not a registry name, folder or hub id
+        if kind == 'registry' and src.kind != 'pretrained':
+            raise ValueError(f"model={self.model!r} has no fixed weights or tokenizer: pick a pretrained model")
         for f in ('n_prompts', 'prompt_len', 'n_tokens', 'n_sink'): check_int(f, getattr(self, f), lo=1)
         for b in self.budgets:
             check_int('budget', b, lo=self.n_sink + 1)
@@ -445,7 +453,7 @@ def sink_prompts(cfg: KVCacheConfig, tok) -> torch.Tensor:
 # %% ../../nbs/inference/00_kvcache.ipynb #kvx00003
 def _sink_unit(cfg, model, ids, budget, n_sink):
     "Mean KL to the full cache and NLL of the real tokens, per prompt, under StreamingLLMCache(budget, n_sink)."
-    T = cfg.prompt_len; ref = reference_logprobs(model, ids[:, :T], ids[:, T:])             # (P, n, V)
+    T, ids = cfg.prompt_len, ids.to(model_device(model)); ref = reference_logprobs(model, ids[:, :T], ids[:, T:])   # (P, n, V)
     out = dict(kl=[], nll=[], nll_full=[])
     for p in range(len(ids)):
         tr = decode(model, ids[p:p + 1, :T], StreamingLLMCache(budget, n_sink), cfg.n_tokens, teacher=ids[p, T:], reference=ref[p])
@@ -486,4 +494,7 @@ def headline(res: Results) -> str:
     "Mean NLL of the real tokens per policy and budget beside the full cache's."
     g = res.df.groupby(['budget', 'policy']).nll.mean(); full = res.df.nll_full.mean()
     parts = [f"C={b}: sinks+window {g[(b, 'sinks+window')]:.2f}, window {g[(b, 'window')]:.2f}" for b in sorted(set(res.df.budget))]
-    return f"NLL of the real text (nats), full cache {full:.2f}; " + '; '.join(parts) + f" ({len(set(res.df.prompt))} prompts, SmolLM2-135M)"
+    model = res.config.get('model', 'smollm2-135m'); name = MODEL_NAMES.get(model, model)     # the model that ran
+    return f"NLL of the real text (nats), full cache {full:.2f}; " + '; '.join(parts) + f" ({len(set(res.df.prompt))} prompts, {name})"
+
+MODEL_NAMES = {'smollm2-135m': 'SmolLM2-135M', 'gemma3-270m': 'Gemma-3-270M'}   # how headlines name registry models

@@ -6,7 +6,7 @@ Docs: https://workbench-dev.github.io/workbench/interpretability/sae_flow.html.m
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #eeadab35
 from __future__ import annotations
-import json, math, os, random, re, shutil, contextlib
+import inspect, json, math, os, random, re, shutil, contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, NamedTuple
@@ -20,21 +20,25 @@ from ..core import (ExperimentConfig, Results, judge, verdict_rule, size, cached
                             seed_everything, atomic_write_json)
 from ..hooks import hooks, decoder_layers, add_vector
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, paired_bootstrap, claim
+from ..models import model_source
+from ..train import model_device
 from ..viz import Explorer, FeatureGraph, FeatureFlowExplorer, fig_feature_flow, PALETTE
 
 # %% auto #0
-__all__ = ['KINDS', 'SAE_CODE_VERSION', 'PLANTED_SITES', 'GROUPS', 'MODES', 'CORPORA', 'THEMES', 'NEUTRAL_PROMPTS', 'MODEL',
-           'HF_NAME', 'TRAIN_TOKENS_FULL', 'DIRECTIONS', 'N_SHOW', 'Site', 'site', 'check_sites', 'SAEOutput',
-           'TopKSAE', 'fvu', 'sae_loss', 'SAEBank', 'train_saes', 'train_sae', 'sae_stats', 'save_sae', 'load_sae',
-           'match_features', 'predecessors', 'chance_scores', 'chance_tau', 'planted_flow', 'link_recovery',
-           'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph', 'to_feature_graph', 'collect_activations',
-           'run_block', 'Intervention', 'apply_interventions', 'check_interventions', 'steer', 'token_windows',
-           'prompt_batch', 'continuation_nll', 'deactivation_test', 'logit_lens', 'word_ids', 'keyword_share',
-           'theme_windows', 'theme_prompts', 'theme_scores', 'theme_latent', 'SAEFlowConfig', 'sae_key',
-           'train_flow_saes', 'flow_eval', 'matching_rows', 'group_rows', 'split_docs', 'theme_graph', 'steer_unit',
-           'steer_settings', 'throughput', 'deactivation_row', 'prompt_records', 'alpha_star', 'steer_rows',
-           'top_contexts', 'graph_record', 'run_experiment', 'claims', 'verdict', 'headline', 'feature_graph',
-           'fig_sae_quality', 'fig_scores', 'fig_origin_groups', 'fig_causal', 'fig_steering', 'SteeringExplorer']
+__all__ = ['KINDS', 'SAE_CODE_VERSION', 'SAELENS_LAYOUT', 'PLANTED_SITES', 'GROUPS', 'MODES', 'CORPORA', 'THEMES',
+           'NEUTRAL_PROMPTS', 'MODEL', 'HUB_IDS', 'TRAIN_TOKENS_FULL', 'DIRECTIONS', 'N_SHOW', 'Site', 'site',
+           'check_sites', 'SAEOutput', 'TopKSAE', 'fvu', 'sae_loss', 'SAEBank', 'train_saes', 'train_sae', 'sae_stats',
+           'saelens_cfg', 'save_sae', 'load_sae', 'match_features', 'predecessors', 'chance_scores', 'chance_tau',
+           'planted_flow', 'link_recovery', 'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph',
+           'to_feature_graph', 'collect_activations', 'block_inputs', 'run_block', 'Intervention',
+           'apply_interventions', 'check_interventions', 'steer', 'token_windows', 'prompt_batch', 'continuation_nll',
+           'deactivation_test', 'logit_lens', 'norm_gain', 'word_ids', 'keyword_share', 'theme_windows',
+           'theme_prompts', 'theme_scores', 'theme_latent', 'check_model', 'model_label', 'SAEFlowConfig',
+           'check_blocks', 'sae_key', 'train_flow_saes', 'flow_eval', 'matching_rows', 'group_rows', 'split_docs',
+           'theme_graph', 'steer_unit', 'steer_settings', 'throughput', 'deactivation_row', 'prompt_records',
+           'alpha_star', 'steer_rows', 'top_contexts', 'graph_record', 'run_experiment', 'claims', 'verdict',
+           'headline', 'feature_graph', 'fig_sae_quality', 'fig_scores', 'fig_origin_groups', 'fig_causal',
+           'fig_steering', 'SteeringExplorer']
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #69e44660
 KINDS = {'resid_post': ('R', 'hook_resid_post'), 'attn_out': ('A', 'hook_attn_out'), 'mlp_out': ('M', 'hook_mlp_out')}
@@ -113,7 +117,7 @@ def fvu(x: torch.Tensor, x_hat: torch.Tensor) -> float:
 
 def sae_loss(sae: TopKSAE, x: torch.Tensor, dead_after: int = 20_000, aux_coef: float = 1 / 32, bf16: bool = False) -> tuple:
     "(loss, normalised MSE) on `x` (N, d): $\\lVert x-\\hat x\\rVert^2/\\lVert x-\\bar x\\rVert^2$ + aux_coef × AuxK over latents silent for `dead_after` tokens."
-    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16): pre = sae.pre(x)    # (N, d_sae); bf16: the encoder product on AMX
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16): pre = sae.pre(x)   # (N, d_sae); bf16: the encoder product on AMX
     v, i = pre.topk(sae.k, dim=-1); v = v.relu()                                         # (N, k)
     x_hat = sae.decode_sparse(v, i); var = (x - x.mean(0)).pow(2).sum().clamp_min(1e-12)
     mse = (x - x_hat).pow(2).sum() / var
@@ -173,10 +177,10 @@ def train_sae(acts: torch.Tensor, d_sae: int, k: int, steps: int = 300, batch_si
 @torch.no_grad()
 def sae_stats(sae: TopKSAE, acts: torch.Tensor, batch_size: int = 4096) -> dict:
     "Held-out quality: FVU, explained variance, dead share (latents that never fire on `acts`), L0; sets `sae.act_scale` and `sae.freq`."
-    SS, fired, tot = 0., torch.zeros(sae.d_sae), torch.zeros(sae.d_sae)
+    dev = sae.W_dec.device; SS, fired, tot = 0., torch.zeros(sae.d_sae, device=dev), torch.zeros(sae.d_sae, device=dev)
     mu = acts.float().mean(0)
     for b in acts.split(batch_size):
-        b = b.float(); x_hat, z = sae(b); SS += (b - x_hat).pow(2).sum().item()
+        b = b.to(dev).float(); x_hat, z = sae(b); SS += (b - x_hat).pow(2).sum().item()
         fired += (z > 0).sum(0); tot += z.sum(0)
     sae.act_scale.copy_(tot / fired.clamp(min=1)); sae.freq.copy_(fired / len(acts))
     u = SS / (acts.float() - mu).pow(2).sum().item()
@@ -185,24 +189,32 @@ def sae_stats(sae: TopKSAE, acts: torch.Tensor, batch_size: int = 4096) -> dict:
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #8cf11202
 SAE_CODE_VERSION = 2   # bump when TopKSAE, sae_loss, train_saes or train_flow_saes change what they produce (it keys the SAE cache)
 _WEIGHTS = ('W_enc', 'b_enc', 'W_dec', 'b_dec')
+SAELENS_LAYOUT = '6.0.0'   # the SAELens cfg.json layout we write (`metadata`, read by SAELens >= 6.0)
+
+def saelens_cfg(sae: TopKSAE, hook_name: str, model_name: str | None = None, context_size: int | None = None,
+                extra: dict | None = None) -> dict:
+    "The cfg.json of `sae` in SAELens 6's layout: TopKSAEConfig's fields and its `metadata`; `extra` under 'workbench'."
+    meta = dict(model_name=model_name, hook_name=hook_name, hook_head_index=None, context_size=context_size,
+                prepend_bos=False, dataset_path=None, model_from_pretrained_kwargs={},
+                sae_lens_version=SAELENS_LAYOUT, sae_lens_training_version=None)     # not trained by SAELens
+    return dict(architecture='topk', d_in=sae.d_in, d_sae=sae.d_sae, k=sae.k, dtype='float32', device='cpu',
+                apply_b_dec_to_input=True, normalize_activations='none', reshape_activations='none',
+                rescale_acts_by_decoder_norm=False, metadata=meta, workbench=extra or {})
 
 def save_sae(sae: TopKSAE, path, hook_name: str | None = None, model_name: str | None = None, context_size: int | None = None,
              extra: dict | None = None) -> Path:
-    "Write `sae` to the folder `path` as SAELens does: cfg.json and sae_weights.safetensors; the hook name defaults to `sae.hook_name`."
+    "Write `sae` to the folder `path` as SAELens 6 does: cfg.json (`saelens_cfg`) and sae_weights.safetensors; names default to `sae.hook_name`, `sae.model_name`."
     from safetensors.torch import save_file
     path, hook_name = Path(path), hook_name or getattr(sae, 'hook_name', None)
     if not isinstance(hook_name, str): raise ValueError("save_sae needs the SAE's hook name (e.g. 'blocks.7.hook_resid_post'): pass hook_name or set sae.hook_name")
-    layer = int(m[1]) if (m := re.match(r'blocks\.(\d+)\.', hook_name)) else None
+    cfg = saelens_cfg(sae, hook_name, model_name or getattr(sae, 'model_name', None), context_size, extra)
     with atomic_dir(path, marker='sae_weights.safetensors') as tmp:   # a crash leaves the earlier save whole; never over another folder
-        save_file({n: getattr(sae, n).detach().float().contiguous() for n in _WEIGHTS}, str(tmp/'sae_weights.safetensors'))
-        atomic_write_json(tmp/'cfg.json', dict(architecture='topk', d_in=sae.d_in, d_sae=sae.d_sae, k=sae.k, dtype='float32', device='cpu',
-            apply_b_dec_to_input=True, normalize_activations='none', reshape_activations='none',
-            meta=dict(model_name=model_name or getattr(sae, 'model_name', None), hook_name=hook_name, hook_layer=layer, hook_head_index=None,
-                      context_size=context_size, prepend_bos=False, dataset_path=None), workbench=extra or {}))
+        save_file({n: getattr(sae, n).detach().float().cpu().contiguous() for n in _WEIGHTS}, str(tmp/'sae_weights.safetensors'))
+        atomic_write_json(tmp/'cfg.json', cfg)
     return path
 
 def load_sae(path) -> TopKSAE:
-    "A `TopKSAE` from a SAELens-layout folder (architecture 'topk'), with `hook_name` and `model_name` from its cfg.json."
+    "A `TopKSAE` (on the CPU) from a SAELens-layout folder (architecture 'topk'), with `hook_name` and `model_name` from cfg.json's `metadata` (older folders: `meta`)."
     from safetensors.torch import load_file
     path = Path(path)
     if not (path/'cfg.json').is_file() or not (path/'sae_weights.safetensors').is_file():
@@ -212,7 +224,7 @@ def load_sae(path) -> TopKSAE:
     sae = TopKSAE(cfg['d_in'], cfg['d_sae'], cfg['k']); w = load_file(str(path/'sae_weights.safetensors'))
     with torch.no_grad():
         for n in _WEIGHTS: getattr(sae, n).copy_(w[n])
-    meta = cfg.get('meta') or {}
+    meta = cfg.get('metadata') or cfg.get('meta') or {}                            # SAELens 6 layout, or the workbench's earlier one
     sae.hook_name, sae.model_name = meta.get('hook_name'), meta.get('model_name')
     return sae.eval().requires_grad_(False)
 
@@ -241,7 +253,7 @@ def predecessors(saes: dict, layer: int, shuffle_seed: int | None = None) -> dic
     for g, s in _sources(layer).items():
         if s not in saes: continue
         src = saes[s].dirs
-        if shuffle_seed is not None: src = src[:, torch.randperm(src.shape[1], generator=torch.Generator().manual_seed(shuffle_seed))]
+        if shuffle_seed is not None: src = src[:, torch.randperm(src.shape[1], generator=torch.Generator().manual_seed(shuffle_seed)).to(src.device)]
         v, i = match_features(tgt.dirs, src); out[g] = (v[:, 0], i[:, 0])
     if not out: raise ValueError(f"no predecessor SAEs of R{layer}: need R{layer - 1}, A{layer} or M{layer}")
     return out
@@ -252,8 +264,9 @@ def chance_scores(target_dirs: torch.Tensor, source_dirs: torch.Tensor, n_random
     "Chance top-1 cosines against `source_dirs`: 'random' (random unit targets, (n_random,)) and 'shuffled' (the targets against the source with permuted coordinates, (n_t,))."
     check_int('n_random', n_random, lo=1)
     rng, d = np.random.default_rng(seed), source_dirs.shape[1]                     # numpy's stream: never the one that initialised an SAE
-    u = F.normalize(torch.as_tensor(rng.standard_normal((n_random, d)), dtype=torch.float32), dim=-1)   # random unit directions
-    perm = torch.as_tensor(rng.permutation(d))                                      # one permutation $\Pi$ of the coordinates
+    dev = source_dirs.device                                                         # drawn on the CPU, used where the SAEs are
+    u = F.normalize(torch.as_tensor(rng.standard_normal((n_random, d)), dtype=torch.float32), dim=-1).to(dev)   # random unit directions
+    perm = torch.as_tensor(rng.permutation(d), device=dev)                          # one permutation $\Pi$ of the coordinates
     return dict(random=match_features(u, source_dirs)[0][:, 0], shuffled=match_features(target_dirs, source_dirs[:, perm])[0][:, 0])
 
 def chance_tau(chances, q: float = 0.99) -> float:
@@ -302,7 +315,8 @@ def origin_groups(codes: dict,        # Site -> (N, d_sae) codes on the same N t
                  ) -> dict:
     "Fraction of active (token, target) pairs in each origin group: which top-1 predecessors are co-active."
     src = _sources(layer)
-    t = torch.arange(codes[Site(layer, 'resid_post')].shape[1]) if targets is None else torch.as_tensor(targets)
+    dev = codes[Site(layer, 'resid_post')].device
+    t = torch.arange(codes[Site(layer, 'resid_post')].shape[1], device=dev) if targets is None else torch.as_tensor(targets, device=dev)
     on = codes[Site(layer, 'resid_post')][:, t] > 0                                  # (N, n) target active
     bits = torch.zeros_like(on, dtype=torch.long)
     for b, g in enumerate(GROUPS):
@@ -363,9 +377,10 @@ class _Stop(Exception): pass
 
 @torch.no_grad()
 def collect_activations(model, input_ids: torch.Tensor, sites, batch_size: int = 16, extra_hooks=()) -> dict:
-    "Site -> (B, T, d) activations for `input_ids` (B, T); the forward stops after the deepest site's block."
+    "Site -> (B, T, d) activations for `input_ids` (B, T), on the model's device; the forward stops after the deepest site's block."
     sites = check_sites(model, sites)
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2: raise ValueError("input_ids must be a (B, T) tensor")
+    input_ids = input_ids.to(model_device(model))
     out, by_hook = {s: [] for s in sites}, {s.hook: s for s in sites}
     last = f'blocks.{max(s.layer for s in sites)}.hook_resid_post'
     def save(x, name): out[by_hook[name]].append(x.detach().float())
@@ -377,15 +392,29 @@ def collect_activations(model, input_ids: torch.Tensor, sites, batch_size: int =
     return {s: torch.cat(v) for s, v in out.items()}
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #c946cd02
+def block_inputs(model, layer: int, h: torch.Tensor) -> dict:
+    "What the forward pass gives block `layer` besides h (B, T, d): positions (B, T), additive mask (1, 1, T, T), rotary embeddings."
+    base, blk = getattr(model, 'model', model), decoder_layers(model)[layer]
+    rot = getattr(base, 'rotary_emb', None)
+    if rot is None: raise ValueError(f"run_block supports decoders with rotary embeddings on model.model.rotary_emb "
+                                     f"(Llama, Qwen2, Mistral, Gemma 3); {type(model).__name__} has none")
+    B, T, _ = h.shape
+    kind = getattr(blk, 'attention_type', 'full_attention')
+    pos = torch.arange(T, device=h.device)[None].expand(B, T)
+    seen = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()                  # key j <= query i
+    if kind == 'sliding_attention': seen &= ~seen.tril(-model.config.sliding_window)    # and j > i - w
+    mask = torch.zeros(T, T, dtype=h.dtype, device=h.device).masked_fill(~seen, float('-inf'))[None, None]
+    by_type = 'layer_type' in inspect.signature(rot.forward).parameters               # Gemma 3: a rotary table per layer type
+    pe = rot(h, pos, kind) if by_type else rot(h, pos)
+    return dict(attention_mask=mask, position_ids=pos, position_embeddings=pe)
+
 @torch.no_grad()
 def run_block(model, layer: int, h: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
-    "R_layer from h = R_{layer-1} (B, T, d) by running block `layer` alone; `fwd_hooks` as in `workbench.hooks.hooks`."
+    "R_layer from h = R_{layer-1} (B, T, d) by running block `layer` alone, on the model's device; `fwd_hooks` as in `workbench.hooks.hooks`."
     check_tensor('h', h, ndim=3, floating=True); n = len(decoder_layers(model)); check_int('layer', layer, lo=0, hi=n - 1)
-    base = getattr(model, 'model', model); B, T, _ = h.shape; h = h.to(next(model.parameters()).dtype)
-    pos = torch.arange(T, device=h.device)[None].expand(B, T)
-    mask = torch.full((T, T), float('-inf'), dtype=h.dtype, device=h.device).triu(1)[None, None]   # (1, 1, T, T) causal
-    with hooks(model, list(fwd_hooks)):
-        out = decoder_layers(model)[layer](h, attention_mask=mask, position_ids=pos, position_embeddings=base.rotary_emb(h, pos))
+    h = h.to(model_device(model), next(model.parameters()).dtype)
+    kw = block_inputs(model, layer, h)
+    with hooks(model, list(fwd_hooks)): out = decoder_layers(model)[layer](h, **kw)
     return out[0] if isinstance(out, tuple) else out
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #736dbd17
@@ -452,7 +481,8 @@ def continuation_nll(model, ids: torch.Tensor, mask: torch.Tensor, n_prompt: int
     "Mean NLL per row (B,) of the tokens after the first `n_prompt` columns of `ids`; `mask` (B, n_prompt) is the prompts' padding mask."
     B, L = ids.shape; n_new = L - n_prompt
     if n_new < 1: raise ValueError(f"nothing after the prompt: ids has {L} columns, n_prompt={n_prompt}")
-    m = torch.cat([mask, torch.ones(B, n_new, dtype=mask.dtype)], 1); pos = (m.cumsum(-1) - 1).clamp_min(0)
+    dev = model_device(model); ids, mask = ids.to(dev), mask.to(dev)
+    m = torch.cat([mask, torch.ones(B, n_new, dtype=mask.dtype, device=dev)], 1); pos = (m.cumsum(-1) - 1).clamp_min(0)
     z = model(input_ids=ids, attention_mask=m, position_ids=pos, logits_to_keep=n_new + 1).logits[:, :-1].float()   # (B, n_new, V)
     # $-\frac1n\sum_t\log p(y_t\mid y_{<t})$ over the new tokens
     return F.cross_entropy(z.transpose(1, 2), ids[:, n_prompt:], reduction='none').mean(1)
@@ -490,7 +520,7 @@ def deactivation_test(model, saes: dict, acts: dict, codes: dict, layer: int, n_
     z = {s: codes[s][:, 1:].float() for s in (R, *src.values()) if s in codes}      # (B, T-1, n): position 0 left out
     zR = z[R]; cand = torch.nonzero((zR > 0).sum((0, 1)) >= min_fires)[:, 0]
     rows, skipped = [], dict(never_co_active=0, no_control=0)
-    for i in cand[torch.randperm(len(cand), generator=torch.Generator().manual_seed(seed))].tolist():
+    for i in cand[torch.randperm(len(cand), generator=torch.Generator().manual_seed(seed)).to(cand.device)].tolist():
         if len(rows) >= n_targets: break
         grp = max(preds, key=lambda g: preds[g][0][i].item()); P = src[grp]; j = preds[grp][1][i].item()
         on, zP = zR[..., i] > 0, z[P]
@@ -526,8 +556,16 @@ NEUTRAL_PROMPTS = (
 @torch.no_grad()
 def logit_lens(model, dirs: torch.Tensor) -> torch.Tensor:
     "Logits each direction writes through the final RMSNorm gain and the unembedding: (n, vocab)."
-    g = getattr(getattr(model, 'model', model), 'norm').weight.float()               # (d,)
-    return (dirs.float() * g) @ model.get_output_embeddings().weight.float().T
+    return (dirs.float().to(model_device(model)) * norm_gain(model)) @ model.get_output_embeddings().weight.float().T
+
+def norm_gain(model) -> torch.Tensor:
+    "The final RMSNorm's gain (d,): its weight (Llama, Qwen2), or what it multiplies a unit-RMS vector by (Gemma: 1 + weight)."
+    norm = getattr(getattr(model, 'model', model), 'norm', None)
+    if norm is None or getattr(norm, 'weight', None) is None:
+        raise ValueError(f"logit_lens needs a final RMSNorm at model.model.norm; {type(model).__name__} has none")
+    w = norm.weight.float()
+    one = norm(torch.ones(1, len(w), dtype=norm.weight.dtype, device=w.device))[0].float()   # RMS(1) = 1: the gain, up to eps
+    return w if torch.allclose(one, w, rtol=1e-3, atol=1e-6) else one
 
 def word_ids(tokenizer, words) -> list[int]:
     "Token ids of ' word' and ' Word' that are single tokens."
@@ -580,7 +618,7 @@ def theme_scores(model, tokenizer, sae: TopKSAE, words, acts: torch.Tensor | Non
     # logit-lens z-score of the theme words
     score = (L[:, ids].mean(1) - L.mean(1)) / L.std(1)
     if acts is not None:   # + 10 x (firing rate on theme-word tokens - firing rate elsewhere)
-        on = sae.encode(acts) > 0
+        on, mask = sae.encode(acts.to(sae.W_dec.device)) > 0, mask.to(sae.W_dec.device)
         score = score / 10 + (on[mask].float().mean(0) - on[~mask].float().mean(0)) * 10
     return score.masked_fill(sae.act_scale <= 0, -torch.inf)
 
@@ -589,16 +627,30 @@ def theme_latent(model, tokenizer, sae: TopKSAE, words, acts=None, mask=None) ->
     return int(theme_scores(model, tokenizer, sae, words, acts, mask).argmax())
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42
-MODEL, HF_NAME = 'smollm2-135m', 'HuggingFaceTB/SmolLM2-135M-Instruct'
+MODEL = 'smollm2-135m'   # the default model: the committed run's
+HUB_IDS = {'smollm2-135m': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'gemma3-270m': 'google/gemma-3-270m'}   # registry models' hub ids, for the SAEs' metadata
 TRAIN_TOKENS_FULL = 2_016_000   # the full run's training tokens per SAE (4000 updates of 8 windows of 63 predicted positions): issue 31 asks for at least 2M
 DIRECTIONS = {'on': 1.0, 'off': -1.0}   # switch a theme on (add its directions) or suppress it (subtract them)
 
+def check_model(name) -> str:
+    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id."
+    if not isinstance(name, str): raise TypeError(f"model must be a str (registry name, folder or hub id), got {type(name).__name__}")
+    kind, src = model_source(name)                                                   # ValueError for anything else
+    if kind == 'registry' and src.kind != 'pretrained':
+        raise ValueError(f"model={name!r} is a {src.kind} registry model without fixed weights or tokenizer; sae_flow needs a pretrained one")
+    return name
+
+def model_label(name: str) -> str:
+    "How results and the SAEs' metadata name the model: a registry model's hub id, else the folder or hub id as given."
+    return HUB_IDS.get(name, name)
+
 @dataclass
 class SAEFlowConfig(ExperimentConfig):
-    "SAE feature flow on SmolLM2: TopK SAEs at R/A/M of consecutive blocks, matching against chance, the deactivation test per layer, matched-push steering."
-    first_layer: int = size(quick=1, full=6)       # first block with SAEs (its residual, attention and MLP outputs)
+    "SAE feature flow on a pretrained LM (SmolLM2 by default): TopK SAEs at R/A/M of consecutive blocks, matching against chance, the deactivation test per layer, matched-push steering."
+    model: str = MODEL                             # whose activations the SAEs read: a registry name, a local Hugging Face folder or a cached hub id
+    first_layer: int = size(quick=1, full=6)       # first block with SAEs (its residual, attention and MLP outputs); with n_layers, checked against the model at run time
     n_layers: int = size(quick=2, full=6)          # consecutive blocks with SAEs; all but the first are targets of the matching
-    train_dtype: str = 'bfloat16'                  # SmolLM2 (and the SAE encoder products) while training the SAEs: ~2.5x faster on this CPU's AMX; analysis runs in float32
+    train_dtype: str = 'bfloat16'                  # the model (and the SAE encoder products) while training the SAEs: ~2.5x faster on this CPU's AMX; analysis runs in float32
     threads: int = 1                               # torch threads for the run (0: torch's default); on the shared 2-core machine a second thread mostly waits
     seq_len: int = 64                              # tokens per window; position 0 (the attention sink) is left out everywhere
     n_train_tokens: int = size(quick=8_064, full=TRAIN_TOKENS_FULL)  # training tokens per SAE, one pass over a stream (position 0 not counted); issue 31: at least 2_000_000
@@ -621,7 +673,7 @@ class SAEFlowConfig(ExperimentConfig):
     unit_fields: ClassVar[tuple] = ('themes',)
     cache_version: ClassVar[int] = 1
     def validate(self):
-        check_int('first_layer', self.first_layer, lo=1, hi=28); check_int('n_layers', self.n_layers, lo=2, hi=30 - self.first_layer)
+        check_model(self.model); check_int('first_layer', self.first_layer, lo=1); check_int('n_layers', self.n_layers, lo=2)   # the upper bounds: `check_blocks`
         check_choice('train_dtype', self.train_dtype, ('float32', 'bfloat16')); check_int('seq_len', self.seq_len, lo=8, hi=2048); check_int('threads', self.threads, lo=0)
         for f in ('n_train_tokens', 'batch_windows', 'd_sae', 'k', 'dead_after', 'n_eval_windows', 'n_chance', 'n_targets', 'max_seqs',
                   'n_theme_windows', 'n_theme_cands', 'n_prompts', 'n_new'): check_int(f, getattr(self, f), lo=1)
@@ -640,27 +692,37 @@ class SAEFlowConfig(ExperimentConfig):
     @property
     def start(self) -> Site: return Site(self.layers[len(self.layers) // 2], 'resid_post')   # the themes' features live here
 
+def check_blocks(cfg: SAEFlowConfig, model) -> int:
+    "The model's block count (from its config), once blocks first_layer .. first_layer + n_layers - 1 are known to exist."
+    n, last = model.config.num_hidden_layers, cfg.first_layer + cfg.n_layers - 1
+    if last >= n: raise ValueError(f"first_layer={cfg.first_layer} and n_layers={cfg.n_layers} need blocks {cfg.first_layer}..{last}, "
+                                   f"but {model_label(cfg.model)} has {n} blocks (0..{n - 1}): lower first_layer or n_layers")
+    return n
+
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #c55debce
 def _show() -> bool: return not in_test() and os.environ.get('WORKBENCH_PROGRESS') != '0'
 
-def sae_key(cfg: SAEFlowConfig) -> dict:
-    "Everything that shapes the SAEs: model, dtype, corpora and tokenizer, sites, sizes, optimiser settings, seed and code version."
+def sae_key(cfg: SAEFlowConfig, tokenizer=None) -> dict:
+    "What shapes the SAEs: model (a local folder's files too), dtype, corpora, tokenizer (pass it if loaded), sites, sizes, optimiser, seed, code."
     from workbench.data import corpus_info, tokenizer_id
     from workbench.models import load_tokenizer
-    return dict(model=MODEL, dtype=cfg.train_dtype, corpora={c: corpus_info(c)['sha256'] for c in CORPORA}, tokenizer=tokenizer_id(load_tokenizer(MODEL)),
+    kind, src = model_source(cfg.model)
+    files = {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in sorted(Path(src).iterdir()) if f.is_file()} if kind == 'local' else {}
+    return dict(model=cfg.model, **({'model_files': files} if files else {}), dtype=cfg.train_dtype,
+                corpora={c: corpus_info(c)['sha256'] for c in CORPORA}, tokenizer=tokenizer_id(tokenizer or load_tokenizer(cfg.model)),
                 seq_len=cfg.seq_len, sites=[str(s) for s in cfg.sites], n_train_tokens=cfg.n_train_tokens, batch_windows=cfg.batch_windows,
                 d_sae=cfg.d_sae, k=cfg.k, lr=cfg.lr, dead_after=cfg.dead_after, seed=cfg.seed, code=SAE_CODE_VERSION, torch=torch.__version__)
 
 def train_flow_saes(tokenizer, cfg: SAEFlowConfig) -> tuple:
     "The SAEs of `cfg.sites` (trained on a stream of windows on first use, then read from the cache) and their training record."
     from workbench.models import load_model
-    key = sae_key(cfg)
+    key = sae_key(cfg, tokenizer)
     def build(tmp):
-        model = load_model(MODEL, dtype=cfg.train_dtype); d_in = model.config.hidden_size
+        model = load_model(cfg.model, dtype=cfg.train_dtype); check_blocks(cfg, model); d_in = model.config.hidden_size
         n_win = cfg.n_train_tokens // (cfg.seq_len - 1); steps = n_win // cfg.batch_windows
         ids = token_windows(tokenizer, steps * cfg.batch_windows, cfg.seq_len, 'train', seed=cfg.seed)
         saes = {s: TopKSAE(d_in, cfg.d_sae, cfg.k, seed=cfg.seed * 1000 + n) for n, s in enumerate(cfg.sites)}
-        fwd = dict(s=0.0, tokens=0)   # time in SmolLM2's forward (stopped after the deepest site's block) and the tokens it fed
+        fwd = dict(s=0.0, tokens=0)   # time in the model's forward (stopped after the deepest site's block) and the tokens it fed
         def acts_fn(b):   # the batch's activations at every site, position 0 left out: {site: (B (T-1), d)}; streamed, one batch at a time
             with Timer() as t: a = collect_activations(model, b['input_ids'], cfg.sites, batch_size=len(b['input_ids']))
             fwd['s'] += t.s; fwd['tokens'] += b['input_ids'].shape[0] * (cfg.seq_len - 1)
@@ -668,7 +730,7 @@ def train_flow_saes(tokenizer, cfg: SAEFlowConfig) -> tuple:
         with Timer() as t:
             hist = train_saes(saes, ids, acts_fn, steps, cfg.batch_windows, cfg.lr, cfg.dead_after, seed=cfg.seed, bf16=cfg.train_dtype == 'bfloat16',
                               ckpt_dir=cache_path('sae_flow-ckpt', key), show_progress=_show())
-        for s, m in saes.items(): save_sae(m, tmp/str(s), s.hook, HF_NAME, cfg.seq_len, dict(key=key))
+        for s, m in saes.items(): save_sae(m, tmp/str(s), s.hook, model_label(cfg.model), cfg.seq_len, dict(key=key))
         atomic_write_json(tmp/'training.json', dict(steps=steps, tokens=steps * cfg.batch_windows * (cfg.seq_len - 1), train_s=hist.train_s, wall_s=t.s,
                                                     forward_s=fwd['s'], forward_tokens=fwd['tokens'], n_saes=len(saes), threads=torch.get_num_threads(),
                                                     step=hist.step, loss=[round(v, 5) for v in hist.train_loss]))
@@ -689,7 +751,7 @@ def flow_eval(model, tokenizer, saes: dict, cfg: SAEFlowConfig) -> tuple:
 
 def _live(sae) -> torch.Tensor: return torch.nonzero(sae.freq > 0)[:, 0]
 
-def _hist(v, bins=np.linspace(-0.2, 1.0, 61)) -> list: return np.histogram(v.numpy(), bins)[0].tolist()
+def _hist(v, bins=np.linspace(-0.2, 1.0, 61)) -> list: return np.histogram(v.cpu().numpy(), bins)[0].tolist()
 
 @torch.no_grad()
 def matching_rows(saes: dict, cfg: SAEFlowConfig) -> tuple:
@@ -748,8 +810,8 @@ def steer_unit(model, tokenizer, saes: dict, prompts, n_new: int, interventions=
     from workbench.train import generate_ids
     ids, mask = prompt_batch(tokenizer, prompts)
     with (hooks(model, [vector]) if vector is not None else steer(model, saes, interventions)):
-        out = generate_ids(model, ids, n_new, attention_mask=mask)
-    nll = continuation_nll(model, out, mask, ids.shape[1])
+        out = generate_ids(model, ids, n_new, attention_mask=mask)                 # (B, T + n_new) on the model's device
+    nll, out = continuation_nll(model, out, mask, ids.shape[1]), out.cpu()
     return dict(texts=[tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True) for o in out], nll=[round(x, 5) for x in nll.tolist()])
 
 def steer_settings(saes: dict, start: Site, latent: int, G: FlowGraph, alphas, sign: float) -> list:
@@ -766,7 +828,7 @@ def steer_settings(saes: dict, start: Site, latent: int, G: FlowGraph, alphas, s
 def _r(x, n=4): return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), n)
 
 def throughput(training: dict, target_tokens: int = 2_000_000) -> dict:
-    "From a training record: SmolLM2's activation throughput, the SAEs' update cost per 100k tokens, and the projected time for `target_tokens`."
+    "From a training record: the model's activation throughput, the SAEs' update cost per 100k tokens, and the projected time for `target_tokens`."
     tok, wall, fw = training['tokens'], training.get('wall_s', training['train_s']), training.get('forward_s')
     out = dict(tokens=tok, n_saes=training.get('n_saes'), threads=training.get('threads'), train_wall_s=_r(wall, 1), s_per_100k=_r(wall / tok * 1e5, 1),
                projected_s=_r(wall / tok * target_tokens, 0), target_tokens=target_tokens)
@@ -869,9 +931,10 @@ def run_experiment(cfg: SAEFlowConfig) -> Results:
     if not isinstance(cfg, SAEFlowConfig): raise TypeError(f"cfg must be a SAEFlowConfig, got {type(cfg).__name__}")
     seed_everything(cfg.seed); times = {}
     with Timer() as wall, torch_threads(cfg.threads or torch.get_num_threads()):
-        tok = load_tokenizer(MODEL)
+        tok = load_tokenizer(cfg.model)
         with Timer() as t: saes, training = train_flow_saes(tok, cfg)
-        model = load_model(MODEL, dtype='float32')
+        model = load_model(cfg.model, dtype='float32'); check_blocks(cfg, model)
+        saes = {s: m.to(model_device(model)) for s, m in saes.items()}                # the SAEs work where the model does
         times['saes'] = t.s
         with Timer() as t:
             ids, acts, codes, rows = flow_eval(model, tok, saes, cfg)
@@ -894,7 +957,7 @@ def run_experiment(cfg: SAEFlowConfig) -> Results:
         times['steering'] = t.s
     tables = dict(causal=causal, prompts=recs, texts=texts, graphs=graphs, scores=hists,
                   training=[dict(step=training['step'], loss=training['loss'], **throughput(training))], timing=[dict(phase=k, seconds=round(v, 1)) for k, v in times.items()])
-    notes = (f"SmolLM2-135M-Instruct (SAE training in {cfg.train_dtype}, analysis in float32); TopK SAEs ({cfg.d_sae} latents, k={cfg.k}) at {', '.join(map(str, cfg.sites))}, trained with "
+    notes = (f"{model_label(cfg.model)} (SAE training in {cfg.train_dtype}, analysis in float32); TopK SAEs ({cfg.d_sae} latents, k={cfg.k}) at {', '.join(map(str, cfg.sites))}, trained with "
              f"workbench.train.train on {training['tokens']:,} streamed tokens ({training['steps']} updates) of {', '.join(CORPORA)}; tau={tau:.3f} "
              f"(the {cfg.chance_q:.0%} quantile of chance); steering: push alpha x the feature's mean activation, single-layer at {cfg.start} or split "
              f"equally over the flow graph's residual nodes; {cfg.n_prompts} prompts x {cfg.n_new} greedy tokens per setting")

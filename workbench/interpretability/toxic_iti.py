@@ -15,11 +15,11 @@ import torch.nn.functional as F
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer, get_device
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, paired_t, mean_ci, claim
 from ..hooks import hooks, run_with_cache, decoder_layers
 from ..models import tiny_llama
-from ..train import TrainConfig, train, perplexity, generate_ids
+from ..train import TrainConfig, train, perplexity, generate_ids, model_device
 from ..viz import Explorer, PALETTE
 
 # %% auto #0
@@ -94,7 +94,7 @@ def markov_feature_directions(model, T: int) -> torch.Tensor:
     "(12, d) directions of the 12 (chain, start) features in the last block's residual, per-current-state mean-point estimate."
     X = torch.tensor([markov_sequence(c, s, T) for c in range(3) for s in range(4)])          # (12, T)
     name = f'blocks.{len(decoder_layers(model)) - 1}.hook_resid_post'
-    _, cache = run_with_cache(model, X, names=name)
+    _, cache = run_with_cache(model, X.to(model_device(model)), names=name)                      # activations back on the CPU
     h, tok = cache[name][:, 2:], X[:, 2:]                                                      # (12, T-2, d), (12, T-2)
     dirs = torch.zeros(12, h.shape[-1])
     for v in range(4):
@@ -104,7 +104,7 @@ def markov_feature_directions(model, T: int) -> torch.Tensor:
 
 def train_markov_toy(share0: float, seed: int, steps: int = 300, T: int = 16, batch: int = 64, lr: float = 1e-2) -> dict:
     "Train one 4-dim toy transformer; entanglement of chain 0's four features and of the others', and the final loss."
-    model = tiny_llama(vocab_size=4, n_layers=4, d_model=4, n_heads=2, max_len=T, seed=seed)
+    model = tiny_llama(vocab_size=4, n_layers=4, d_model=4, n_heads=2, max_len=T, seed=seed).to(get_device())
     hist = train(model, markov_data(share0, steps * batch, T, seed), TrainConfig(steps=steps, batch_size=batch, lr=lr, seed=seed, progress=False))
     E = entanglement(markov_feature_directions(model.eval(), T))
     return dict(E_chain0=E[:4].mean().item(), E_others=E[4:].mean().item(), loss=hist.train_loss[-1])
@@ -265,7 +265,7 @@ def collect_head_activations(model, seqs: list, batch_size: int = 256) -> tuple:
     Z, Rs = [], []
     for i in range(0, len(seqs), batch_size):
         ids, last = _right_pad(seqs[i:i + batch_size]); rows = torch.arange(len(ids))
-        _, cache = run_with_cache(model, ids, names=['blocks.*.attn.hook_z', 'blocks.*.hook_resid_post'])
+        _, cache = run_with_cache(model, ids.to(model_device(model)), names=['blocks.*.attn.hook_z', 'blocks.*.hook_resid_post'])   # cached on the CPU
         Z.append(cache.stack('blocks.*.attn.hook_z')[:, rows, last].transpose(0, 1))        # (b, L, H, d_head)
         Rs.append(cache.stack('blocks.*.hook_resid_post')[:, rows, last].transpose(0, 1))   # (b, L, d)
     return torch.cat(Z).float(), torch.cat(Rs).float()
@@ -337,7 +337,7 @@ class ITIIntervention:
         for ll, h in self.heads:
             if ll != l: continue
             # $z^{l,h}_t\leftarrow z^{l,h}_t-\alpha\,\sigma^{l,h}\theta^{l,h}$
-            d = (self.alpha * self.sigma[l, h] * self.theta[l, h]).to(x.dtype)
+            d = (self.alpha * self.sigma[l, h] * self.theta[l, h]).to(x.device, x.dtype)   # where the activations are
             if self.positions == 'last': x[:, -1, h] -= d
             else: x[:, :, h] -= d
         return x
@@ -363,7 +363,7 @@ def attribute_rate(model, tok: WordTokenizer, prompts: list, n_tokens: int = 24,
     if not prompts: raise ValueError("prompts is empty")
     ids, mask = _left_pad(prompts, tok.pad_id)
     out = generate_ids(model, ids, max_new_tokens=n_tokens, greedy=False, temperature=temperature, seed=seed, attention_mask=mask)
-    cont = out[:, ids.shape[1]:]                                                   # (B, n_tokens)
+    cont = out[:, ids.shape[1]:].cpu()                                             # (B, n_tokens)
     hit = torch.isin(cont, torch.tensor(sorted(tok.marked_ids))).any(1).float()
     return (hit, cont) if return_ids else hit
 
@@ -393,7 +393,7 @@ def attribute_entanglement(dirs: dict, key: str = 'attribute', n_random: int = 2
 
 def unembedding_entanglement(model, tok: WordTokenizer, words) -> float:
     "Mean over `words` of the largest |cos| of a word's output embedding with any other plain (non-marked, non-special) word's."
-    U = F.normalize(model.get_output_embeddings().weight.detach().float(), dim=-1)     # (V, d)
+    U = F.normalize(model.get_output_embeddings().weight.detach().float().cpu(), dim=-1)   # (V, d)
     ids = torch.tensor(tok.encode(words)); plain = torch.tensor([i for i in range(2, tok.vocab_size) if i not in tok.marked_ids])
     C = (U[ids] @ U[plain].T).abs(); C[ids[:, None] == plain[None]] = -1                 # a word is not compared with itself
     return C.max(1).values.mean().item()
@@ -464,7 +464,7 @@ def train_lm(cfg: ToxicITIConfig, share: float, seed: int, tok: WordTokenizer | 
     "(model in eval mode, record of the run) for one share and seed."
     tok = tok or WordTokenizer()
     corpus = make_attribute_corpus(cfg.steps * cfg.batch_size, share, seed, cfg.process, 'train', tok)
-    model = tiny_llama(vocab_size=tok.vocab_size, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.seq_len, seed=seed)
+    model = tiny_llama(vocab_size=tok.vocab_size, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.seq_len, seed=seed).to(get_device())
     with Timer() as t:
         hist = train(model, corpus.ids, TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, progress=False))
     return model.eval(), dict(train_loss=float(np.mean(hist.train_loss[-max(1, len(hist.train_loss) // 10):])), realised_share=corpus.share,
