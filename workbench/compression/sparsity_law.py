@@ -18,7 +18,7 @@ from fastcore.basics import patch_to
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, size, cached_unit, progress, judge, Timer
+from ..core import ExperimentConfig, Results, Claim, size, cached_unit, progress, judge, Timer, verdict_rule
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, Interval, mean_ci, paired_t, paired_bootstrap, claim, compare_speed
 from ..hooks import decoder_layers, hooks, run_with_cache
 from ..models import load_model, load_tokenizer, tiny_llama
@@ -598,6 +598,7 @@ def claims(results: Results) -> list:
                      better='lower', null=1.0, n=cfg['speed_repeats'], ci=f"bootstrap over {cfg['speed_repeats']} interleaved rounds"))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when all seven comparisons show beyond their 95% intervals (CETT sparser than the stronger baseline on SmolLM2; tiny ReLU's activation ratio falling and SiLU's rising with data under both measurements; ReLU sparser than SiLU; the active-neuron FFN faster than dense), partly when at least one shows, not reproduced when none does."
     return judge(claims(results))

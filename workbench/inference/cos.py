@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np, torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
-from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge
+from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, verdict_rule
 from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, paired_t, claim, torch_threads
 from ..viz import Explorer, PALETTE
 import plotly.graph_objects as go
@@ -614,6 +614,7 @@ def peer_check(results) -> dict:
     same, iv = float(pe.groupby('prompt').identical.first().mean()), bootstrap((t.ours / t.hf).to_numpy(), unit='prompts')
     return dict(identical=same, ratio=iv, ok=bool(same == 1.0 and iv.estimate <= 1.1))
 
+@verdict_rule
 def verdict(results) -> str:
     "Reproduced when every claim (toy exactness, greedy identity, speed-up over standard and over the strongest baseline, per collaboration and T) shows beyond its 95% CI; partly when some do."
     return judge(claims(results))

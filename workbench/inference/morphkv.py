@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 import numpy as np, pandas as pd, torch
 from transformers.cache_utils import DynamicCache
-from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, in_test
+from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, in_test, verdict_rule
 from ..measure import torch_threads, check_int, check_num, check_choice, paired_bootstrap, paired_t, claim, compare_speed
 from ..models import load_model, load_tokenizer
 from ..train import generate_ids
@@ -706,6 +706,7 @@ def long_claims(results: Results) -> list:
                          paired_t(a, b, unit='prompts'), 'higher'))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when, at every budget of the frontier and on the long responses, MorphKV beats the best other policy at its measured bytes on both KL and fact recall after the response (95% intervals over prompts); partly when at least one of those comparisons shows; else not reproduced."
     return judge(claims(results))
