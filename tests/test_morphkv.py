@@ -224,11 +224,10 @@ def test_distinct_n_and_fact_positions():
     assert pos and min(pos) > 3 and 'Marrow' in tok.decode([r[i] for i in pos])
     assert distinct_n([1, 2, 1, 2, 1, 2], 2) == 0.4 and distinct_n([1, 2, 3, 4], 2) == 1.0
 
-def test_recorded_verdict_is_recomputed():
-    from workbench.core import load_results, Results
-    from workbench.inference.morphkv import verdict
-    r = load_results('morphkv')
-    assert verdict(r) == r.verdict and len(r.claims) >= 4
+def test_recorded_run_has_the_claims():
+    "The committed run carries the frontier and long-part claims (its verdict is recomputed in tests/test_experiments.py)."
+    from workbench.core import load_results
+    assert len(load_results('morphkv').claims) >= 4
 
 def test_snapkv_matches_kvpress(setup):
     "Our SnapKV (group-summed window attention, average pooling) keeps what kvpress's SnapKVPress keeps: the same replay."
@@ -304,3 +303,57 @@ def test_long_claims_paired_t_at_equal_bytes():
     assert len(cl) == 2 and 'best other (h2o)' in cl[0].name and cl[0].n == 4 and 'paired t' in cl[0].ci
     assert all(c.shows for c in cl) and abs(cl[0].estimate - 0.2 * 1.15) < 1e-9
     assert claims(res) == cl and verdict(res) == 'reproduced'
+
+
+def _fake_results(kl25=0.1, kl50=0.1, rec=0.1, long_kl=0.1, long_rec=0.1, n=6, pre=()):
+    """Rows shaped like run_experiment's: at budgets 25% and 50% (75%: a baseline point only) MorphKV's KL below the best other
+    policy's by `kl25`/`kl50` (per prompt, at 1.2x its entries' bytes: its queries) and its fact recall above by `rec`; on the
+    long responses its KL below the best baseline's by `long_kl` and its recall above by `long_rec`; `pre`: preconditions."""
+    from workbench.core import Results
+    cfg = MorphKVConfig(mode='quick', fractions=(0.25, 0.5, 0.75))
+    rows = []
+    for i in range(n):
+        w = 1 + 0.1 * i                                                          # the gap varies by prompt: a real interval
+        for f, b in ((0.25, 100), (0.5, 200), (0.75, 300)):
+            for p, off in (('streamingllm', 0.0), ('h2o', 0.05)):               # h2o: the stronger baseline (lower KL, better recall)
+                rows.append(dict(split='eval', prompt=f'p{i}', policy=p, fraction=f, peak_bytes=b, kl=0.5 + 0.02 * i - off, probe_acc=0.5 + off, chosen=False, window=None))
+            if f < 0.75:
+                gap = kl25 if f == 0.25 else kl50
+                rows.append(dict(split='eval', prompt=f'p{i}', policy='morphkv-sum', fraction=f, peak_bytes=b * 1.2, kl=0.45 + 0.02 * i - gap * w,
+                                 probe_acc=0.55 + rec * w, chosen=True, window=2))
+        for p, kl, acc in (('streamingllm', 0.5, 0.3), ('h2o', 0.3, 0.4), ('tova', 0.6, 0.2)):
+            rows.append(dict(split='long', prompt=f'p{i}', policy=p, fraction=0.25, peak_bytes=100, kl=kl + 0.01 * i, probe_acc=acc + 0.01 * i, chosen=False, window=None))
+        rows.append(dict(split='long', prompt=f'p{i}', policy='morphkv-sum', fraction=0.25, peak_bytes=100, kl=0.3 + 0.01 * i - long_kl * w,
+                         probe_acc=0.4 + 0.01 * i + long_rec * w, chosen=True, window=2))
+    return Results('morphkv', cfg, rows, seeds=[0], claims=list(pre))
+
+
+def _precondition(holds: bool):
+    "A made-up precondition (the problem exists: StreamingLLM's KL at the smallest budget above the declared threshold 0.1)."
+    from workbench.core import Claim
+    est = 0.3 if holds else 0.02
+    return Claim('KL of StreamingLLM at 25% bytes (made up)', est, est - 0.01, est + 0.01, null=0.1, role='precondition', threshold_from='min_kl')
+
+
+@pytest.mark.parametrize('kw,want', [
+    (dict(), 'reproduced'),                                                       # both budgets and the long part, KL and recall
+    (dict(kl50=-0.1), 'partly'),                                                  # worse KL than the best other policy at 50%
+    (dict(long_kl=0.0, long_rec=0.0), 'partly'),                                  # the frontier wins, the long responses show nothing
+    (dict(kl25=0.0, kl50=0.0, rec=0.0, long_kl=0.0, long_rec=0.0), 'not reproduced'),    # no effect anywhere
+    (dict(kl25=-0.1, kl50=-0.1, rec=-0.1, long_kl=-0.1, long_rec=-0.1), 'not reproduced'),  # every comparison the other way
+])
+def test_verdict_rule_on_made_up_rows(kw, want):
+    from workbench.inference.morphkv import claims, verdict
+    r = _fake_results(**kw); cs = claims(r)
+    assert len(cs) == 6 and sum('best other (h2o)' in c.name for c in cs) == 6   # judged against the stronger baseline, the 75% budget not judged
+    assert verdict(r) == want
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(kl50=-0.1), dict(kl25=0.0, kl50=0.0, rec=0.0, long_kl=0.0, long_rec=0.0)])
+def test_failed_precondition_makes_it_untestable(kw):
+    from workbench.inference.morphkv import claims, verdict
+    assert verdict(_fake_results(**kw, pre=[_precondition(False)])) == 'untestable here'
+    assert verdict(_fake_results(**kw, pre=[_precondition(True)])) == verdict(_fake_results(**kw))   # one that holds changes nothing
+    r = _fake_results(**kw)
+    r.conclude(verdict, claims(r) + [_precondition(False)])                  # the way run_experiment records it
+    assert r.verdict == 'untestable here' and '| precondition |' in r.claims_markdown()
