@@ -1,6 +1,7 @@
 """The experiment API of every method module: results files that match the schema and whose verdicts can be
-recomputed, and `run_experiment` in quick mode in a fresh process."""
-import json, os, subprocess, sys
+recomputed, and module functions that need nothing from their notebook. Each method's quick run happens once, in its
+notebook's test; tests/test_notebooks.py checks that run against the module's `config`, `run_experiment` and `verdict`."""
+import builtins, dis, importlib, inspect, json, types
 from pathlib import Path
 import pytest
 from workbench.core import load_results, check_results, results_schema, get_settings, Results
@@ -44,15 +45,31 @@ def test_schema_is_a_valid_json_schema():
 
 BUILT = [s for s in METHODS if is_built(s)]
 
-@pytest.mark.parametrize('slug', BUILT)
-def test_run_experiment_in_quick_mode_returns_rows(slug, tmp_path):
-    "A fresh process: the default config in quick mode, run_experiment, rows and a verdict come back."
-    assert _api(slug) is not None, f'{slug} is built but its module offers no experiment API'
-    code = (f"from workbench.registry import METHODS\nimport json\napi = METHODS[{slug!r}].api()\n"
-            "cfg = api.config(mode='quick')\nres = api.run_experiment(cfg)\n"
-            "print(json.dumps(dict(n=len(res.rows), mode=res.mode, verdict=res.verdict, fields=sorted(res.rows[0]))))")
-    env = dict(os.environ, HF_HUB_OFFLINE='1', WORKBENCH_MODE='quick', WORKBENCH_CACHE_DIR=os.environ.get('WORKBENCH_CACHE_DIR', str(get_settings().cache_path)))
-    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out['n'] > 0 and out['mode'] == 'quick' and out['verdict'] in ('reproduced', 'partly', 'not reproduced')
+
+def _global_reads(code):
+    "The names `code`, and the code nested in it (lambdas, comprehensions, inner functions), reads as globals."
+    for ins in dis.get_instructions(code):
+        if ins.opname == 'LOAD_GLOBAL': yield ins.argval
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType): yield from _global_reads(c)
+
+
+def _functions(mod):
+    "Every function written in `mod`'s file: module functions, methods, properties, and methods patched onto its classes."
+    for v in list(vars(mod).values()):
+        for f in (vars(v).values() if inspect.isclass(v) and v.__module__ == mod.__name__ else [v]):
+            f = getattr(f, '__func__', f)
+            for g in ((f.fget, f.fset, f.fdel) if isinstance(f, property) else (f,)):
+                if inspect.isfunction(g) and g.__code__.co_filename == mod.__file__: yield g
+
+
+@pytest.mark.parametrize('slug', BUILT + list(PLATFORM_RESULTS))
+def test_module_functions_need_nothing_from_the_notebook(slug):
+    """Every global a module function reads is defined in the module (or a builtin): nothing leans on a name that only a
+    non-exported notebook cell defines. The notebook runs the same code with its whole namespace; such a name is what
+    would make the module's own run differ from the notebook's."""
+    mod = importlib.import_module(METHODS[slug].module if slug in METHODS else PLATFORM_RESULTS[slug])
+    fs = list(_functions(mod))
+    assert fs, f'{mod.__name__}: no functions found'
+    missing = sorted({f"{f.__qualname__}: {n}" for f in fs for n in _global_reads(f.__code__) if n not in f.__globals__ and not hasattr(builtins, n)})
+    assert not missing, f"{mod.__name__} reads names it never defines (a non-exported notebook import?): {missing}"

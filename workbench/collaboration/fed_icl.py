@@ -6,7 +6,9 @@ Docs: https://workbench-dev.github.io/workbench/collaboration/fed_icl.html.md"""
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000003
 from __future__ import annotations
-import json, math, os, sys, time, random, re, functools, weakref, importlib.util, pickle, secrets, shutil, socket, subprocess, tempfile, threading
+import json, math, os, sys, time, random, re, functools, weakref, importlib.util, pickle, secrets, shutil, signal, socket, subprocess, tempfile, threading
+import contextlib
+import psutil
 import multiprocessing.connection as mpc
 from pathlib import Path
 import multiprocessing as mp
@@ -18,7 +20,7 @@ import torch
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer
+from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer, verdict_rule
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_bootstrap, claim
 from ..models import load_model, load_tokenizer, load_embedder
 from ..train import generate
@@ -379,8 +381,8 @@ class FlowerTransport(InProcessTransport):
         owner = getattr(handler, '__self__', handler); key = id(owner)
         if key not in self.slots:
             s = len(self.slots); f = self.dir / f'client{s}.pkl'; f.write_bytes(pickle.dumps(handler))
-            self._spawn(f'supernode{s}', ['flower-supernode', '--insecure', '--superlink', f'127.0.0.1:{self.port}', '--port', str(_free_port()),
-                                          '--node-config', f'slot={s} client-file="{f}"'])
+            self._spawn(f'supernode{s}', ['flower-supernode', '--insecure', '--superlink', f'127.0.0.1:{self.port}', '--host', '127.0.0.1',
+                                          '--port', str(_free_port()), '--node-config', f'slot={s} client-file="{f}"'])
             self.slots[key] = (s, owner)
         return self.slots[key][0]
 
@@ -430,17 +432,36 @@ def send(self, msg: dict, handler) -> dict:
     self.log.append(r.decode()); self.bytes_up += len(r)
     return decode_message(r)
 
+def _flower_tree(procs: list, folder: Path) -> list:
+    "Every live process of a transport: the processes it started, all their descendants, and any orphan still carrying its FLWR_HOME."
+    found, home = {}, str(folder / 'home')
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(p.pid); found[root.pid] = root
+            found.update((c.pid, c) for c in root.children(recursive=True))
+    for q in psutil.process_iter():                                       # a SuperExec whose parent already died has no parent to find it by
+        with contextlib.suppress(psutil.Error, OSError):
+            if q.pid not in found and q.environ().get('FLWR_HOME') == home: found[q.pid] = q
+    return list(found.values())
+
 @patch_to(FlowerTransport, static_method=True)
 def _stop(procs: list, st: dict, folder: Path):
-    "End the run (None to the ServerApp), stop the SuperNodes and the SuperLink, delete the working folder."
+    "End the run (None to the ServerApp), stop every process of the transport (the SuperExecs and apps Flower started too), delete the working folder."
     if 'conn' in st:
         try: st['conn'].send(None); st['conn'].close(); st['listener'].close()
         except OSError: pass
         st.clear(); time.sleep(1)
-    for p in procs[::-1]:
-        if p.poll() is None: p.terminate()
-        try: p.wait(10)
-        except subprocess.TimeoutExpired: p.kill()
+    tree = _flower_tree(procs, folder)
+    for p in procs:                                                       # each leads its own process group (start_new_session)
+        with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(p.pid, signal.SIGTERM)
+    for q in tree:                                                        # SuperExec starts its own session: signalled one by one
+        with contextlib.suppress(psutil.Error): q.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    for q in alive:
+        with contextlib.suppress(psutil.Error): q.kill()
+    psutil.wait_procs(alive, timeout=5)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired): p.wait(5)   # reap the Popen objects
     procs.clear(); shutil.rmtree(folder, ignore_errors=True)
 
 @patch_to(FlowerTransport)
@@ -798,6 +819,7 @@ def claims(results: Results) -> list[Claim]:
     out.append(claim('log10(LoRA FedAvg bytes ÷ Fed-ICL bytes) per round', mean_ci(np.log10(lora.values / per.values), unit='units'), null=2.0))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Not reproduced when no accuracy claim shows (the byte saving of exchanging answers instead of weights holds by design and cannot carry the verdict alone); otherwise reproduced when every claim (Fed-ICL beats the best single client and one-round Fed-ICL-GT at every alpha, and sends over 100× fewer bytes than LoRA FedAvg) shows beyond its 95% CI, partly when some do."
     cs = claims(results)

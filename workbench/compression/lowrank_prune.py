@@ -19,7 +19,7 @@ from torch import nn, Tensor
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, size, cached_unit, progress, judge, Timer, atomic_dir, atomic_write_json, get_device
+from ..core import ExperimentConfig, Results, size, cached_unit, progress, judge, Timer, atomic_dir, atomic_write_json, get_device, verdict_rule
 from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, PeakRSS, PeakTensorMemory,
                                bootstrap, paired_bootstrap, claim)
 from ..hooks import decoder_layers, hooks, run_with_cache
@@ -565,6 +565,7 @@ def claims(results: Results) -> list:
             out.append(claim(f'log ppl({name}) − log ppl(TLR), {mk} {pat}, k={k}, T={T}', iv, better='higher'))
     return out
 
+@verdict_rule
 def verdict(results: Results) -> str:
     "Reproduced when TLR's perplexity is below both zero-shot SVD's and equal-parameter pruning's beyond the 95% paired-bootstrap interval at every grid point; partly when at least one of these comparisons shows and one does not; not reproduced when none does."
     return judge(claims(results))

@@ -6,7 +6,7 @@ Docs: https://workbench-dev.github.io/workbench/compression/puzzle.html.md"""
 
 # %% ../../nbs/compression/42_puzzle.ipynb #78ca627a
 from __future__ import annotations
-import contextlib, copy, itertools, math, shutil, statistics, tempfile, time
+import contextlib, copy, itertools, math, os, shutil, statistics, tempfile, time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 import ipywidgets as W
 from scipy.optimize import milp, LinearConstraint, Bounds
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
-from ..core import (ExperimentConfig, size, Results, Claim, judge, cached_unit, cached, cache_path, config_hash,
+from ..core import (ExperimentConfig, size, Results, Claim, judge, cached_unit, cached, cache_path, config_hash, verdict_rule,
                             progress, Timer, atomic_save_torch, get_settings)
 from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, kl_from_logits, Interval, bootstrap,
                                paired_bootstrap, claim)
@@ -33,8 +33,8 @@ from ..viz import PALETTE, Explorer, fig_curves
 __all__ = ['ATTN_KINDS', 'FFN_KINDS', 'IO_KEYS', 'CHOICES', 'BASELINES', 'AttnVariant', 'FFNVariant', 'vkey', 'variant_from_name',
            'NoOpAttention', 'LinearAttention', 'NoOpMLP', 'LinearMLP', 'gqa_from', 'ffn_importance', 'pruned_from',
            'ridge_solve', 'fit_linear', 'init_variant', 'set_blocks', 'swapped', 'cache_block_io', 'rope', 'run_from',
-           'stream_block_io', 'load_block_io', 'bld_loss', 'amp', 'sub_forward', 'refit_output', 'bld_layer',
-           'n_params', 'BlockLibrary', 'replace_one_block_kl', 'library_layer', 'make_library', 'applied',
+           'stream_block_io', 'load_block_io', 'bld_loss', 'bf16_matmul_native', 'amp', 'sub_forward', 'refit_output',
+           'bld_layer', 'n_params', 'BlockLibrary', 'replace_one_block_kl', 'library_layer', 'make_library', 'applied',
            'assemble_child', 'arch_of', 'as_model', 'Scenario', 'time_decode', 'uniform_archs', 'measure_costs',
            'block_ms', 'predict_ms', 'solve_mip', 'budgets_ms', 'within', 'arch_kl', 'puzzle_choice',
            'max_params_choice', 'uniform_choice', 'block_influence', 'drop_layers_choice', 'greedy_choice', 'choose',
@@ -265,8 +265,15 @@ def bld_loss(pred: Tensor, target: Tensor) -> Tensor:
     # $\mathcal L_{BLD} = \|o^c_i(h_i) - o^p_i(h_i)\|^2 / \|o^p_i(h_i)\|^2$
     return (pred - target).pow(2).sum() / target.pow(2).sum().clamp_min(1e-12)
 
+def bf16_matmul_native() -> bool:
+    "Whether this CPU multiplies bf16 matrices in hardware (AMX-BF16 or AVX-512 BF16) and oneDNN may use it (`ONEDNN_MAX_CPU_ISA`)."
+    cap = os.environ.get('ONEDNN_MAX_CPU_ISA', os.environ.get('DNNL_MAX_CPU_ISA', 'ALL')).upper()
+    if cap not in ('ALL', 'DEFAULT') and not any(k in cap for k in ('BF16', 'AMX', 'FP16', 'AVX10')): return False   # capped below bf16
+    has = lambda f: bool(getattr(torch.cpu, f, lambda: False)())
+    return has('_is_amx_tile_supported') or has('_is_avx512_bf16_supported')
+
 def amp(on: bool):
-    "bf16 autocast on the CPU when `on` (matrix products in bf16 on the AMX units, weights kept in fp32), else a no-op context."
+    "bf16 autocast on the CPU when `on` (matrix products in bf16, weights kept in fp32; fast only if `bf16_matmul_native()`), else a no-op context."
     return torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(on))
 
 def sub_forward(module: nn.Module, x: Tensor, pe=None) -> Tensor:
@@ -671,11 +678,14 @@ class PuzzleConfig(ExperimentConfig):
     target_quality: float = 0.9                             # quality retained the target asks for (issue 30; the paper: 0.984)
     target_speedup: float = 1.3                             # measured decode speed-up the target asks for at the tightest budget (the paper: 2.17)
     threads: int = 1                                        # torch threads during the run (2 OpenMP threads on 2 shared cores ran several times slower than 1)
-    bf16: bool = True                                       # bf16 autocast (AMX matrix units on this CPU) for BLD, scores, GKD and evaluation; the parent activations and all timing stay fp32
+    bf16: bool|None = None                                  # bf16 autocast for BLD, scores, GKD and evaluation (parent activations and timing stay fp32); None: on where `bf16_matmul_native()` (AMX / AVX-512 BF16), else fp32
     unit_fields: ClassVar[tuple] = ('budgets',)             # which children run; every unit's key names its own architecture
     cache_version: ClassVar[int] = 3                        # 2: scores keyed by sub-block and variant (vkey); 3: bf16 autocast, BLD and scoring timed apart
     def validate(self):
         check_choice('model', self.model, ('tiny', 'smollm2-135m'))
+        if self.bf16 is None: self.bf16 = bf16_matmul_native()              # resolved here, so the recorded config says what ran
+        elif self.bf16 and not bf16_matmul_native():
+            warnings.warn("bf16=True on a CPU without AMX or AVX-512 BF16: bf16 autocast is emulated there, slower than fp32 (bf16=None picks fp32)")
         for k in ('seq_len', 'n_bld', 'bld_steps', 'bld_batch', 'n_score', 'n_gkd', 'gkd_steps', 'gkd_batch', 'gkd_eval',
                   'gkd_eval_every', 'n_eval', 'prompt_len', 'new_tokens', 'threads', 'gkd_len'): check_int(k, getattr(self, k), lo=1)
         if self.gkd_len > self.seq_len: raise ValueError(f"gkd_len must be at most seq_len={self.seq_len}, got {self.gkd_len}")
@@ -959,6 +969,7 @@ def claims(results) -> list:
         out.append(claim(f'KL before GKD - KL after GKD at budget {b}', paired_bootstrap(ev[p]['kl'], ev[g]['kl'], unit='sequences')))
     return out
 
+@verdict_rule
 def verdict(results) -> str:
     "reproduced when every claim shows beyond its 95% interval at every budget (quality retained above target after GKD, measured speed-up above target at the tightest budget and above 1 elsewhere, the MIP below every baseline's KL, GKD lowering KL); partly when some do; not reproduced when none does."
     return judge(claims(results))
