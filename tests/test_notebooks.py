@@ -1,7 +1,13 @@
 """Every notebook executes top to bottom in quick mode (`#| slow` cells skipped), one test per notebook, each in a fresh
 process. A method notebook's quick run (`res = run_experiment(cfg)`) is the method's one quick run in the suite: the
-harness saves it, and the tests after the notebooks check it against the method module's experiment API."""
-import atexit, contextlib, functools, os, shutil, signal, subprocess, sys, tempfile, time
+harness saves it, and the tests after the notebooks check it against the method module's experiment API.
+
+The notebooks run `JOBS` at a time (default: 2, or 1 on a one-core machine; `WORKBENCH_TEST_JOBS=N` sets it), each
+with its share of the cores as torch threads: most of a quick notebook is single-threaded Python, so two at a time
+on two cores take about half the time of one after another (measured: 4 notebooks, 93 s one by one, 49 s two at a
+time). Each notebook's own run time is listed after the last test of this file."""
+import atexit, contextlib, os, queue, shutil, signal, subprocess, sys, tempfile, threading, time
+from concurrent.futures import Future
 from pathlib import Path
 import pytest
 from conftest import ROOT, BIN
@@ -10,6 +16,12 @@ from workbench.registry import METHODS, experiment_api, is_built
 
 NBS = sorted(p for p in (ROOT/'nbs').rglob('*.ipynb')
              if not p.name.startswith('_') and '.ipynb_checkpoints' not in p.parts)
+PLATFORM = {'kvcache': ('workbench.inference.kvcache', 'inference/00_kvcache.ipynb')}   # platform notebooks with an experiment
+QUICK = {**{s: (m.module, m.notebook) for s, m in METHODS.items() if is_built(m)}, **PLATFORM}
+
+JOBS = max(1, int(os.environ.get('WORKBENCH_TEST_JOBS') or min(2, os.cpu_count() or 1)))   # notebooks at once
+THREADS = max(1, (os.cpu_count() or 1) // JOBS)                                              # torch threads each
+TIMEOUT = 1200                                                                                # seconds per notebook
 
 # the quick runs land here, removed at exit; set WORKBENCH_QUICK_OUT to keep them (the harness reads it, the library does not)
 QUICK_OUT = Path(os.environ.get('WORKBENCH_QUICK_OUT') or tempfile.mkdtemp(prefix='workbench-quick-'))
@@ -35,22 +47,68 @@ for v in [ns.get('res'), *ns.values()]:
 for r in found.values(): print(f'quick run of {r.method}: {save_results(r, out)}')
 '''
 
-@functools.cache
-def run_notebook(nb: Path) -> tuple:
-    "(passed, seconds, log) of `nb` in quick mode in a fresh process; run once per session, whichever test asks first."
+
+def _run(nb: Path) -> tuple:
+    "(passed, seconds, log) of `nb` in quick mode in a fresh process of its own process group."
     env = dict(os.environ, WORKBENCH_MODE='quick', HF_HUB_OFFLINE='1', PLOTLY_RENDERER='plotly_mimetype')
+    env.setdefault('OMP_NUM_THREADS', str(THREADS))
     py = BIN/'python' if (BIN/'python').exists() else Path(sys.executable)
     QUICK_OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     p = subprocess.Popen([str(py), '-c', RUNNER, str(nb), str(QUICK_OUT)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)   # its own process group: a timeout stops the workers it forked too
-    try: out, err = p.communicate(timeout=1200)
+    _live.add(p.pid)
+    try: out, err = p.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL); out, err = p.communicate(); err += '\n(stopped after 1200 s)'
+        os.killpg(p.pid, signal.SIGKILL); out, err = p.communicate(); err += f'\n(stopped after {TIMEOUT} s)'
     finally:
-        with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)   # whatever it left running (or on ^C)
-    took = time.time() - t0
-    return p.returncode == 0 and 'Success' in out + err, took, f"{out[-6000:]}\n{err[-6000:]}"
+        with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)   # whatever it left running
+        _live.discard(p.pid)
+    return p.returncode == 0 and 'Success' in out + err, time.time() - t0, f"{out[-6000:]}\n{err[-6000:]}"
+
+
+_runs, _todo, _live, _workers = {}, queue.Queue(), set(), []
+
+def _work():
+    while True:
+        nb, fut = _todo.get()
+        if not fut.set_running_or_notify_cancel(): continue
+        try: fut.set_result(_run(nb))
+        except BaseException as e: fut.set_exception(e)
+
+def _submit(nb: Path) -> Future:
+    "The run of `nb`, queued once per session; JOBS daemon threads work the queue in order."
+    if not _workers:
+        _workers.extend(threading.Thread(target=_work, daemon=True, name=f'notebooks-{i}') for i in range(JOBS))
+        for t in _workers: t.start()
+    if nb not in _runs: _runs[nb] = Future(); _todo.put((nb, _runs[nb]))
+    return _runs[nb]
+
+def run_notebook(nb: Path) -> tuple:
+    "(passed, seconds, log) of `nb` in quick mode: run once per session, whichever test asks first."
+    return _submit(nb).result()
+
+@atexit.register
+def _stop_running():
+    for pid in list(_live):                               # an interrupted session leaves no notebook running
+        with contextlib.suppress(ProcessLookupError): os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _notebooks_in_order(request):
+    "Queue the notebooks this file's selected tests need, in test order, so JOBS of them run at once; list their own times at the end."
+    for item in request.session.items:
+        if item.path != request.path or not hasattr(item, 'callspec'): continue
+        ps = item.callspec.params
+        _submit(ps['nb'] if 'nb' in ps else ROOT/'nbs'/QUICK[ps['slug']][1])
+    yield
+    done = sorted(((f.result()[1], nb) for nb, f in _runs.items() if f.done() and not f.exception()), reverse=True)
+    tr, cm = (request.config.pluginmanager.get_plugin(n) for n in ('terminalreporter', 'capturemanager'))
+    if tr and done:
+        with cm.global_and_fixture_disabled() if cm else contextlib.nullcontext():
+            tr.write_line(f"\nnotebooks in quick mode, {JOBS} at a time with {THREADS} torch thread(s) each: {sum(t for t, _ in done):.0f} s of runs")
+            for t, nb in done: tr.write_line(f"{t:8.1f}s  {nb.relative_to(ROOT)}")
+
 
 @pytest.mark.parametrize('nb', NBS, ids=[str(p.relative_to(ROOT/'nbs')) for p in NBS])
 def test_notebook_runs_in_quick_mode(nb):
@@ -60,9 +118,6 @@ def test_notebook_runs_in_quick_mode(nb):
 
 
 # ---- the notebooks' quick runs against the modules' experiment API ---------------------------------------------------
-
-PLATFORM = {'kvcache': ('workbench.inference.kvcache', 'inference/00_kvcache.ipynb')}   # platform notebooks with an experiment
-QUICK = {**{s: (m.module, m.notebook) for s, m in METHODS.items() if is_built(m)}, **PLATFORM}
 
 @pytest.mark.parametrize('slug', list(QUICK))
 def test_quick_run_matches_the_module_api(slug, tmp_path):

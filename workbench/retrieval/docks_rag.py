@@ -10,7 +10,7 @@ import math, random, time, itertools
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 from fastcore.basics import patch_to
-import numpy as np, torch, networkx as nx
+import numpy as np, pandas as pd, torch, networkx as nx
 from torch import nn, Tensor
 import torch.nn.functional as F
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, verdict_rule, get_device
