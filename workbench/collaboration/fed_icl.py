@@ -358,13 +358,20 @@ def _free_port() -> int:
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000239
+def _flower_bin(site: str) -> Path:
+    "The folder holding `flower-superlink`: this interpreter's scripts folder (a venv not on PATH), PATH, or a --target install."
+    for d in (Path(sys.executable).parent, Path(shutil.which('flower-superlink') or '.').parent, Path(site) / 'bin'):
+        if (d / 'flower-superlink').is_file(): return d
+    raise FileNotFoundError(f"flower-superlink not found beside {sys.executable}, on PATH or in {site}/bin: is flwr installed?")
+
 class FlowerTransport(InProcessTransport):
     "Clients as Flower SuperNodes (separate processes under a local SuperLink, --insecure); the same encoded message bytes cross Flower's Message API, counted the same way."
     def __init__(self, timeout: float=600.0):
         flwr = _import_flwr(); super().__init__()
         self.timeout, self.slots, self.procs, self.st = timeout, {}, [], {}
         self.dir = Path(tempfile.mkdtemp(prefix='fedicl-flower-')); self.port = _free_port()
-        site = str(Path(flwr.__file__).parents[1]); self.bin = Path(shutil.which('flower-superlink') or Path(site) / 'bin' / 'flower-superlink').parent
+        site = str(Path(flwr.__file__).parents[1])
+        self.bin = _flower_bin(site)
         self.env = dict(os.environ, PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", FLWR_HOME=str(self.dir / 'home'), TOKENIZERS_PARALLELISM='false',
                         PYTHONPATH=os.pathsep.join(dict.fromkeys([site, *[p for p in sys.path if p]])), FLWR_TELEMETRY_ENABLED='0', FLWR_DISABLE_UPDATE_CHECK='1')
         (self.dir / 'app').mkdir(); (self.dir / 'app' / 'pyproject.toml').write_text(_FLOWER_APP)
