@@ -13,8 +13,9 @@ from importlib import metadata
 from .core import cached, get_settings, get_device, Timer
 
 # %% auto #0
-__all__ = ['WHEELS', 'MODELS', 'hub_offline', 'wheel_path', 'spm_bpe_tokenizer', 'ModelSpec', 'list_models', 'model_source',
-           'load_model', 'load_pretrained', 'load_tokenizer', 'tiny_llama', 'Embedder', 'load_embedder']
+__all__ = ['WHEELS', 'MODELS', 'HUB_IDS', 'hub_offline', 'wheel_path', 'spm_bpe_tokenizer', 'ModelSpec', 'list_models',
+           'model_source', 'check_pretrained', 'model_label', 'load_model', 'load_pretrained', 'load_tokenizer',
+           'tiny_llama', 'Embedder', 'load_embedder']
 
 # %% ../nbs/01_models.ipynb #8af28c96
 def hub_offline() -> bool:
@@ -170,6 +171,22 @@ def model_source(name: str|None=None) -> tuple[str, object]:
         return 'local', p
     if _HUB_ID.fullmatch(str(name)): return 'hub', str(name)
     raise ValueError(f"unknown model {str(name)!r}: not a registry name ({', '.join(MODELS)}), an existing folder, or a hub id 'owner/name'")
+
+HUB_IDS = {'smollm2-135m': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'gemma3-270m': 'google/gemma-3-270m'}   # registry models' hub ids
+
+def check_pretrained(name, purpose: str = 'this method') -> str:
+    "`name` if it names a pretrained model with weights and a tokenizer (registry name, local Hugging Face folder or hub id); else a one-line error that says what `purpose` needs."
+    if not isinstance(name, (str, os.PathLike)) or isinstance(name, bool):
+        raise TypeError(f"model must be a str (registry name, folder or hub id), got {type(name).__name__}")
+    if not str(name): raise ValueError("model must be a registry name, a local Hugging Face folder or a hub id, got ''")
+    kind, src = model_source(str(name))                                              # ValueError for anything else
+    if kind == 'registry' and src.kind != 'pretrained':
+        raise ValueError(f"model={str(name)!r} is a {src.kind} registry model without fixed weights or tokenizer; {purpose} needs a pretrained one")
+    return str(name)
+
+def model_label(name) -> str:
+    "How results name a model: a registry model's hub id, else the folder or hub id as given."
+    return HUB_IDS.get(str(name), str(name))
 
 def _from_pretrained(cls, src, **kw):
     "`cls.from_pretrained` of a local folder or hub id; offline, only what is already in the local cache."

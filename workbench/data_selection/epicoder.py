@@ -20,7 +20,7 @@ import ipywidgets as W
 from fastcore.basics import patch
 from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer, verdict_rule
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_t, bootstrap, claim
-from ..models import model_source
+from ..models import model_source, check_pretrained
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -791,14 +791,8 @@ class EpiCoderConfig(ExperimentConfig):
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000112
 def check_model(name) -> str:
-    "`name` if it names a pretrained model: a registry name, a local Hugging Face folder or a hub id (`model_source`)."
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"model must be a registry name, a local Hugging Face folder or a hub id, got {name!r}")
-    kind, src = model_source(name)                                           # ValueError for anything else
-    if kind == 'registry' and src.kind != 'pretrained':
-        raise ValueError(f"model={name!r} is a {src.kind} registry model without weights or tokenizer; "
-                         "the LLM generator needs a pretrained one")
-    return name
+    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id (`workbench.models.check_pretrained`)."
+    return check_pretrained(name, 'the LLM generator')
 
 def llm_name(config: dict) -> str:
     "The LLM generator a run's config names (`model`; `llm_model` in results recorded before the field was renamed)."

@@ -20,25 +20,24 @@ from ..core import (ExperimentConfig, Results, judge, verdict_rule, size, cached
                             seed_everything, atomic_write_json)
 from ..hooks import hooks, decoder_layers, add_vector
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, paired_bootstrap, claim
-from ..models import model_source
+from ..models import model_source, check_pretrained, model_label, HUB_IDS
 from ..train import model_device
 from ..viz import Explorer, FeatureGraph, FeatureFlowExplorer, fig_feature_flow, PALETTE
 
 # %% auto #0
 __all__ = ['KINDS', 'SAE_CODE_VERSION', 'SAELENS_LAYOUT', 'PLANTED_SITES', 'GROUPS', 'MODES', 'CORPORA', 'THEMES',
-           'NEUTRAL_PROMPTS', 'MODEL', 'HUB_IDS', 'TRAIN_TOKENS_FULL', 'DIRECTIONS', 'N_SHOW', 'Site', 'site',
-           'check_sites', 'SAEOutput', 'TopKSAE', 'fvu', 'sae_loss', 'SAEBank', 'train_saes', 'train_sae', 'sae_stats',
-           'saelens_cfg', 'save_sae', 'load_sae', 'match_features', 'predecessors', 'chance_scores', 'chance_tau',
-           'planted_flow', 'link_recovery', 'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph',
-           'to_feature_graph', 'collect_activations', 'block_inputs', 'run_block', 'Intervention',
-           'apply_interventions', 'check_interventions', 'steer', 'token_windows', 'prompt_batch', 'continuation_nll',
-           'deactivation_test', 'logit_lens', 'norm_gain', 'word_ids', 'keyword_share', 'theme_windows',
-           'theme_prompts', 'theme_scores', 'theme_latent', 'check_model', 'model_label', 'SAEFlowConfig',
-           'check_blocks', 'sae_key', 'train_flow_saes', 'flow_eval', 'matching_rows', 'group_rows', 'split_docs',
-           'theme_graph', 'steer_unit', 'steer_settings', 'throughput', 'deactivation_row', 'prompt_records',
-           'alpha_star', 'steer_rows', 'top_contexts', 'graph_record', 'run_experiment', 'claims', 'verdict',
-           'headline', 'feature_graph', 'fig_sae_quality', 'fig_scores', 'fig_origin_groups', 'fig_causal',
-           'fig_steering', 'SteeringExplorer']
+           'NEUTRAL_PROMPTS', 'MODEL', 'TRAIN_TOKENS_FULL', 'DIRECTIONS', 'N_SHOW', 'Site', 'site', 'check_sites',
+           'SAEOutput', 'TopKSAE', 'fvu', 'sae_loss', 'SAEBank', 'train_saes', 'train_sae', 'sae_stats', 'saelens_cfg',
+           'save_sae', 'load_sae', 'match_features', 'predecessors', 'chance_scores', 'chance_tau', 'planted_flow',
+           'link_recovery', 'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph', 'to_feature_graph',
+           'collect_activations', 'block_inputs', 'run_block', 'Intervention', 'apply_interventions',
+           'check_interventions', 'steer', 'token_windows', 'prompt_batch', 'continuation_nll', 'deactivation_test',
+           'logit_lens', 'norm_gain', 'word_ids', 'keyword_share', 'theme_windows', 'theme_prompts', 'theme_scores',
+           'theme_latent', 'check_model', 'SAEFlowConfig', 'check_blocks', 'sae_key', 'train_flow_saes', 'flow_eval',
+           'matching_rows', 'group_rows', 'split_docs', 'theme_graph', 'steer_unit', 'steer_settings', 'throughput',
+           'deactivation_row', 'prompt_records', 'alpha_star', 'steer_rows', 'top_contexts', 'graph_record',
+           'run_experiment', 'claims', 'verdict', 'headline', 'feature_graph', 'fig_sae_quality', 'fig_scores',
+           'fig_origin_groups', 'fig_causal', 'fig_steering', 'SteeringExplorer']
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #69e44660
 KINDS = {'resid_post': ('R', 'hook_resid_post'), 'attn_out': ('A', 'hook_attn_out'), 'mlp_out': ('M', 'hook_mlp_out')}
@@ -628,21 +627,13 @@ def theme_latent(model, tokenizer, sae: TopKSAE, words, acts=None, mask=None) ->
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42
 MODEL = 'smollm2-135m'   # the default model: the committed run's
-HUB_IDS = {'smollm2-135m': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'gemma3-270m': 'google/gemma-3-270m'}   # registry models' hub ids, for the SAEs' metadata
 TRAIN_TOKENS_FULL = 2_016_000   # the full run's training tokens per SAE (4000 updates of 8 windows of 63 predicted positions): issue 31 asks for at least 2M
 DIRECTIONS = {'on': 1.0, 'off': -1.0}   # switch a theme on (add its directions) or suppress it (subtract them)
 
 def check_model(name) -> str:
-    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id."
-    if not isinstance(name, str): raise TypeError(f"model must be a str (registry name, folder or hub id), got {type(name).__name__}")
-    kind, src = model_source(name)                                                   # ValueError for anything else
-    if kind == 'registry' and src.kind != 'pretrained':
-        raise ValueError(f"model={name!r} is a {src.kind} registry model without fixed weights or tokenizer; sae_flow needs a pretrained one")
-    return name
+    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id (`workbench.models.check_pretrained`)."
+    return check_pretrained(name, 'sae_flow')
 
-def model_label(name: str) -> str:
-    "How results and the SAEs' metadata name the model: a registry model's hub id, else the folder or hub id as given."
-    return HUB_IDS.get(name, name)
 
 @dataclass
 class SAEFlowConfig(ExperimentConfig):

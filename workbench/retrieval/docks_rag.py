@@ -15,7 +15,7 @@ from torch import nn, Tensor
 import torch.nn.functional as F
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, verdict_rule, get_device
 from ..measure import check_int, check_num, check_choice, paired_t, paired_bootstrap, claim
-from ..models import load_embedder, model_source
+from ..models import load_embedder, model_source, check_pretrained
 from ..train import model_device
 from ..viz import Explorer, PALETTE
 from ..measure import mean_ci
@@ -462,14 +462,8 @@ VARIANTS = {'B0': ('ctx',), 'B1': ('ctx', 'kg'), 'B2': ('ctx', 'set'), 'B3': PAR
 SUPPORTS = ('explicit', 'coref', 'composed_doc', 'composed_kg')
 
 def check_model(name) -> str:
-    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id."
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"model must be a registry name, a local Hugging Face folder or a hub id, got {name!r}")
-    kind, src = model_source(name)                                               # ValueError for anything else
-    if kind == 'registry' and src.kind != 'pretrained':
-        raise ValueError(f"model={name!r} is a {src.kind} registry model without weights or tokenizer; "
-                         "the probe needs a pretrained one")
-    return name
+    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id (`workbench.models.check_pretrained`)."
+    return check_pretrained(name, 'the probe')
 
 LLM_LABELS = {'smollm2-135m': 'SmolLM2'}          # how notes, claims and headlines name a registry probe model
 
