@@ -9,6 +9,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT/'.venv'/'bin'
 
+
+@pytest.hookimpl(trylast=True)                      # after `-k`/`-m` deselection
+def pytest_collection_modifyitems(session, config, items):
+    "The notebooks' tests go last, and their notebooks start now in the background (tests/test_notebooks.py), beside the rest of the suite."
+    nbs = [i for i in items if i.path.name == 'test_notebooks.py']
+    if not nbs or len(nbs) == len(items): return
+    items[:] = [i for i in items if i.path.name != 'test_notebooks.py'] + nbs
+    nbs[0].module.queue_in_background(nbs)
+
 @pytest.fixture(scope='session')
 def root(): return ROOT
 

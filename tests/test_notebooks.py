@@ -2,10 +2,12 @@
 process. A method notebook's quick run (`res = run_experiment(cfg)`) is the method's one quick run in the suite: the
 harness saves it, and the tests after the notebooks check it against the method module's experiment API.
 
-The notebooks run `JOBS` at a time (default: 2, or 1 on a one-core machine; `WORKBENCH_TEST_JOBS=N` sets it), each
-with its share of the cores as torch threads: most of a quick notebook is single-threaded Python, so two at a time
-on two cores take about half the time of one after another (measured: 4 notebooks, 93 s one by one, 49 s two at a
-time). Each notebook's own run time is listed after the last test of this file."""
+The notebooks start in the background as soon as the suite is collected: one at a time while the rest of the suite
+runs (tests/conftest.py queues them and moves this file's tests to the end), then `JOBS` at a time once the suite
+waits for them (default: 2, or 1 on a one-core machine; `WORKBENCH_TEST_JOBS=N` sets it), each with its share of the
+cores as torch threads. Most of a quick notebook, and most of the other tests, is single-threaded Python, so the two
+cores each carry one of the two streams (measured: 4 notebooks, 93 s one by one, 49 s two at a time). Each
+notebook's own time is listed after the last test of this file."""
 import atexit, contextlib, os, queue, shutil, signal, subprocess, sys, tempfile, threading, time
 from concurrent.futures import Future
 from pathlib import Path
@@ -76,17 +78,26 @@ def _work():
         try: fut.set_result(_run(nb))
         except BaseException as e: fut.set_exception(e)
 
-def _submit(nb: Path) -> Future:
-    "The run of `nb`, queued once per session; JOBS daemon threads work the queue in order."
-    if not _workers:
-        _workers.extend(threading.Thread(target=_work, daemon=True, name=f'notebooks-{i}') for i in range(JOBS))
-        for t in _workers: t.start()
+def _workers_up_to(n: int):
+    "Daemon threads working the queue in order: at least `n` (at most JOBS) of them from now on."
+    while len(_workers) < min(n, JOBS):
+        _workers.append(t := threading.Thread(target=_work, daemon=True, name=f'notebooks-{len(_workers)}')); t.start()
+
+def _submit(nb: Path, workers: int = 1) -> Future:
+    "The run of `nb`, queued once per session."
+    _workers_up_to(workers)
     if nb not in _runs: _runs[nb] = Future(); _todo.put((nb, _runs[nb]))
     return _runs[nb]
 
+def queue_in_background(items):
+    "Queue the notebooks that the selected `items` of this file need, in their order, on one background worker (tests/conftest.py calls this after collection)."
+    for item in items:
+        ps = getattr(getattr(item, 'callspec', None), 'params', {})
+        if 'nb' in ps or 'slug' in ps: _submit(ps['nb'] if 'nb' in ps else ROOT/'nbs'/QUICK[ps['slug']][1])
+
 def run_notebook(nb: Path) -> tuple:
-    "(passed, seconds, log) of `nb` in quick mode: run once per session, whichever test asks first."
-    return _submit(nb).result()
+    "(passed, seconds, log) of `nb` in quick mode: run once per session, whichever test asks first; while a test waits, JOBS run at once."
+    return _submit(nb, workers=JOBS).result()
 
 @atexit.register
 def _stop_running():
@@ -96,17 +107,16 @@ def _stop_running():
 
 @pytest.fixture(scope='module', autouse=True)
 def _notebooks_in_order(request):
-    "Queue the notebooks this file's selected tests need, in test order, so JOBS of them run at once; list their own times at the end."
-    for item in request.session.items:
-        if item.path != request.path or not hasattr(item, 'callspec'): continue
-        ps = item.callspec.params
-        _submit(ps['nb'] if 'nb' in ps else ROOT/'nbs'/QUICK[ps['slug']][1])
+    "Queue the notebooks this file's selected tests need (if conftest has not), JOBS at once from now on; list their own times at the end."
+    queue_in_background([i for i in request.session.items if i.path == request.path])
+    _workers_up_to(JOBS)
     yield
     done = sorted(((f.result()[1], nb) for nb, f in _runs.items() if f.done() and not f.exception()), reverse=True)
     tr, cm = (request.config.pluginmanager.get_plugin(n) for n in ('terminalreporter', 'capturemanager'))
     if tr and done:
         with cm.global_and_fixture_disabled() if cm else contextlib.nullcontext():
-            tr.write_line(f"\nnotebooks in quick mode, {JOBS} at a time with {THREADS} torch thread(s) each: {sum(t for t, _ in done):.0f} s of runs")
+            tr.write_line(f"\nnotebooks in quick mode, one at a time beside the suite, then {JOBS} at a time, {THREADS} torch thread(s) each: "
+                          f"{sum(t for t, _ in done):.0f} s of runs")
             for t, nb in done: tr.write_line(f"{t:8.1f}s  {nb.relative_to(ROOT)}")
 
 
