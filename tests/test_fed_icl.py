@@ -1,6 +1,6 @@
 "Cross-checks of `workbench.collaboration.fed_icl`: partition, message schema, transport privacy and bytes, protocol reductions, the linear-attention theory, and the verdict (fast, CPU, no LM: a fake scorer copies facts)."
 import json, os, re
-from types import SimpleNamespace
+import torch
 import numpy as np
 import pytest
 from workbench.core import Results, save_results, load_results
@@ -134,9 +134,15 @@ def test_matched_gap_vanishes_with_more_data():
 
 
 def test_lora_bytes_by_hand():
-    smol = SimpleNamespace(hidden_size=576, num_hidden_layers=30, num_key_value_heads=3, num_attention_heads=9, head_dim=64)
+    "Counted on the model's own q_proj and v_proj: SmolLM2's shapes (on the meta device, no weights) and a Gemma-3 whose heads are wider than d/heads."
+    from transformers import LlamaConfig, LlamaForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM
+    with torch.device('meta'):
+        smol = LlamaForCausalLM(LlamaConfig(hidden_size=576, intermediate_size=64, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, vocab_size=64))
+        gem = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                 head_dim=48, vocab_size=64, layer_types=['full_attention'] * 2))
     per_layer = 8 * (576 + 576) + 8 * (576 + 192)                                       # A and B of q (576->576) and v (576->192)
-    assert lora_round_bytes(smol, 8, 3) == per_layer * 30 * 4 * 2 * 3
+    assert lora_round_bytes(smol, 8, 3) == per_layer * 30 * 4 * 2 * 3 == 11059200       # the committed run's lora_bytes
+    assert lora_round_bytes(gem, 8, 1) == (8 * (32 + 96) + 8 * (32 + 48)) * 2 * 4 * 2    # q: 32->2·48, v: 32->1·48 (not d -> d)
 
 
 def test_config(monkeypatch):

@@ -22,8 +22,8 @@ import ipywidgets as W
 from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer, verdict_rule
 from ..measure import check_int, check_num, check_choice, mean_ci, paired_bootstrap, claim
-from ..models import load_model, load_tokenizer, load_embedder
-from ..train import generate
+from ..models import load_model, load_tokenizer, load_embedder, check_pretrained, model_label
+from ..train import generate, model_device
 from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
@@ -108,7 +108,7 @@ class Embeddings:
 @patch_to(Embeddings)
 def _encode(self, texts):
     "(n, dim) unit vectors of `texts`."
-    if self.backend == 'minilm': return _embedder().encode(list(texts)).numpy()
+    if self.backend == 'minilm': return _embedder().encode(list(texts)).cpu().numpy()
     v = np.zeros((len(texts), len(self.vocab)))
     for r, t in enumerate(texts):
         for g in self._grams(t):
@@ -136,18 +136,18 @@ class MCScorer:
     def __init__(self, model, tok, calibrate: bool=True, name: str|None=None):
         self.model, self.tok, self.calibrate, self.cache, self.n_forward, self.name = model, tok, calibrate, {}, 0, name
     def __reduce_ex__(self, protocol):
-        "A scorer of a registry model pickles as its name (another process reloads the model), not as its weights."
+        "A scorer of a named model (registry name, folder or hub id) pickles as its name (another process reloads the model), not as its weights."
         return (load_scorer, (self.name,)) if self.name and self.calibrate else super().__reduce_ex__(protocol)
     def option_ids(self, options) -> list[int]:
         ids = [self.tok(' ' + o, add_special_tokens=False).input_ids[0] for o in options]
-        if len(set(ids)) != len(ids): raise ValueError(f"options {options} do not start with distinct tokens")
+        if len(set(ids)) != len(ids): raise ValueError(f"options {options} do not start with distinct tokens under this model's tokenizer: first-token scoring cannot tell them apart")
         return ids
     @torch.inference_mode()
     def logp(self, prompt: str, options) -> torch.Tensor:
         "Log-probabilities (n_options,) of the options' first tokens after `prompt`, renormalised over the options (cached)."
         key = (prompt, tuple(options))
         if key not in self.cache:
-            x = self.tok(prompt, return_tensors='pt').to(self.model.device); self.n_forward += 1
+            x = self.tok(prompt, return_tensors='pt').to(model_device(self.model)); self.n_forward += 1   # inputs follow the model's device
             self.cache[key] = torch.log_softmax(self.model(**x).logits[0, -1, self.option_ids(options)].float(), -1)
         return self.cache[key]
     def __call__(self, demos: list[tuple[str, str]], query: QAExample) -> tuple[int, list[float]]:
@@ -160,7 +160,8 @@ class MCScorer:
 
 @functools.lru_cache(maxsize=2)
 def load_scorer(model: str='smollm2-135m') -> MCScorer:
-    "The MC scorer of a `workbench.models` registry model (loaded once per process)."
+    "The MC scorer of a pretrained causal LM: registry name, local Hugging Face folder or hub id (loaded once per process)."
+    model = check_pretrained(model, 'Fed-ICL (clients score options with a pretrained LM)')
     return MCScorer(load_model(model, dtype='float32'), load_tokenizer(model), name=model)
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000021
@@ -643,15 +644,16 @@ def _pages(q: dict) -> set[str]:
 FANOUT_PROMPT = "Answer the question. Be brief; if it asks about several things, answer each one.\nQuestion: {}"
 
 def run_fanoutqa_unit(model: str, n: int, max_new_tokens: int, seed: int) -> dict:
-    "Lengths of all FanOutQA dev questions in the model's tokens, and closed-book answers to `n` of them scored by string accuracy (with the echo control)."
+    "Lengths of all FanOutQA dev questions in the model's tokens, and closed-book answers to `n` of them (chat template if the tokenizer has one, else plain text) scored by string accuracy (with the echo control)."
     dev = fanoutqa_dev()
     if dev is None: raise ImportError(FANOUT_SKIP)
     S = load_scorer(model); tok = S.tok; ntok = lambda t: len(tok(t, add_special_tokens=False).input_ids)
+    chat = bool(getattr(tok, 'chat_template', None))                                  # a base model without a chat template gets plain text
     lengths = dict(question_tokens=[ntok(q['question']) for q in dev], answer_tokens=[ntok(' '.join(answer_strings(q['answer']))) for q in dev],
                    answer_strings=[len(answer_strings(q['answer'])) for q in dev], pages=[len(_pages(q)) for q in dev])
     recs = []
     for i in random.Random(seed).sample(range(len(dev)), n):
-        q = dev[i]; out = generate(S.model, tok, FANOUT_PROMPT.format(q['question']), max_new_tokens, chat=True)
+        q = dev[i]; out = generate(S.model, tok, FANOUT_PROMPT.format(q['question']) + ('' if chat else '\nAnswer:'), max_new_tokens, chat=chat)
         (lo, st), (elo, _) = fanout_score(q['answer'], out), fanout_score(q['answer'], q['question'])
         recs.append(dict(id=q['id'], question=q['question'], reference=json.dumps(q['answer'])[:300], answer=out[:300], loose=round(lo, 4), strict=int(st),
                          echo_loose=round(elo, 4), question_tokens=lengths['question_tokens'][i], answer_strings=lengths['answer_strings'][i], pages=lengths['pages'][i]))
@@ -660,7 +662,7 @@ def run_fanoutqa_unit(model: str, n: int, max_new_tokens: int, seed: int) -> dic
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000038
 @dataclass
 class FedICLConfig(ExperimentConfig):
-    "Fed-ICL on the fictional encyclopedia with SmolLM2-135M-Instruct as every client's LM."
+    "Fed-ICL on the fictional encyclopedia with a pretrained causal LM (default SmolLM2-135M-Instruct) as every client's LM."
     alphas: tuple = size(quick=(1.0,), full=(0.05, 1.0, 100.0))   # Dirichlet concentrations of the partition (small = heterogeneous)
     n_seeds: int = size(quick=1, full=3)                      # seeds per alpha
     n_clients: int = size(quick=2, full=3)                    # L, clients (empty ones after the partition are dropped)
@@ -671,7 +673,7 @@ class FedICLConfig(ExperimentConfig):
     C: int = 1                                                # nearest examples per prompt (the paper: 5; a 135M model copies best from 1)
     variants: tuple = ('fed', 'free')                         # iterative variants run: 'fed' (Fed-ICL) and 'free' (Fed-ICL-Free)
     backend: str = 'minilm'                                   # retrieval: 'minilm' (all-MiniLM-L6-v2) or 'tfidf'
-    model: str = 'smollm2-135m'                               # client LM (a workbench.models registry name; a GPU user can pick a bigger one)
+    model: str = 'smollm2-135m'                               # client and fusion LM: a pretrained registry name, local Hugging Face folder or hub id (a GPU user can pick a bigger one)
     lora_rank: int = 8                                        # r of the analytic LoRA FedAvg round
     aggregations: tuple = ('vote', 'fuse')                    # server aggregations of Fed-ICL: 'vote' (majority; the paper's rule for multiple choice) and 'fuse' (a fusion LM)
     transport: str = 'inprocess'                              # 'inprocess', 'process' (every client in its own OS process) or 'flower' (clients as Flower SuperNodes; needs flwr); same messages and answers
@@ -688,16 +690,18 @@ class FedICLConfig(ExperimentConfig):
         if self.n_queries > self.n_topics * self.n_entities: raise ValueError(f"n_queries={self.n_queries} exceeds the {self.n_topics * self.n_entities} facts")
         if 'vote' not in self.aggregations or not set(self.aggregations) <= {'vote', 'fuse'}: raise ValueError(f"aggregations must include 'vote' and be drawn from ('vote', 'fuse'), got {self.aggregations}")
         check_choice('transport', self.transport, ('inprocess', 'process', 'flower'))
+        check_pretrained(self.model, 'Fed-ICL (clients score options with a pretrained LM)')   # one-line TypeError/ValueError; refuses scratch models
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000039
-def lora_round_bytes(model_config, rank: int, n_clients: int, bytes_per: int=4) -> int:
-    "Bytes of one FedAvg round of rank-`rank` LoRA on W_q and W_v of every layer: fp32, down and up, every client."
-    d, nl = model_config.hidden_size, model_config.num_hidden_layers
-    dv = model_config.num_key_value_heads * getattr(model_config, 'head_dim', d // model_config.num_attention_heads)
-    # $r(d+d)$ for $W_q$ ($d\times d$) and $r(d+d_v)$ for $W_v$ ($d_v\times d$), per layer
-    return 2 * n_clients * nl * rank * (2 * d + d + dv) * bytes_per
+def lora_round_bytes(model, rank: int, n_clients: int, targets: tuple=('q_proj', 'v_proj'), bytes_per: int=4) -> int:
+    "Bytes of one FedAvg round of rank-`rank` LoRA on the model's own `targets` Linear layers (W_q and W_v of every block): fp32, down and up, every client."
+    named = [(n.rsplit('.', 1)[-1], m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]   # (short name, layer)
+    lin, found = [m for n, m in named if n in targets], {n for n, _ in named} & set(targets)
+    if found != set(targets): raise ValueError(f"LoRA FedAvg's bytes are counted on Linear layers named {list(targets)}; {type(model).__name__} has {sorted(found) or 'none of them'}")
+    # $r(d_\text{in}+d_\text{out})$ per adapted matrix: A is $r\times d_\text{in}$, B is $d_\text{out}\times r$
+    return 2 * n_clients * rank * sum(m.in_features + m.out_features for m in lin) * bytes_per
 
 def _queries(sv: list, M: int, seed: int) -> list[int]:
     "M question indices spread over the topics (round-robin over a shuffled order per topic)."
@@ -725,6 +729,7 @@ def _unit_setup(cfg: FedICLConfig, alpha: float, seed: int) -> tuple:
 def run_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
     "One (alpha, seed) unit: item rows, bytes per round, the per-question answers of Fed-ICL, and diagnostics."
     S, cl, Q, truth, emb, parts = _unit_setup(cfg, alpha, seed); n0 = S.n_forward
+    lora_bytes = lora_round_bytes(S.model, cfg.lora_rank, len(parts))              # first: a model without q_proj/v_proj fails before any scoring
     holder = [next(i for i, p in enumerate(parts) if any(e.entity == q.entity for e in p)) for q in Q]
     mk = lambda mode: [FedICLClient(i, p, S, emb, cfg.C, mode) for i, p in enumerate(parts)]
     rows = _items('zero_shot', alpha, seed, 0, [S([], q)[0] for q in Q], truth)
@@ -746,7 +751,7 @@ def run_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
                     vote=[hh['vote'][m] for hh in hist['fed']], clients=[[c[m] for c in hh['clients']] for hh in hist['fed']])
                for m, (q, t, h) in enumerate(zip(Q, truth, holder))]
     unit = dict(alpha=alpha, seed=seed, n_clients=len(parts), n_examples=[len(p) for p in parts], retrieval_hit=hit, n_forward=S.n_forward - n0,
-                lora_bytes=lora_round_bytes(S.model.config, cfg.lora_rank, len(parts)))
+                lora_bytes=lora_bytes)
     return dict(rows=rows, comm=comm, answers=answers, unit=unit)
 
 def run_fuse_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
@@ -777,7 +782,7 @@ def run_experiment(cfg: FedICLConfig) -> Results:
         fanout = dict(questions=[], lengths={})
         if cfg.fanout_n and fanoutqa_dev() is not None:
             fanout = cached_unit('fed_icl', cfg, dict(unit='fanoutqa', n=cfg.fanout_n), lambda: run_fanoutqa_unit(cfg.model, cfg.fanout_n, cfg.fanout_tokens, cfg.seed))
-    notes = ("Accuracy is the server's answer (majority vote, ties by summed probability) against the true option; chance is 0.25. "
+    notes = (f"Every client's LM and the fusion LM is {model_label(cfg.model)}. Accuracy is the server's answer (majority vote, ties by summed probability) against the true option; chance is 0.25. "
              "'fuse' is Fed-ICL with our fusion aggregation (a fusion LM's answer kept when clients support it more than the current one), reported beside the claims, not in them. "
              "Bytes are UTF-8 JSON messages, both directions, all clients. The task is a copy-the-fact task on invented entities. 'fed_client' rows are each client's own answer in a Fed-ICL round. "
              + ("The fanoutqa tables hold FanOutQA dev questions answered closed-book (string accuracy) and every dev question's length." if fanout['questions']
@@ -841,7 +846,8 @@ def headline(results: Results) -> str:
     b = cm[cm.method == 'fed'][['bytes_down', 'bytes_up']].sum(1).mean()
     fq = pd.DataFrame(results.tables.get('fanoutqa') or [])
     fq_txt = f"; FanOutQA dev closed-book: string accuracy {fq.loose.mean():.2f} (question-echo control {fq.echo_loose.mean():.2f}) on {len(fq)} questions" if len(fq) else ''
-    return f"SmolLM2-135M, accuracy after {int(df[df.method == 'fed']['round'].max())} rounds — " + '; '.join(parts) + f"; {b / 1e3:.1f} kB per round vs {un.lora_bytes.mean() / 1e6:.1f} MB for LoRA FedAvg" + fq_txt
+    model = model_label(results.config.get('model', 'smollm2-135m'))                 # older results files lack the field
+    return f"{model}, accuracy after {int(df[df.method == 'fed']['round'].max())} rounds — " + '; '.join(parts) + f"; {b / 1e3:.1f} kB per round vs {un.lora_bytes.mean() / 1e6:.1f} MB for LoRA FedAvg" + fq_txt
 
 def fusion_comparison(results: Results) -> list[Claim]:
     "Per alpha: Fed-ICL with the fusion aggregation − with the vote, and − the best single client (last round; paired bootstrap over seed×question). Reported beside the claims, not in the verdict: the paper votes on multiple choice."
