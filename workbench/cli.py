@@ -6,7 +6,7 @@ Docs: https://workbench-dev.github.io/workbench/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #8cbc1905
 from __future__ import annotations
-import argparse, difflib, os, subprocess, sys, time
+import argparse, contextlib, difflib, os, subprocess, sys, time
 from pathlib import Path
 from . import __version__
 from .core import get_settings, from_overrides, save_results, Timer
@@ -31,15 +31,15 @@ def format_table(rows: list[dict], cols: dict, widths: dict|None=None) -> str:
     return '\n'.join([line(list(cols.values())), line(['-'*x for x in w]), *map(line, cells)])
 
 # %% ../nbs/08_cli.ipynb #1ec4f144
-_LIST_COLS = dict(slug='method', field='field', status='status', needs='needs', measured='last results', date='date')
+_LIST_COLS = dict(slug='method', field='field', status='status', models='models', needs='needs', measured='last results', date='date')
 
 def cmd_list(args) -> int:
-    "`workbench list`: methods, field, status, last results' headline and date."
+    "`workbench list`: methods, field, status, the models each runs (`its own` or `any` pretrained decoder), needs, last results' headline and date."
     if args.markdown: print(scoreboard_markdown(field=args.field), end=''); return 0
     rows = scoreboard(field=args.field)
     for r in rows:
         if r['measured'] is not None and r['mode'] != 'full': r['measured'] += ' (quick run)'
-    print(format_table([dict(r, needs=r['needs'] or '—') for r in rows], _LIST_COLS, dict(measured=50)))
+    print(format_table([dict(r, needs=r['needs'] or '—') for r in rows], _LIST_COLS, dict(measured=50, models=36)))
     missing = [n for n in NEEDS if not is_installed(n) and any(n in METHODS[r['slug']].needs.full for r in rows)]
     if missing:
         print(f"\nnot installed here: {', '.join(missing)}; to run the methods that need them: "
@@ -223,6 +223,9 @@ def main(argv=None) -> int:
     except SystemExit as e: return e.code if isinstance(e.code, int) else 1
     except UsageError as e:
         print(f"workbench: error: {e}", file=sys.stderr); return 2   # a bad setting or override: one line, no traceback
+    except BrokenPipeError:                                             # `workbench list | head`: the reader left; say nothing more
+        with contextlib.suppress(OSError): os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 # %% ../nbs/08_cli.ipynb #1bf7de1b
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # `python -m workbench.cli`; not when run in a notebook

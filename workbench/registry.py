@@ -13,9 +13,10 @@ import importlib, importlib.util
 from .core import repo_root, get_settings, load_results, VERDICTS, UNTESTABLE, ExperimentConfig, failed_preconditions
 
 # %% auto #0
-__all__ = ['FIELDS', 'NEEDS', 'METHODS', 'STATUSES', 'ExperimentAPI', 'experiment_api', 'Needs', 'Method', 'methods_path',
-           'load_methods', 'get_method', 'is_installed', 'missing_needs', 'install_commands', 'nbs_path', 'is_built',
-           'field_notebooks', 'why_untestable', 'method_status', 'scoreboard', 'scoreboard_markdown']
+__all__ = ['FIELDS', 'NEEDS', 'ARCHS', 'METHODS', 'STATUSES', 'ExperimentAPI', 'experiment_api', 'Needs', 'Models', 'Method',
+           'methods_path', 'load_methods', 'get_method', 'is_installed', 'missing_needs', 'install_commands',
+           'nbs_path', 'is_built', 'field_notebooks', 'why_untestable', 'method_status', 'scoreboard',
+           'scoreboard_markdown']
 
 # %% ../nbs/07_registry.ipynb #3526066d
 FIELDS = {  # field (the notebook folder): the notebook numbers it owns
@@ -59,6 +60,17 @@ class Needs:
     full: tuple = ()    # for a full run and the notebook (holds `quick`)
     def __str__(self) -> str: return ', '.join(n if n in self.quick else f'{n} (full)' for n in self.full)
 
+ARCHS = ('llama', 'qwen2', 'gemma3')   # the decoder families the hooks support (`workbench.hooks`); tested on tiny models of each
+
+@dataclass(frozen=True)
+class Models:
+    "Which language models a method's experiment runs: its own small models, or a pretrained decoder the user names in the config's `model` field."
+    kind: str = 'own'    # 'own': trains its own small models (no `model` field); 'any': a pretrained decoder of the user's choice
+    not_on: tuple = ()   # ((architecture, why), ...): supported architectures (`ARCHS`) the method cannot apply to, with the reason
+    def __str__(self) -> str:
+        if self.kind == 'own': return 'its own'
+        return 'any' + (' except ' + '; '.join(f'{a} ({w})' for a, w in self.not_on) if self.not_on else '')
+
 # %% ../nbs/07_registry.ipynb #d78953a7
 @dataclass(frozen=True)
 class Method:
@@ -72,6 +84,7 @@ class Method:
     code: str|None   # the official code repository 'owner/name' on GitHub, or None when none was released
     claim: str       # the paper's headline claim in one sentence, with its number where the paper gives one
     needs: Needs     # what its runs need beyond the core install (`NEEDS`)
+    models: Models   # which language models its experiment runs (`Models`)
     @property
     def number(self) -> int: return int(self.notebook.split('/')[1][:2])
     @property
@@ -100,13 +113,21 @@ def _check_needs(v, where) -> Needs:
     if extra: raise ValueError(f"{where}: needs.full must hold needs.quick; missing {extra}")
     return Needs(tuple(v['quick']), tuple(v['full']))
 
+def _check_models(v, where) -> Models:
+    if not isinstance(v, dict) or set(v) != {'kind', 'not_on'} or v['kind'] not in ('own', 'any') or not isinstance(v['not_on'], dict):
+        raise ValueError(f"{where}: models must be an object {{'kind': 'own' or 'any', 'not_on': {{architecture: why}}}}, got {v!r}")
+    bad = [a for a, w in v['not_on'].items() if a not in ARCHS or not isinstance(w, str) or not w.strip()]
+    if bad or (v['kind'] == 'own' and v['not_on']):
+        raise ValueError(f"{where}: models.not_on maps architectures from {list(ARCHS)} to a reason, and only for kind 'any'; got {v['not_on']!r}")
+    return Models(v['kind'], tuple(v['not_on'].items()))
+
 def _check_entry(d, i) -> Method:
     where = f"entry {i}" + (f" ({d.get('slug')!r})" if isinstance(d, dict) and 'slug' in d else '')
     if not isinstance(d, dict): raise TypeError(f"{where}: expected an object, got {type(d).__name__}")
     if set(d) != set(_KEYS): raise ValueError(f"{where}: keys must be exactly {list(_KEYS)}; missing {sorted(set(_KEYS)-set(d))}, unknown {sorted(set(d)-set(_KEYS))}")
-    needs = _check_needs(d['needs'], where)
+    needs, models = _check_needs(d['needs'], where), _check_models(d['models'], where)
     for k, v in d.items():
-        if k == 'needs' or (v is None and k == 'code'): continue
+        if k in ('needs', 'models') or (v is None and k == 'code'): continue
         if not isinstance(v, str) or not v.strip(): raise ValueError(f"{where}: {k} must be a non-empty string, got {v!r}")
         if k in _RULES and not re.fullmatch(_RULES[k][0], v): raise ValueError(f"{where}: {k}={v!r} is invalid: expected {_RULES[k][1]}")
     if d['field'] not in FIELDS: raise ValueError(f"{where}: field {d['field']!r} is unknown; allowed: {', '.join(FIELDS)}")
@@ -117,7 +138,7 @@ def _check_entry(d, i) -> Method:
     c = d['claim']
     if '\n' in c or not c.endswith('.') or re.search(r'[.!?]\s+[A-Z]', c) or len(c) > 240:
         raise ValueError(f"{where}: claim must be one sentence of at most 240 characters ending in '.', got {c!r}")
-    return Method(**{**d, 'needs': needs})
+    return Method(**{**d, 'needs': needs, 'models': models})
 
 # %% ../nbs/07_registry.ipynb #a7fe833d
 def methods_path() -> Path:
@@ -235,7 +256,7 @@ def scoreboard(results_dir=None,  # default: `data/results`
                nbs_dir=None,      # default: the notebooks folder
                field=None,        # only this field
               ) -> list[dict]:
-    "One row per method: its entry, measured headline (failed preconditions first), date, mode, status, needs."
+    "One row per method: its entry, measured headline (failed preconditions first), date, mode, status, needs, models."
     if field is not None and field not in FIELDS: raise ValueError(f"unknown field {field!r}; allowed: {', '.join(FIELDS)}")
     rows = []
     for m in METHODS.values():
@@ -244,7 +265,7 @@ def scoreboard(results_dir=None,  # default: `data/results`
         measured = s['headline'] if not s['why'] else s['why'] + (f" — {s['headline']}" if s['headline'] else '')
         rows.append(dict(slug=m.slug, name=m.name, field=m.field, notebook=m.notebook, claim=m.claim, measured=measured,
                          date=s['date'], mode=s['mode'], status=s['status'], preconditions=s['preconditions'],
-                         needs=str(m.needs)))
+                         needs=str(m.needs), models=str(m.models)))
     return rows
 
 # %% ../nbs/07_registry.ipynb #e545e705

@@ -6,7 +6,7 @@ Docs: https://workbench-dev.github.io/workbench/inference/cos.html.md"""
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00003
 from __future__ import annotations
-import copy, math, time
+import copy, dataclasses, math, re, time
 from dataclasses import dataclass
 from typing import ClassVar
 import numpy as np, torch
@@ -14,16 +14,18 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, verdict_rule
 from ..measure import check_int, check_num, check_choice, check_tensor, bootstrap, paired_t, claim, torch_threads
+from ..models import check_pretrained, model_label
+from ..train import model_device
 from ..viz import Explorer, PALETTE
 import plotly.graph_objects as go
 
 # %% auto #0
 __all__ = ['PROMPTS', 'KEEP', 'WeightedEnsemble', 'Contrastive', 'one_hot_argmax', 'proposal', 'target', 'speculative_accept',
            'Member', 'CollabOutput', 'check_shared_vocab', 'prefill', 'collab_generate', 'sd_generate', 'cos_generate',
-           'TrigramLM', 'exact_joint', 'layer_pruned_copy', 'chat_ids', 'kd_sequences', 'shared_prefix',
-           'run_from_layer', 'distil_draft', 'agreement', 'load_pair', 'CoSConfig', 'size_draft', 'sizing_table',
-           'run_experiment', 'speed_table', 'best', 'claims', 'peer_check', 'verdict', 'headline', 'fig_timeline',
-           'fig_hist', 'fig_speed', 'fig_decode', 'CoSExplorer']
+           'TrigramLM', 'exact_joint', 'resolve_layers', 'layer_pruned_copy', 'chat_ids', 'kd_sequences',
+           'shared_prefix', 'run_from_layer', 'distil_draft', 'agreement', 'load_pair', 'CoSConfig', 'size_draft',
+           'sizing_table', 'run_experiment', 'speed_table', 'best', 'claims', 'peer_check', 'verdict', 'headline',
+           'fig_timeline', 'fig_hist', 'fig_speed', 'fig_decode', 'CoSExplorer']
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00011
 @dataclass
@@ -98,7 +100,7 @@ class Member:
     def feed(self, seq: list, need_from: int):
         "One forward call over `seq[n:]`; keeps the logits predicting positions `need_from .. len(seq)`."
         new, keep = seq[self.n:], len(seq) - need_from + 1            # logits of the last `keep` fed tokens
-        dev = next(self.model.parameters()).device
+        dev = model_device(self.model)
         out = self.model(input_ids=torch.tensor([new], device=dev), past_key_values=self.cache, use_cache=True, logits_to_keep=min(keep, len(new)))
         z = out.logits[0].float().cpu()                                # (keep, V); sampling runs on the CPU
         for j in range(z.shape[0]): self.logits[len(seq) - z.shape[0] + j + 1] = z[j]
@@ -281,20 +283,32 @@ def exact_joint(models, comb, prompt, k: int) -> dict:
     return out
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00041
+def resolve_layers(keep, n: int, name: str='the model') -> tuple:
+    "Decoder-layer indices `keep` of a model with `n` blocks as indices 0..n-1 (a negative one counts from the end, as in Python)."
+    keep = tuple(keep)
+    for i in keep:
+        if not isinstance(i, int) or isinstance(i, bool): raise TypeError(f"layer indices must be ints, got {i!r}")
+        if not -n <= i < n: raise ValueError(f"layer {i} is out of range: {name} has {n} blocks (layers 0..{n - 1}, or -{n}..-1 from the end)")
+    out = tuple(i % n for i in keep)
+    if not out or len(set(out)) != len(out): raise ValueError(f"keep must list distinct layers, got {keep} (on the {n} blocks of {name}: {out})")
+    return out
+
 def layer_pruned_copy(model, keep) -> torch.nn.Module:
-    "A copy of a Llama-style causal LM with only the decoder layers `keep` (same embeddings, norm, head and tokenizer)."
-    keep = [check_int('layer', i, lo=0, hi=model.config.num_hidden_layers - 1) for i in keep]
-    if not keep or len(set(keep)) != len(keep): raise ValueError(f"keep must list distinct layer indices, got {keep}")
+    "A copy of a Llama-style causal LM (Llama, Qwen2, Gemma 3, ...) with only the decoder layers `keep` (same embeddings, norm, head and tokenizer), on its device."
+    keep = resolve_layers(keep, model.config.num_hidden_layers, getattr(model.config, '_name_or_path', '') or type(model).__name__)
     cfg = copy.deepcopy(model.config); cfg.num_hidden_layers = len(keep)
     if getattr(cfg, 'layer_types', None): cfg.layer_types = [cfg.layer_types[i] for i in keep]
     with torch.device('meta'): q = type(model)(cfg)
+    src = lambda k: re.sub(r'^model\.layers\.(\d+)\.', lambda m: f'model.layers.{keep[int(m[1])]}.', k)   # q's name -> the parent's
     sd = {k: v for k, v in model.state_dict().items() if not k.startswith('model.layers.')}
     for j, i in enumerate(keep):
         sd.update({f'model.layers.{j}.' + k: v for k, v in model.model.layers[i].state_dict().items()})
     q.load_state_dict({k: v.clone() for k, v in sd.items()}, strict=False, assign=True)
-    q.model.rotary_emb = copy.deepcopy(model.model.rotary_emb)       # a buffer-only module (not in the state dict)
+    bufs = dict(model.named_buffers())                               # buffers not in the state dict (RoPE frequencies, Gemma's embedding scale)
+    for k, b in list(q.named_buffers()):
+        if b.is_meta: mod, _, nm = k.rpartition('.'); q.get_submodule(mod)._buffers[nm] = bufs[src(k)].clone()
     if cfg.tie_word_embeddings: q.tie_weights()
-    return q.eval().requires_grad_(False)
+    return q.to(model_device(model)).eval().requires_grad_(False)
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00042
 PROMPTS = ['Explain what a Python list comprehension is.', 'What does the os.path.join function do?',
@@ -309,10 +323,12 @@ PROMPTS = ['Explain what a Python list comprehension is.', 'What does the os.pat
            'What is the purpose of a virtual environment?', 'Write two sentences about the history of the bicycle.',
            'What is a decorator in Python?', 'Name three planets and one fact about each.',
            'How does a for loop differ from a while loop?', 'Give two reasons to exercise regularly.']
-KEEP = tuple(range(4)) + (28, 29)                                # the layers of SmolLM2 (30) that M_q keeps: the first 4 and the last 2 (chosen by the sizing in *Experiment*)
+KEEP = (0, 1, 2, 3, -2, -1)                                      # the layers M_q keeps: the first 4 and the last 2 of the model's (negative: from the end;
+                                                                 # on SmolLM2's 30: 0-3, 28, 29; chosen by the sizing in *Experiment*)
 
 def chat_ids(tok, prompt: str) -> list:
-    "The token ids of `prompt` as a user turn of the chat template, ready for the assistant's reply."
+    "The token ids of `prompt` as a user turn of the chat template, ready for the assistant's reply (plain text and a newline for a tokenizer without a template)."
+    if not getattr(tok, 'chat_template', None): return tok(prompt + '\n')['input_ids']
     return tok(tok.apply_chat_template([dict(role='user', content=prompt)], tokenize=False, add_generation_prompt=True))['input_ids']
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00143
@@ -326,7 +342,7 @@ def kd_sequences(tok, n: int, seq_len: int=96, split: str='train', seed: int=0) 
     rnd, out = random.Random(seed), []
     while len(out) < n:
         t = rnd.choice(texts); s = rnd.randrange(max(1, len(t) - 8 * k))
-        ids = tok(t[s:s + 8 * k])['input_ids'][1:]                      # drop a token cut in the middle
+        ids = tok(t[s:s + 8 * k], add_special_tokens=False)['input_ids'][1:]   # drop a token cut in the middle
         if len(ids) >= k: out.append(pre + ids[:k])
     return torch.tensor(out)
 
@@ -337,16 +353,16 @@ def shared_prefix(keep) -> int:
     return j
 
 def run_from_layer(m, j: int, h: Tensor) -> Tensor:
-    "Logits (B, T, V) of the causal LM `m` continued from the residual stream h (B, T, d) entering decoder layer j (no padding)."
-    pe = m.model.rotary_emb(h, torch.arange(h.shape[1], device=h.device)[None])
-    for layer in m.model.layers[j:]: h = layer(h, attention_mask=None, position_embeddings=pe)
-    return m.lm_head(m.model.norm(h))
+    "Logits (B, T, V) of the causal LM `m` continued from the residual stream h (B, T, d) entering decoder layer j (no padding): the model's own forward over its layers j.."
+    layers = m.model.layers; m.model.layers = layers[j:]              # its masks (sliding windows too), RoPE and logit soft-capping, as it computes them
+    try: return m(inputs_embeds=h, use_cache=False).logits
+    finally: m.model.layers = layers
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00144
 def distil_draft(P, Q, keep, ids: Tensor, steps: int, batch_size: int=4, lr: float=3e-4, n_layers: int=2, top_k: int=64, seed: int=0) -> list:
     "Logit KD of the pruned copy Q (layers `keep` of P) towards P on ids (N, T), in place: trains Q's `n_layers` decoder layers from the last shared one; returns the losses."
     check_int('steps', steps, lo=0); check_int('n_layers', n_layers, lo=1); check_tensor('ids', ids, ndim=2, floating=False)
-    j0 = max(shared_prefix(keep) - 1, 0); dev = next(P.parameters()).device
+    j0 = max(shared_prefix(keep) - 1, 0); dev = model_device(P)
     amp = lambda: torch.autocast(dev.type, dtype=torch.bfloat16)
     with torch.no_grad(), amp():                                       # teacher: the stream entering layer j0, top-k log-probs
         hs, tv, ti = [], [], []
@@ -371,20 +387,21 @@ def distil_draft(P, Q, keep, ids: Tensor, steps: int, batch_size: int=4, lr: flo
 @torch.no_grad()
 def agreement(P, Q, ids: Tensor) -> dict:
     "How close Q's next-token distributions are to P's on ids (N, T): KL(p||q), top-1 agreement, and 1 - TV (a Q draft's acceptance rate against p)."
-    dev = next(P.parameters()).device; lp, lq = (m(ids.to(dev)).logits.float().cpu().log_softmax(-1) for m in (P, Q))
+    dev = model_device(P); lp, lq = (m(ids.to(dev)).logits.float().cpu().log_softmax(-1) for m in (P, Q))
     return dict(kl=round(float((lp.exp() * (lp - lq)).sum(-1).mean()), 4), top1=round(float((lp.argmax(-1) == lq.argmax(-1)).float().mean()), 4),
                 accept=round(float(1 - 0.5 * (lp.exp() - lq.exp()).abs().sum(-1).mean()), 4))
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00146
 _MODELS, _PAIR = {}, {}
 def load_pair(keep: tuple=KEEP, model: str='smollm2-135m', distil: dict|None=None):
-    "($M_p$, $M_q$, tokenizer): $M_p$ a `workbench.models` name, $M_q$ its copy with layers `keep`, distilled by `distil_draft(**distil)` if given (cached on disk); kept in memory."
+    "($M_p$, $M_q$, tokenizer): $M_p$ a pretrained model (registry name, local folder or hub id), $M_q$ its copy with layers `keep` (negative: from the end), distilled by `distil_draft(**distil)` if given (cached on disk); kept in memory."
     import json
     from workbench.core import cached, atomic_save_torch, atomic_write_json
     from workbench.models import load_model, load_tokenizer
-    keep, key = tuple(keep), (model, tuple(keep), json.dumps(distil, sort_keys=True))
+    if model not in _MODELS: _MODELS[model] = (load_model(check_pretrained(model, 'CoS')), load_tokenizer(model))
+    keep = resolve_layers(keep, _MODELS[model][0].config.num_hidden_layers, model_label(model))
+    key = (model, keep, json.dumps(distil, sort_keys=True))
     if key in _PAIR: return _PAIR[key]
-    if model not in _MODELS: _MODELS[model] = (load_model(model), load_tokenizer(model))
     (P, tok), Q = _MODELS[model], layer_pruned_copy(_MODELS[model][0], keep)
     if distil:
         d = dict(distil); n_eval, seq_len, seed = d.pop('n_eval'), d.pop('seq_len'), d.get('seed', 0)
@@ -397,7 +414,7 @@ def load_pair(keep: tuple=KEEP, model: str='smollm2-135m', distil: dict|None=Non
             atomic_write_json(tmp/'info.json', dict(before=before, after=agreement(P, q, ev), losses=losses, seconds=round(time.perf_counter() - t0, 1)))
             built.append(time.time())
         built = []; folder = cached('cos-draft', dict(model=model, keep=list(keep), distil=distil, v=1), build)
-        Q.load_state_dict(torch.load(folder/'layers.pt'), strict=False); Q.distil_info = json.loads((folder/'info.json').read_text())
+        Q.load_state_dict(torch.load(folder/'layers.pt', map_location='cpu'), strict=False); Q.distil_info = json.loads((folder/'info.json').read_text())
         Q.built_at = built[0] if built else None                         # when this process distilled it (None: read from the cache)
     _PAIR[key] = (P, Q.eval().requires_grad_(False), tok)
     return _PAIR[key]
@@ -405,7 +422,7 @@ def load_pair(keep: tuple=KEEP, model: str='smollm2-135m', distil: dict|None=Non
 # %% ../../nbs/inference/21_cos.ipynb #cos00051
 @dataclass
 class CoSConfig(ExperimentConfig):
-    "Standard vs fixed-proposer vs CoS collaborative decoding (WE and CD) with SmolLM2-135M and its layer-pruned, distilled copy."
+    "Standard vs fixed-proposer vs CoS collaborative decoding (WE and CD) with a pretrained LM (default SmolLM2-135M) and its layer-pruned, distilled copy."
     n_prompts: int = size(quick=2, full=20)            # chat prompts (items of the speed and identity claims)
     max_new_tokens: int = size(quick=4, full=16)       # tokens generated per prompt and setting (no early stop; on a GPU raise this)
     methods: tuple = ('we', 'cd')                      # collaborations: weighted ensemble, contrastive decoding
@@ -414,8 +431,8 @@ class CoSConfig(ExperimentConfig):
     sd_gammas: tuple = size(quick=(2,), full=(1, 2, 4))   # fixed-proposer SD: the small model's draft lengths
     lam: float = 0.5                                   # WE weight of the small model: r = lam q + (1-lam) p
     mu: float = 0.1                                    # CD amateur weight: r = softmax((l_p - mu l_q)/T)
-    model: str = 'smollm2-135m'                        # the large model M_p (a workbench.models name; on a GPU: a larger one)
-    keep_layers: tuple = KEEP                          # its layers the small model M_q keeps
+    model: str = 'smollm2-135m'                        # the large model M_p: a registry name, a local Hugging Face folder or a hub id (on a GPU: a larger one)
+    keep_layers: tuple = KEEP                          # its layers the small model M_q keeps (negative: from the end; the results record them resolved)
     distil_steps: int = size(quick=2, full=150)        # logit-KD steps of M_q towards M_p (0: the plain layer-pruned copy)
     distil_seqs: int = size(quick=4, full=128)         # KD training sequences (chat-wrapped `docstrings` chunks)
     distil_batch: int = size(quick=2, full=4)          # sequences per KD step
@@ -434,6 +451,9 @@ class CoSConfig(ExperimentConfig):
     unit_fields: ClassVar[tuple] = ('n_prompts',)
     cache_version: ClassVar[int] = 2
     def validate(self):
+        check_pretrained(self.model, 'CoS (M_p and its layer-pruned copy share its weights and tokenizer)')
+        if not isinstance(self.keep_layers, (tuple, list)) or not self.keep_layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.keep_layers):
+            raise ValueError(f"keep_layers must be a non-empty tuple of layer indices (negative: from the end), got {self.keep_layers!r}")
         check_int('n_prompts', self.n_prompts, lo=2, hi=len(PROMPTS)); check_int('max_new_tokens', self.max_new_tokens, lo=1)
         for m in self.methods: check_choice('method', m, ('we', 'cd'))
         for T in self.temperatures: check_num('temperature', T, lo=0)
@@ -481,7 +501,7 @@ def _peer_unit(cfg, i: int) -> list:
     rows = []
     for mode in (['ours', 'hf'] if i % 2 == 0 else ['hf', 'ours']):
         t0 = time.perf_counter()
-        if mode == 'hf': toks = P.generate(torch.tensor([ids], device=P.device), assistant_model=Q, do_sample=False, max_new_tokens=cfg.peer_tokens)[0, len(ids):].tolist()
+        if mode == 'hf': toks = P.generate(torch.tensor([ids], device=model_device(P)), assistant_model=Q, do_sample=False, max_new_tokens=cfg.peer_tokens)[0, len(ids):].tolist()
         else: toks = sd_generate([P, Q], WeightedEnsemble((1.0, 0.0)), ids, cfg.peer_tokens, eos_id=tok.eos_token_id, proposer=1, gamma=g).tokens
         rows.append(dict(prompt=i, method='peer', T=0.0, mode=mode, gamma=g, seconds=round(time.perf_counter() - t0, 4), n_tokens=len(toks), tokens=toks))
     rows[0]['identical'] = rows[1]['identical'] = rows[0]['tokens'] == rows[1]['tokens']
@@ -500,8 +520,8 @@ def _exact_unit(cfg, method: str, rep: int) -> dict:
     return dict(method=method, mode='exact_toy', rep=rep, tv_cos=round(_tv(cos, ex, n), 5), tv_floor=round(_tv(floor, ex, n), 5))
 
 def _real_unit(cfg, method: str, rep: int=0, k: int=10) -> dict:
-    "SmolLM2 pair at T=1, first token of prompt 0: the emitted token after one M_q draft and its verification, against r (top-k tokens + rest); replicate `rep`."
-    P, Q, tok = cfg.pair(); ids = torch.tensor([chat_ids(tok, PROMPTS[0])], device=P.device)
+    "The real pair at T=1, first token of prompt 0: the emitted token after one M_q draft and its verification, against r (top-k tokens + rest); replicate `rep`."
+    P, Q, tok = cfg.pair(); ids = torch.tensor([chat_ids(tok, PROMPTS[0])], device=model_device(P))
     with torch.no_grad(): lp, lq = P(ids).logits[0, -1].float().cpu(), Q(ids).logits[0, -1].float().cpu()
     r, s = cfg.comb(method, 1.0).probs([lp, lq]), torch.softmax(lq, -1); g = torch.Generator().manual_seed(cfg.seed * 10**6 + 1000 * rep + 7)
     top = r.topk(k).indices; bins = lambda t: int((top == t).nonzero()[0, 0]) if t in top else k
@@ -560,6 +580,7 @@ def run_experiment(cfg: CoSConfig) -> Results:
 def _run_experiment(cfg: CoSConfig) -> Results:
     t0, t0_wall = time.perf_counter(), time.time(); rows, timeline, hist = [], [], []
     P, Q, tok = cfg.pair(); info = getattr(Q, 'distil_info', None)              # builds (or reads) the distilled M_q
+    cfg = dataclasses.replace(cfg, keep_layers=resolve_layers(cfg.keep_layers, P.config.num_hidden_layers, model_label(cfg.model)))   # the layers that ran
     built = bool(info) and (getattr(Q, 'built_at', None) or 0) >= t0_wall       # distilled inside this run (its time is in wall_time_s)
     if info: rows += [dict(mode='draft', stage=k, **info[k]) for k in ('before', 'after')]
     for i in progress(range(cfg.n_prompts), desc='cos prompts'):
@@ -578,7 +599,8 @@ def _run_experiment(cfg: CoSConfig) -> Results:
                   sizing=sizing_table() if cfg.mode == 'full' else [],
                   run=[dict(threads=torch.get_num_threads(), draft_seconds=info['seconds'] if info else 0.0, draft_built_in_run=built)])
     res = Results('cos', cfg, rows, seeds=[cfg.seed], tables={k: v for k, v in tables.items() if v}, wall_time_s=round(time.perf_counter() - t0, 1),
-                  notes=f"seconds: wall-clock of the decoding after one shared prefill per prompt (peer rows: whole generation, prefill included), "
+                  notes=f"M_p {model_label(cfg.model)} ({P.config.num_hidden_layers} layers, {model_device(P).type}), M_q its copy keeping layers {list(cfg.keep_layers)}; "
+                        f"seconds: wall-clock of the decoding after one shared prefill per prompt (peer rows: whole generation, prefill included), "
                         f"{torch.get_num_threads()} torch thread(s); identical: same tokens as standard (peer: as HF); draft distillation took "
                         f"{info['seconds'] if info else 0} s, {'inside' if built else 'not inside'} wall_time_s ({'built in this run' if built else 'read from the cache'})")
     return res.conclude(verdict, claims(res), headline(res))
@@ -622,8 +644,9 @@ def verdict(results) -> str:
 def headline(results) -> str:
     "Our measured speed-ups in words."
     cs = [c for c in claims(results) if 'speed-up' in c.name]
+    cfg = results.config; name = model_label(cfg.get('model', 'smollm2-135m'))         # the model that ran (older records: SmolLM2)
     return '; '.join(f"{c.name.split(':')[0]} {c.estimate:.2f}x vs {'standard' if 'over standard' in c.name else 'strongest'}" for c in cs) + \
-        f" (CoS over standard / strongest baseline, {results.config.get('threads', 1)} CPU thread(s); paper 1.11-2.23x over standard)"
+        f" (CoS over standard / strongest baseline, {name} with a {len(cfg.get('keep_layers') or KEEP)}-layer copy, {cfg.get('threads', 1)} CPU thread(s); paper 1.11-2.23x over standard)"
 
 # %% ../../nbs/inference/21_cos.ipynb #cos00061
 _SRC = {0: ('M_p draft / bonus', PALETTE[0]), 1: ('M_q draft', PALETTE[2]), -1: ('resampled after a rejection', PALETTE[1]), -2: ('drawn from r directly', PALETTE[3])}

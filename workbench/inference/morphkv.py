@@ -13,8 +13,8 @@ import numpy as np, pandas as pd, torch
 from transformers.cache_utils import DynamicCache
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, in_test, verdict_rule
 from ..measure import torch_threads, check_int, check_num, check_choice, paired_bootstrap, paired_t, claim, compare_speed
-from ..models import load_model, load_tokenizer
-from ..train import generate_ids
+from ..models import load_model, load_tokenizer, check_pretrained, model_label
+from ..train import generate_ids, model_device
 from ..data import load_corpus
 from ..viz import Explorer, PALETTE
 from .kvcache import (check_window, held_bytes, cache_bytes, PolicyCache, DecodeTrace, decode, decode_batch,
@@ -74,7 +74,8 @@ def policy_entries(name: str, budget: int, window: int, config) -> int:
     n_q, n_kv = config.num_attention_heads, config.num_key_value_heads
     if name.startswith('morphkv'): return budget - math.ceil(window * n_q / (2 * n_kv))       # R cached queries
     if name.startswith('kvpress-') and name != 'kvpress-snapkv':                              # R-1 buffered hidden states
-        return budget - math.ceil((window - 1) * (1 + config.hidden_size / (2 * n_kv * (config.hidden_size // n_q))))
+        hd = getattr(config, 'head_dim', None) or config.hidden_size // n_q                    # Gemma 3: its own head width
+        return budget - math.ceil((window - 1) * (1 + config.hidden_size / (2 * n_kv * hd)))
     return budget
 
 def morph_bytes(entries: int, window: int, config) -> int:
@@ -293,16 +294,22 @@ def _corpus_text(corpus, group, anchor):
     if t is None: raise ValueError(f"no document of {group!r} in corpus {corpus!r} holds {anchor!r}")
     return t[t.find(anchor):]
 
+def _bos(tok) -> list:
+    "The BOS id the tokenizer puts before a text (Gemma's), or nothing (SmolLM2's adds none)."
+    b = tok.bos_token_id
+    return [b] if b is not None and tok('x').input_ids[:1] == [b] else []
+
 def build_prompt(tok, name: str, T: int) -> dict:
-    "Prompt `name` as exactly `T` tokens: dict(name, kind, split, ids (T,), text, facts)."
+    "Prompt `name` as exactly `T` tokens: dict(name, kind, split, ids (T,), text, facts); plain text after the BOS for a tokenizer without a chat template."
     check_choice('prompt', name, tuple(PROMPTS)); check_int('T', T, lo=8)
     kind, split, *spec = PROMPTS[name]
     if kind == 'continuation':                                                 # raw text, no chat template
-        ids = tok(_corpus_text(*spec)[:12 * T], add_special_tokens=False).input_ids[:T]
+        ids = (_bos(tok) + tok(_corpus_text(*spec)[:12 * T], add_special_tokens=False).input_ids)[:T]
     else:
         intro, facts, instruction = spec
-        pre, post = tok.apply_chat_template([dict(role='user', content='\x00')], add_generation_prompt=True, tokenize=False).split('\x00')
-        head, body = tok(pre, add_special_tokens=False).input_ids, tok(intro + '\n\n' + facts, add_special_tokens=False).input_ids
+        pre, post = tok.apply_chat_template([dict(role='user', content='\x00')], add_generation_prompt=True, tokenize=False).split('\x00') \
+            if getattr(tok, 'chat_template', None) else ('', '')
+        head, body = _bos(tok) + tok(pre, add_special_tokens=False).input_ids, tok(intro + '\n\n' + facts, add_special_tokens=False).input_ids
         tail = tok('\n\n' + instruction + post, add_special_tokens=False).input_ids
         k = T - len(head) - len(tail)                                          # the filler at the start of the body gives way
         if k < 1 or k > len(body): raise ValueError(f"prompt {name!r} cannot be cut to {T} tokens (head {len(head)}, body {len(body)}, tail {len(tail)})")
@@ -359,7 +366,8 @@ def best_other(df, target, metric, exclude=('full', 'no-prompt', 'morphkv-sum', 
 # %% ../../nbs/inference/20_morphkv.ipynb #15aa9ab6
 @dataclass
 class MorphKVConfig(ExperimentConfig):
-    "Long-response replays of SmolLM2-135M under every KV-cache policy at several byte budgets."
+    "Long-response replays of a pretrained LM (default SmolLM2-135M) under every KV-cache policy at several byte budgets."
+    model: str = 'smollm2-135m'                                # the LM: a registry name, a local Hugging Face folder or a hub id (Llama-style: Llama, Qwen2, Gemma 3, ...)
     prompts: tuple = size(quick=('doc-hamlet', 'doc-code', 'doc-macbeth'), full=tuple(PROMPTS))  # prompt names (their split: see PROMPTS)
     prompt_tokens: int = size(quick=48, full=128)              # T: every prompt is cut to this many tokens (one batch)
     response_tokens: int = size(quick=8, full=512)             # n: tokens of each sampled reference response (full: the paper's long-response regime, issue 29)
@@ -383,9 +391,10 @@ class MorphKVConfig(ExperimentConfig):
     heldout_tokens: int = size(quick=8, full=32)               # response tokens replayed on the held-out prompts to choose R
     threads: int = 1                                           # torch CPU threads during the run (0: as set); one does not oversubscribe 2 shared cores
     unit_fields: ClassVar[tuple] = ('fractions', 'windows', 'presses', 'speed_policies', 'speed_steps', 'speed_repeats', 'kept_every',
-                                    'press_interval', 'long_prompts', 'long_tokens', 'long_fraction', 'long_policies')   # every unit's key names what it uses of these
-    cache_version: ClassVar[int] = 1
+                                    'press_interval', 'long_prompts', 'long_tokens', 'long_fraction', 'long_policies', 'model')   # every unit's key names what it uses of these
+    cache_version: ClassVar[int] = 1                            # (a model other than SmolLM2 is named in every unit's key: SmolLM2's units keep their keys)
     def validate(self):
+        check_pretrained(self.model, 'MorphKV (its prompts and facts need a tokenizer, its references a trained model)')
         for p in self.prompts: check_choice('prompt', p, tuple(PROMPTS))
         if len(set(self.prompts)) != len(self.prompts): raise ValueError(f"prompts must be distinct, got {self.prompts}")
         for s in ('eval', 'heldout'):
@@ -427,7 +436,10 @@ class MorphKVConfig(ExperimentConfig):
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex001
 @functools.cache
-def _model(): return load_model('smollm2-135m', attn='sdpa')
+def _model(name): return load_model(name, attn='sdpa')
+
+@functools.cache
+def _tokenizer(name): return load_tokenizer(name)                             # Gemma 3's 262k-token tokenizer takes seconds to load
 
 class _NoSpecial(torch.nn.Module):
     "A causal LM that never emits the `banned` token ids (so that every sampled response runs its full length)."
@@ -464,6 +476,15 @@ def _curves(traces, names, P, fraction, n, bins=16) -> list:
     return out
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex002
+def _sliding(config) -> int:
+    "How many of the model's layers attend over a sliding window (Gemma 3: most of them)."
+    return sum(t == 'sliding_attention' for t in getattr(config, 'layer_types', None) or ())
+
+def _middle_layer(config) -> int:
+    "The full-attention layer nearest the middle of the model (a sliding-window layer only keeps its window)."
+    n = config.num_hidden_layers; types = getattr(config, 'layer_types', None) or ['full_attention'] * n
+    return min((i for i, t in enumerate(types) if t != 'sliding_attention'), key=lambda i: (abs(i - n // 2), i), default=n // 2)
+
 def _kept_recorder(names, P, layer, every, store):
     "An `on_step` that records which positions layer `layer`, KV head 0 keeps for prompt 0 under each member, every `every` steps."
     def rec(i, cache):
@@ -476,12 +497,14 @@ def _replay_unit(model, ctx, cfg, f, group, R, press_bytes=None) -> dict:
     C, P, T = cfg.budget(f), len(ctx['names']), cfg.prompt_tokens
     n = ctx['resp'].shape[1]                                                   # the response and the probe
     kw = dict(teacher=ctx['resp'][:, :n], reference=ctx['lp']()[:, :n], keep_logits=False)
-    kept, L = [], model.config.num_hidden_layers // 2
+    kept, L = [], _middle_layer(model.config)
     record = f == cfg.speed_fraction and not group[0].startswith('kvpress') and group != ['snapkv']  # stacks only
     rec = _kept_recorder(group, P, L, cfg.kept_every, kept) if record else None
     dec = group[0].startswith('kvpress') and group != ['kvpress-snapkv']      # kvpress decoding presses: way (a), at MorphKV's bytes
     ent = {p: policy_entries(p, press_bytes, cfg.press_interval, model.config) if dec else C for p in group}   # our policies: C entries, state on top
-    if group in (['snapkv'], ['kvpress-snapkv']):                              # prompt-only compression: replayed in one pass
+    if group == ['snapkv'] and _sliding(model.config):                        # the one-pass replay would use the model's sliding-window masks,
+        trs = decode_batch(model, ctx['ids'], make_policy('snapkv', C, R, cfg.n_sink, cfg.snapkv_window), n, **kw)   # which count cache slots: step by step
+    elif group in (['snapkv'], ['kvpress-snapkv']):                            # prompt-only compression: replayed in one pass
         press = make_press(group, C, T, snapkv_window=cfg.snapkv_window) if group[0].startswith('kvpress') else None
         cache = DynamicCache() if press else make_policy('snapkv', C, R, cfg.n_sink, cfg.snapkv_window)
         trs = replay_after_prefill(model, ctx['ids'], cache, kw['teacher'], kw['reference'], prefill=press(model) if press else None)
@@ -531,14 +554,14 @@ def _speed_unit(model, ctx, cfg, p, C, R) -> dict:
 
 def _controls(model, ctx, cfg, split='eval', fraction=1.0) -> list:
     "The full cache's own rows (its fact scores, its measured peak bytes) and the no-prompt control's fact scores, per prompt."
-    out, lp = [], ctx['lp']()
+    out, lp, dev = [], ctx['lp'](), model_device(model)
     with torch.no_grad():
-        n = ctx['n']; full = model(torch.cat([ctx['ids'][0], ctx['resp'][0][:n - 1]])[None], use_cache=True).past_key_values
+        n = ctx['n']; full = model(torch.cat([ctx['ids'][0], ctx['resp'][0][:n - 1]])[None].to(dev), use_cache=True).past_key_values
         for i, name in enumerate(ctx['names']):
-            y = ctx['resp'][i]                                                 # response and probe
-            alone = model(y[None, :-1]).logits[0].argmax(-1)                   # predicts y[1:] from the response alone
+            y = ctx['resp'][i]                                                 # response and probe (on the CPU)
+            alone = model(y[None, :-1].to(dev)).logits[0].argmax(-1).cpu()    # predicts y[1:] from the response alone
             acc = lambda pred, pos: float((pred[pos] == y[pos]).float().mean()) if pos else None
-            own, ctl = lp[i].argmax(-1), torch.cat([alone[:1], alone])
+            own, ctl = lp[i].argmax(-1).cpu(), torch.cat([alone[:1], alone])
             out.append(dict(split=split, prompt=name, policy='full', fraction=fraction, entries=cfg.prompt_tokens + n - 1, kl=0.0, top1=1.0,
                             fact_acc=acc(own, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]), probe_acc=acc(own, ctx['ppos'][i]),
                             peak_bytes=cache_bytes(full), peak_kv=cache_bytes(full), peak_state=0))
@@ -571,9 +594,13 @@ def run_experiment(cfg: MorphKVConfig) -> Results:
     with torch_threads(cfg.threads or torch.get_num_threads()): return _run(cfg)
 
 def _run(cfg):
-    t0 = time.perf_counter(); model, tok = _model(), load_tokenizer('smollm2-135m')
-    prompts = [build_prompt(tok, k, cfg.prompt_tokens) for k in cfg.prompt_names]
-    unit = lambda key, fn: cached_unit('morphkv', cfg, key, fn)
+    t0 = time.perf_counter(); model = _model(cfg.model)
+    if cfg.presses and (k := _sliding(model.config)):
+        raise ValueError(f"kvpress would compress the {k} sliding-window layers of {model_label(cfg.model)} ({type(model).__name__}; it skips them only for "
+                         f"Gemma3ForConditionalGeneration): run it with presses=()")
+    tok = _tokenizer(cfg.model); prompts = [build_prompt(tok, k, cfg.prompt_tokens) for k in cfg.prompt_names]
+    mk = {} if cfg.model == 'smollm2-135m' else dict(model=cfg.model)          # SmolLM2's units keep their keys
+    unit = lambda key, fn: cached_unit('morphkv', cfg, dict(key, **mk), fn)
     refs = unit(dict(unit='references'), lambda: _references(model, tok, torch.stack([p['ids'] for p in prompts]), cfg))['tokens']
     ho, ev = (_context(model, tok, cfg, prompts, refs, s) for s in ('heldout', 'eval'))
     rows, curves, kept, speed = [], [], [], []
@@ -603,7 +630,7 @@ def _run(cfg):
     lrows, lcurves, lprompts, lchoice = _long_part(model, tok, cfg, prompts, ho, unit, lambda m: _log(cfg, f'{m} ({time.perf_counter() - t0:.0f} s)'))   # 5. long responses
     rows += lrows
     tables = dict(prompts=_prompt_table(tok, prompts, refs, (ho, ev)), curves=curves, kept=kept, speed=speed, long_curves=lcurves, long_prompts=lprompts)
-    res = Results('morphkv', cfg, rows, seeds=[cfg.seed], tables=tables, notes=_notes(cfg, choice, lchoice), wall_time_s=time.perf_counter() - t0)
+    res = Results('morphkv', cfg, rows, seeds=[cfg.seed], tables=tables, notes=_notes(cfg, choice, lchoice, model), wall_time_s=time.perf_counter() - t0)
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0lg001
@@ -654,17 +681,19 @@ def _long_part(model, tok, cfg, prompts, ho, unit, log) -> tuple:
     return rows, curves, table, (pol, R)
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex006
-def _notes(cfg, choice, lchoice=None) -> str:
+def _notes(cfg, choice, lchoice=None, model=None) -> str:
     ch = '; '.join(f'{f:.1%}: {p} R={R}' for f, (p, R) in choice.items() if p)
-    return (f"SmolLM2-135M-Instruct fp32 on CPU; {sum(PROMPTS[p][1] == 'eval' for p in cfg.prompts)} evaluated and {sum(PROMPTS[p][1] == 'heldout' for p in cfg.prompts)} held-out prompts of {cfg.prompt_tokens} tokens, "
+    dev = model_device(model).type if model is not None else 'cpu'; cpu = dev == 'cpu'
+    dt = {torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(getattr(model, 'dtype', torch.float32), str(getattr(model, 'dtype', '')))
+    return (f"{model_label(cfg.model)} {dt} on {'CPU' if cpu else dev}; {sum(PROMPTS[p][1] == 'eval' for p in cfg.prompts)} evaluated and {sum(PROMPTS[p][1] == 'heldout' for p in cfg.prompts)} held-out prompts of {cfg.prompt_tokens} tokens, "
             f"responses of {cfg.response_tokens} tokens sampled from the full cache (temperature {cfg.temperature}); budgets "
             f"{', '.join(f'{f:.1%}' for f in cfg.fractions)} of the full cache's final size in entries (the last a baseline point only), each policy's state measured on top and compared on the frontier; "
             f"MorphKV chosen on the held-out prompts ({ch}, first {cfg.heldout_tokens} response tokens); teacher-forced replays scored "
             f"against the full cache (KL, top-1), on a fact-recall probe after the response and on late fact use (facts written from "
             f"response token {cfg.fact_after} on); no free generation, no LLM-judged task accuracy, "
-            f"no fused MorphKV (CPU time); kvpress presses on the frontier: {', '.join(cfg.presses) or 'none'} (decoding presses at MorphKV's bytes, re-compressing every {cfg.press_interval} steps); "
+            f"no fused MorphKV ({'CPU' if cpu else dev} time); kvpress presses on the frontier: {', '.join(cfg.presses) or 'none'} (decoding presses at MorphKV's bytes, re-compressing every {cfg.press_interval} steps); "
             f"long part: {len(cfg.long_prompts)} evaluated prompts with responses of {cfg.long_tokens} tokens, MorphKV and {', '.join(cfg.long_policies)} at a byte budget of "
-            f"{cfg.long_budget} entries' worth ({cfg.long_fraction:.1%}), MorphKV {lchoice[0] if lchoice else '?'} R={lchoice[1] if lchoice else '?'} chosen at those bytes on the held-out prompts; speed on shared CPU cores.")
+            f"{cfg.long_budget} entries' worth ({cfg.long_fraction:.1%}), MorphKV {lchoice[0] if lchoice else '?'} R={lchoice[1] if lchoice else '?'} chosen at those bytes on the held-out prompts; speed on {'shared CPU cores' if cpu else dev}.")
 
 def claims(results: Results) -> list:
     "Per judged budget: KL of the best other policy at MorphKV's measured bytes minus MorphKV's, and MorphKV's fact recall after the response minus the best other's."
@@ -724,7 +753,8 @@ def headline(results: Results) -> str:
     lm, lb, lo = long_best(results); lc = [c for c in cl if 'token responses' in c.name]
     lt = (f"; on {results.config['long_tokens']}-token responses at {results.config['long_fraction']:.1%} bytes it wins {sum(c.shows for c in lc)}/{len(lc)} "
           f"(KL {lm.kl.mean():.3g} vs {lo.kl.mean():.3g} ({lb}), {len(lm)} prompts)") if lm is not None else ''
-    return (f"at equal bytes MorphKV beats the best other policy on KL at {k}/{nb} budgets and on fact recall at {j}/{len(fa_c)}; "
+    name = model_label(results.config.get('model', 'smollm2-135m'))          # the model that ran (older records: SmolLM2)
+    return (f"on {name}, at equal bytes MorphKV beats the best other policy on KL at {k}/{nb} budgets and on fact recall at {j}/{len(fa_c)}; "
             f"at {f:.0%}: KL {m.kl.mean():.3g} ({mp}){vs}{tail}{lt}")
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0vz002
