@@ -267,3 +267,16 @@ def test_sae_flow_mass_kvcache_toxic_iti_evic_inputs_follow_the_model_device(mod
     api.run_experiment(api.config(mode='quick', **kw))
     assert fake_device.on_dev, "nothing ran on the fake device"
     assert not fake_device.errors, sorted(set(fake_device.errors))[:5]
+
+
+# --- `workbench list`'s models column agrees with the configs ---
+
+def test_models_column_matches_the_configs():
+    "A method listed as running 'any' pretrained decoder has a `model` field that refuses the scratch model; one listed as 'its own' has none."
+    import dataclasses
+    from workbench.registry import METHODS
+    for m in METHODS.values():
+        has = any(f.name == 'model' for f in dataclasses.fields(m.api().config))
+        assert has == (m.models.kind == 'any'), f"{m.slug}: listed as {m.models}, but its config {'has' if has else 'has no'} `model` field"
+        if has and m.slug != 'mass':                                             # MASS's default is the scratch model, trained on its pool
+            with pytest.raises(ValueError, match='pretrained'): m.api().config(mode='quick', model='tiny-llama')

@@ -215,6 +215,32 @@ def test_matched_pruning_and_tlr_hold_the_same_parameters_and_pruned_is_undone()
     assert c_matched['total'] == c_tlr['total'] and len(p.history) == len(masks)
     assert torch.allclose(model(ids).logits, base) and count_parameters(model)['sparse'] == 0   # the dense maps are back
 
+@pytest.mark.parametrize('arch', ['llama', 'qwen2'])
+def test_tlr_child_plain_loading_is_refused_and_the_densified_copy_matches(arch, tmp_path):
+    """Issue 39 §4: plain `from_pretrained` of a factored child used to drop B and A without an error (logits off by up to 0.33 on the
+    tiny Qwen2); now it refuses, `load_child` still reads it, and `save_dense_child` writes W = S + BA that any from_pretrained loads."""
+    import json
+    from transformers import AutoModelForCausalLM
+    from workbench.compression.lowrank_prune import save_child, load_child, save_dense_child, FACTORED_TYPE
+    from workbench.models import load_model
+    from workbench.testing import tiny_folder
+    model = copy.deepcopy(tiny_model()) if arch == 'llama' else load_model(tiny_folder('qwen2'), 'float32', device='cpu')   # Qwen2: biases on q, k, v
+    ids = tiny_ids(2, 12)
+    prune_and_refine(model, make_masks(model, 'magnitude', 0.5), 'tlr', rank=4, n_iter=3)
+    with torch.no_grad(): ref = model(input_ids=ids).logits
+    save_child(model, tmp_path / 'tlr')
+    with pytest.raises(ValueError, match=FACTORED_TYPE): AutoModelForCausalLM.from_pretrained(tmp_path / 'tlr')   # the marked model type
+    with pytest.raises(OSError, match='no file named'): type(model).from_pretrained(tmp_path / 'tlr')           # the class itself finds no weights
+    cfg = json.loads((tmp_path / 'tlr' / 'config.json').read_text())
+    assert cfg['tlr_base']['architectures'] == [type(model).__name__]
+    with torch.no_grad(): assert torch.allclose(load_child(tmp_path / 'tlr', device='cpu')(input_ids=ids).logits, ref, atol=1e-5)
+    plain = AutoModelForCausalLM.from_pretrained(save_dense_child(model, tmp_path / 'hf')).eval()
+    with torch.no_grad(): out = plain(input_ids=ids).logits
+    assert type(plain) is type(model) and torch.allclose(out, ref, atol=1e-5)                      # float32 rounding only
+    assert sum(isinstance(m, SparseLowRankLinear) for m in model.modules()) == 7 * len(decoder_layers(model))   # the model is left as it was
+    with pytest.raises(ValueError, match='prune it first'): save_dense_child(copy.deepcopy(tiny_model()), tmp_path / 'dense')
+    with pytest.raises(FileExistsError): save_dense_child(model, tmp_path / 'tlr')                  # never over a folder of something else
+
 def test_sequence_nll_matches_the_platform_perplexity():
     from workbench.train import perplexity
     ids = tiny_ids(6, 16, seed=3)

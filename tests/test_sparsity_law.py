@@ -171,3 +171,20 @@ def test_recorded_run_is_full_and_within_budget():
     assert r.mode == 'full' and len(r.seeds) >= 3 and len(r.claims) == 7
     A = r.df[r.df.part == 'smollm2']
     assert (A.ppl_ratio < 1 + r.config['p'] / 100).all()                       # every operating point within its budget
+
+
+def _distinct_floats(n: int) -> torch.Tensor:
+    "n distinct positive float32 values (consecutive bit patterns from 1.0 up), in order."
+    return (torch.arange(n, dtype=torch.int32) + 0x3F800000).view(torch.float32)
+
+
+def test_quantile_indices_hold_past_2_to_the_24():
+    "Issue 41: float32 linspace indices round past the end beyond 2^24 scores (≈ 365 SmolLM2 tokens of gate scores); both searches now index exactly."
+    from workbench.compression.sparsity_law import DenseRun, _gate_quantiles
+    n = 2 ** 24 + 4                                                             # the last index, 2^24 + 3, rounds up to 2^24 + 4 in float32
+    v = _distinct_floats(n)
+    q = _gate_quantiles(DenseRun(0., [], [v[:n // 2], v[n // 2:]]), n=8)        # pooled over two "layers"
+    assert len(q) == 9 and q[0] == v[0].item() and q[-1] == v[-1].item()       # both ends: the smallest and the largest score
+    assert np.all(np.diff(q) > 0)
+    lc = LayerCETT(v.view(4, n // 4), torch.ones(1, n // 4), grid=16)          # norms |a_i| * 1: n distinct values
+    assert lc.cand[-2].item() == v[-1].item() and lc.cand[-1].item() == math.inf and lc.cand[1].item() == v[1].item()

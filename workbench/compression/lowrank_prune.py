@@ -23,18 +23,19 @@ from ..core import ExperimentConfig, Results, size, cached_unit, progress, judge
 from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, PeakRSS, PeakTensorMemory,
                                bootstrap, paired_bootstrap, claim)
 from ..hooks import decoder_layers, hooks, run_with_cache
-from ..models import load_model, load_tokenizer
+from ..models import load_model, load_tokenizer, check_pretrained, model_label
+from ..train import model_device
 from ..data import lm_dataset
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['TARGETS', 'CHILD_FILE', 'BASELINES', 'keep_top', 'score_mask', 'magnitude_mask', 'wanda_score', 'wanda_mask',
-           'matched_mask', 'truncated_svd', 'rank_schedule', 'TLRResult', 'zero_shot_svd', 'tlr_refine',
-           'SparseLowRankLinear', 'input_norms', 'sequential_wanda', 'make_masks', 'matched_masks', 'prune_and_refine',
-           'pruned', 'count_parameters', 'save_child', 'load_child', 'sequence_nll', 'measure_procedure',
-           'parse_pattern', 'gap_spectrum', 'fig_gap_spectra', 'SpectrumExplorer', 'TLRConfig', 'grid_points', 'claims',
-           'verdict', 'headline', 'run_experiment', 'fig_tlr_errors', 'TLRExplorer', 'error_runs', 'fig_ppl_params',
-           'TradeoffExplorer', 'fig_claims']
+__all__ = ['TARGETS', 'CHILD_FILE', 'DENSE_FILE', 'FACTORED_TYPE', 'BASELINES', 'keep_top', 'score_mask', 'magnitude_mask',
+           'wanda_score', 'wanda_mask', 'matched_mask', 'truncated_svd', 'rank_schedule', 'TLRResult', 'zero_shot_svd',
+           'tlr_refine', 'SparseLowRankLinear', 'input_norms', 'sequential_wanda', 'make_masks', 'matched_masks',
+           'prune_and_refine', 'pruned', 'count_parameters', 'save_child', 'save_dense_child', 'load_child',
+           'sequence_nll', 'measure_procedure', 'parse_pattern', 'gap_spectrum', 'fig_gap_spectra', 'SpectrumExplorer',
+           'TLRConfig', 'grid_points', 'claims', 'verdict', 'headline', 'run_experiment', 'fig_tlr_errors',
+           'TLRExplorer', 'error_runs', 'fig_ppl_params', 'TradeoffExplorer', 'fig_claims']
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #19a76d90
 def _check_weight(w, name='weight') -> Tensor: return check_tensor(name, w, ndim=2, floating=True)
@@ -58,8 +59,9 @@ def keep_top(score: Tensor,    # (m, n) importance; larger = keep
     _check_weight(score, 'score'); m, n = score.shape
     check_tensor('n_keep', n_keep, shape=(m,))
     if ((n_keep < 0) | (n_keep > n)).any(): raise ValueError(f"n_keep must be in [0, {n}] for every row")
-    order = score.argsort(dim=1, descending=True, stable=True)               # (m, n) columns by decreasing score
-    return torch.zeros(m, n, dtype=torch.bool).scatter_(1, order, torch.arange(n)[None] < n_keep[:, None])
+    order, dev = score.argsort(dim=1, descending=True, stable=True), score.device   # (m, n) columns by decreasing score
+    keep = torch.arange(n, device=dev)[None] < n_keep.to(dev)[:, None]          # (m, n) the first n_keep[i] ranks of row i
+    return torch.zeros(m, n, dtype=torch.bool, device=dev).scatter_(1, order, keep)
 
 def score_mask(score: Tensor,             # (m, n) importance; larger = keep
                sparsity: float|None=0.5,  # share of entries set to zero, in [0, 1)
@@ -84,7 +86,7 @@ def magnitude_mask(weight: Tensor, sparsity: float|None=0.5, n_m: tuple|None=Non
 def wanda_score(weight: Tensor, input_norm: Tensor) -> Tensor:
     "Wanda's importance $s_{ij} = |W_{ij}|\\,\\|X_{:,j}\\|_2$ (m, n)."
     _check_weight(weight); check_tensor('input_norm', input_norm, shape=(weight.shape[1],))
-    return weight.detach().abs().float() * input_norm.float()[None]
+    return weight.detach().abs().float() * input_norm.float().to(weight.device)[None]
 
 def wanda_mask(weight: Tensor, input_norm: Tensor, sparsity: float|None=0.5, n_m: tuple|None=None) -> Tensor:
     "Wanda: keep the largest |W_ij|·‖X_j‖₂ within each output row (or N of every M)."
@@ -93,7 +95,7 @@ def wanda_mask(weight: Tensor, input_norm: Tensor, sparsity: float|None=0.5, n_m
 def matched_mask(score: Tensor, mask: Tensor, extra: int) -> Tensor:
     "The parameter-matched mask: per row, the top `nnz(mask_i) + e_i` scores, the extras `e_i` spreading `extra` evenly."
     check_same_shape(score=score, mask=mask); m, n = score.shape; extra = check_int('extra', extra, lo=0)
-    add = torch.full((m,), extra // m) + (torch.arange(m) < extra % m)     # Σ add = extra
+    add = torch.full((m,), extra // m, device=mask.device) + (torch.arange(m, device=mask.device) < extra % m)   # Σ add = extra
     return keep_top(score, (mask.sum(1) + add).clamp(max=n))
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #d26fe5b7
@@ -192,13 +194,21 @@ class SparseLowRankLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
     @classmethod
     def from_linear(cls, linear: nn.Linear, result: TLRResult) -> "SparseLowRankLinear":
-        dt = linear.weight.dtype
-        return cls(result.sparse.to(dt), result.B.to(dt), result.A.to(dt), None if linear.bias is None else linear.bias.detach().clone())
+        dt = linear.weight.dtype                                           # the linear's precision and device, wherever `result` was computed
+        return cls(result.sparse.to(dt), result.B.to(dt), result.A.to(dt), None if linear.bias is None else linear.bias.detach().clone()).to(linear.weight.device)
     def forward(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.weight, self.bias)                            # (..., out)
         return y if self.A.shape[0] == 0 else y + F.linear(F.linear(x, self.A), self.B)
     def n_params(self) -> dict:
         return dict(sparse=int((self.weight != 0).sum()), lowrank=self.B.numel() + self.A.numel(), dense=self.weight.numel())
+    @torch.no_grad()
+    def to_linear(self) -> nn.Linear:
+        "A plain `nn.Linear` with $W = S + BA$ (summed in fp32, kept in S's dtype) and the same bias, on S's device."
+        S = self.weight
+        lin = nn.Linear(S.shape[1], S.shape[0], bias=self.bias is not None, device=S.device, dtype=S.dtype)
+        lin.weight.copy_((S.float() + self.B.float() @ self.A.float()).to(S.dtype))
+        if self.bias is not None: lin.bias.copy_(self.bias)
+        return lin.requires_grad_(False)
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #e3a9f611
 def _threaded(fn, jobs: list, workers: int=1) -> list:
@@ -243,7 +253,7 @@ def input_norms(model: nn.Module, calib_ids: Tensor, blocks=None, batch_size: in
         if name == last: raise _Stop                                       # later blocks are not needed
     def batch(b):
         local.sq = {}
-        try: model(input_ids=calib_ids[b:b + batch_size].to(model.device))
+        try: model(input_ids=calib_ids[b:b + batch_size].to(model_device(model)))
         except _Stop: pass
         return local.sq
     pts = [f'blocks.{i}.{p}' for i in blocks for p in ('hook_resid_pre', 'hook_v', 'hook_pattern', 'hook_mlp_in', 'hook_mlp_post')]
@@ -321,16 +331,41 @@ def count_parameters(model: nn.Module) -> dict:
     return dict(sparse=sparse, lowrank=lowrank, other=other, total=sparse + lowrank + other)
 
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #tlrsave02
-CHILD_FILE = 'sparse_lowrank.json'
+CHILD_FILE, DENSE_FILE, FACTORED_TYPE = 'sparse_lowrank.json', 'tlr_densified.json', 'workbench_tlr_factored'
+
+def _patched_maps(model: nn.Module) -> dict:
+    "'<block>.<target>' -> the SparseLowRankLinear there (empty for a child that is only pruned)."
+    maps = {f'{i}.{n}': m for i, layer in enumerate(decoder_layers(model)) for n, m in layer.named_modules() if isinstance(m, SparseLowRankLinear)}
+    if not maps: raise ValueError("the model has no SparseLowRankLinear maps: prune it first (prune_and_refine)")
+    return maps
 
 def save_child(model: nn.Module, path) -> Path:
-    "Save a pruned (+ low-rank) model to the folder `path` atomically: `save_pretrained`, plus `sparse_lowrank.json` naming its S + BA maps."
-    maps = {f'{i}.{n}': dict(rank=m.A.shape[0], bias=m.bias is not None)
-            for i, layer in enumerate(decoder_layers(model)) for n, m in layer.named_modules() if isinstance(m, SparseLowRankLinear)}
-    if not maps: raise ValueError("the model has no SparseLowRankLinear maps: prune it first (prune_and_refine)")
+    "Save a pruned (+ low-rank) model to the folder `path` atomically, marked so that plain `from_pretrained` refuses it; `load_child` reads it."
+    maps = {k: dict(rank=m.A.shape[0], bias=m.bias is not None) for k, m in _patched_maps(model).items()}
     with atomic_dir(path, marker=CHILD_FILE) as tmp:
         model.save_pretrained(tmp)
-        atomic_write_json(tmp/CHILD_FILE, dict(format=1, maps=maps))
+        for f in list(tmp.glob('model*.safetensors*')):                        # weights under a name from_pretrained never looks for
+            if f.name.endswith('.index.json'): f.unlink()
+            else: f.rename(tmp/f.name.replace('model', 'sparse_lowrank', 1))
+        cfg = json.loads((tmp/'config.json').read_text())
+        cfg['tlr_base'] = dict(model_type=cfg['model_type'], architectures=cfg.get('architectures'))   # the parent's, for load_child
+        cfg.update(model_type=FACTORED_TYPE, architectures=['SparseLowRankForCausalLM'])  # AutoModel refuses an unknown type
+        atomic_write_json(tmp/'config.json', cfg)
+        atomic_write_json(tmp/CHILD_FILE, dict(format=2, maps=maps))
+    return Path(path)
+
+def save_dense_child(model: nn.Module, path, tokenizer=None) -> Path:
+    "Save a plain Hugging Face folder of a pruned (+ low-rank) model: each S + BA map densified to W = S + BA, the parent's config; any `from_pretrained` loads it."
+    maps = _patched_maps(model); layers = decoder_layers(model)
+    where = {k: (layers[int(k.split('.', 1)[0])].get_submodule(k.split('.', 1)[1].rpartition('.')[0]), k.rpartition('.')[2]) for k in maps}
+    try:
+        for k, (parent, name) in where.items(): setattr(parent, name, maps[k].to_linear())   # in place, put back below
+        with atomic_dir(path, marker=DENSE_FILE) as tmp:
+            model.save_pretrained(tmp)
+            if tokenizer is not None: tokenizer.save_pretrained(tmp)
+            atomic_write_json(tmp/DENSE_FILE, dict(format=1, maps={k: dict(rank=m.A.shape[0]) for k, m in maps.items()}))
+    finally:
+        for k, (parent, name) in where.items(): setattr(parent, name, maps[k])
     return Path(path)
 
 def load_child(path, device=None) -> nn.Module:
@@ -339,10 +374,11 @@ def load_child(path, device=None) -> nn.Module:
     from safetensors.torch import load_file
     path = Path(path)
     if not (path/CHILD_FILE).is_file(): raise FileNotFoundError(f"{path} holds no saved child ({CHILD_FILE} is missing): save one with save_child")
-    spec = json.loads((path/CHILD_FILE).read_text())
+    spec, cfg = json.loads((path/CHILD_FILE).read_text()), json.loads((path/'config.json').read_text())
     state = {k: v for f in sorted(path.glob('*.safetensors')) for k, v in load_file(f).items()}
     dt = next(v.dtype for v in state.values() if v.is_floating_point())   # the saved precision
-    config = transformers.AutoConfig.from_pretrained(path)
+    cfg.update(cfg.pop('tlr_base', {}))                                    # format 2 marks the type; format 1 kept the parent's
+    config = transformers.CONFIG_MAPPING[cfg['model_type']].from_dict(cfg)
     model = getattr(transformers, config.architectures[0])(config)         # the saved class, freshly initialised
     names, layers, patched = {id(m): n for n, m in model.named_modules()}, decoder_layers(model), set()
     for key in spec['maps']:                                        # '<block>.<target>', e.g. '3.mlp.down_proj'
@@ -362,7 +398,7 @@ def sequence_nll(model: nn.Module, ids: Tensor, batch_size: int=4, workers: int=
     check_tensor('ids', ids, ndim=2, floating=False); check_int('batch_size', batch_size, lo=1)
     if ids.shape[1] < 2: raise ValueError(f"each sequence needs at least 2 tokens, got {ids.shape[1]}")
     def batch(b):
-        x = ids[b:b + batch_size].to(model.device)
+        x = ids[b:b + batch_size].to(model_device(model))
         logits = model(input_ids=x).logits[:, :-1].float()                 # (B, T-1, V) predicts x[:, 1:]
         # $\ell_j = -\frac{1}{T-1}\sum_t \log p(x_{t+1}\mid x_{\le t})$
         return F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction='none').mean(1).cpu()
@@ -430,8 +466,8 @@ class SpectrumExplorer(Explorer):
 # %% ../../nbs/compression/40_lowrank_prune.ipynb #3f7a53de
 @dataclass
 class TLRConfig(ExperimentConfig):
-    "SmolLM2-135M with the linear maps of its first `n_blocks` blocks pruned; one TLR model per grid point, judged against zero-shot SVD and matched pruning."
-    model: str = 'smollm2-135m'                    # registry name in workbench.models
+    "A pretrained model (SmolLM2-135M by default) with the linear maps of its first `n_blocks` blocks pruned; one TLR model per grid point, judged against zero-shot SVD and matched pruning."
+    model: str = 'smollm2-135m'                    # pretrained model: registry name, local Hugging Face folder or hub id
     points: tuple = size(quick=(('magnitude', '50%', 16, 3), ('wanda', '50%', 16, 3)),
                          full=tuple(('magnitude', '50%', k, T) for k in (8, 16, 32, 64) for T in (10, 25, 50)) + (('wanda', '50%', 16, 50),))
                                                    # grid: (mask, unstructured pattern, rank k, iterations T)
@@ -449,6 +485,7 @@ class TLRConfig(ExperimentConfig):
     @property
     def seeds(self) -> list: return self.seed_list(1)
     def validate(self):
+        self.model = check_pretrained(self.model, 'TLR')
         if not isinstance(self.points, (tuple, list)) or not self.points: raise ValueError("points must list at least one (mask, pattern, rank, n_iter)")
         for p in self.points:
             if not isinstance(p, (tuple, list)) or len(p) != 4: raise ValueError(f"each point must be (mask, pattern, rank, n_iter), got {p!r}")
@@ -466,9 +503,19 @@ def _data(cfg: TLRConfig) -> tuple:
     tr = lm_dataset('prose', tok, seq_len=cfg.calib_len, split='train')
     va = lm_dataset('prose', tok, seq_len=cfg.eval_len, split='validation')
     if cfg.n_eval > len(va): raise ValueError(f"n_eval={cfg.n_eval} but the validation split has {len(va)} sequences of {cfg.eval_len} tokens")
+    _check_fits(dense, cfg)
     rng = np.random.default_rng(cfg.seed)
     ci, ei = (np.sort(rng.choice(n, k, replace=False)).tolist() for n, k in ((len(tr), cfg.n_calib), (len(va), cfg.n_eval)))
     return dense, torch.tensor(tr.select(ci)['input_ids']), torch.tensor(va.select(ei)['input_ids']), ei
+
+def _check_fits(dense: nn.Module, cfg: TLRConfig):
+    "One-line errors for settings the loaded model cannot take: maps it lacks, more blocks than it has, a rank above a pruned matrix's size."
+    layers, label = decoder_layers(dense), model_label(cfg.model)
+    missing = [t for t in TARGETS if not isinstance(dict(layers[0].named_modules()).get(t), nn.Linear)]
+    if missing: raise ValueError(f"TLR prunes the linear maps {', '.join(map(_short, TARGETS))} of each block; {label}'s blocks lack {', '.join(map(_short, missing))}")
+    if cfg.n_blocks > len(layers): raise ValueError(f"n_blocks={cfg.n_blocks} but {label} has {len(layers)} blocks: lower n_blocks")
+    small, k = min(min(_weight(dense, i, t).shape) for i in range(cfg.n_blocks) for t in TARGETS), max(p[2] for p in cfg.points)
+    if k > small: raise ValueError(f"rank {k} exceeds {label}'s smallest pruned matrix ({small} rows or columns): lower the points' ranks")
 
 def _units(cfg: TLRConfig) -> list:
     "Every model the grid needs, once: dense; plain pruning per (mask, pattern); zero-shot SVD and matched pruning per rank; TLR per point."
@@ -517,7 +564,8 @@ def _memory(dense: nn.Module, masks_of, cfg: TLRConfig) -> list:
     "Time and memory of each procedure on one matrix (block 0's down_proj, at `_probe_point`), single-threaded."
     mk, pat, k, T = _probe_point(cfg); masks, norms = masks_of(mk, pat); t = 'mlp.down_proj'
     w, P = _weight(dense, 0, t), masks[0, t]
-    Pm = matched_masks(dense, {(0, t): P}, k, None if norms is None else {(0, t): norms[0, t]})[0, t]
+    Pm = matched_masks(dense, {(0, t): P}, k, None if norms is None else {(0, t): norms[0, t]})[0, t].cpu()
+    w, P = w.detach().cpu(), P.cpu()                                       # measured on the CPU, whatever device the model is on
     with torch_threads(1):
         return [dict(mask=mk, pattern=pat, rank=k, n_iter=T, target=t, **measure_procedure(w, P, r, k, T, cfg.svd, Pm))
                 for r in ('none', 'svd', 'tlr', 'matched')]
@@ -572,12 +620,12 @@ def verdict(results: Results) -> str:
 
 def headline(results: Results) -> str:
     "Our measured figure in words: the paper's setting (magnitude 50%) at its largest T, and the count of comparisons won."
-    M = results.table('models'); cs = claims(results); pts = grid_points(results)
+    M = results.table('models'); cs = claims(results); pts = grid_points(results); label = model_label(results.config.get('model', 'smollm2-135m'))
     mk, pat, k, T = max(pts, key=lambda p: (p[0] == 'magnitude', p[1] == '50%', p[2] == 16, p[3]))
     ppl = lambda ref, r=0, t=0: M[(M['mask'] == mk) & (M['pattern'] == pat) & (M['refine'] == ref) & (M['rank'] == r) & (M['n_iter'] == t)]['ppl'].item()
     tl, sv, mt, pr = ppl('tlr', k, T), ppl('svd', k), ppl('matched', k), ppl('none')
     won = {ref: sum(c.shows for c in cs if c.name.startswith(f'log ppl({n})')) for ref, n in BASELINES.items()}
-    return (f"SmolLM2-135M, {mk} {pat}, k={k}, T={T}: TLR ppl {tl:.1f} vs zero-shot SVD {sv:.1f} and pruning at equal parameters {mt:.1f} "
+    return (f"{label}, {mk} {pat}, k={k}, T={T}: TLR ppl {tl:.1f} vs zero-shot SVD {sv:.1f} and pruning at equal parameters {mt:.1f} "
             f"(plain pruning {pr:.1f}: TLR {100 * (1 - tl / pr):.0f}% lower, paper 53.9%); beyond the 95% CI, TLR beats SVD at "
             f"{won['svd']}/{len(pts)} grid points and equal-parameter pruning at {won['matched']}/{len(pts)}")
 
@@ -596,11 +644,11 @@ def run_experiment(cfg: TLRConfig|None=None) -> Results:
         memory = cached_unit('lowrank_prune', cfg, dict(memory=True, mask=mk, pattern=pat, rank=k, n_iter=T),
                              lambda: dict(rows=_memory(dense, masks_of, cfg)))['rows']
     rows, tables = _tables(units, done, ev_idx, memory, cfg)
-    notes = (f"SmolLM2-135M fp32, linear maps of blocks 0-{cfg.n_blocks - 1} pruned; masks per output row (magnitude; Wanda with sequential "
+    notes = (f"{model_label(cfg.model)} fp32, linear maps of blocks 0-{cfg.n_blocks - 1} pruned; masks per output row (magnitude; Wanda with sequential "
              f"norms from {cfg.n_calib}x{cfg.calib_len} prose train tokens); SVD '{cfg.svd}'; 'matched' keeps k(m+n) more weights per matrix "
              f"by the same score (the parameter count of sparse + rank-k); nll = mean next-token NLL (nats) of each of {cfg.n_eval} held-out "
              f"sequences of {cfg.eval_len} prose validation tokens; build_s = wall time of pruning/refining with {cfg.workers} worker threads "
-             f"(masks made beforehand); memory table: one matrix, single-threaded (peak/kept tensor MiB, RSS growth, a lower bound).")
+             f"(masks made beforehand); memory table: one matrix on the CPU, single-threaded (peak/kept tensor MiB, RSS growth, a lower bound).")
     res = Results('lowrank_prune', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=wall.s)
     return res.conclude(verdict, claims(res), headline(res))
 

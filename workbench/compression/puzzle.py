@@ -24,25 +24,25 @@ from ..core import (ExperimentConfig, size, Results, Claim, judge, cached_unit, 
 from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, kl_from_logits, Interval, bootstrap,
                                paired_bootstrap, claim)
 from ..hooks import decoder_layers, run_with_cache
-from ..models import load_model, load_tokenizer, tiny_llama
+from ..models import load_model, load_tokenizer, tiny_llama, check_pretrained, model_label
 from ..data import lm_dataset, load_corpus, split
-from ..train import TrainConfig, train, generate_ids
+from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
-__all__ = ['ATTN_KINDS', 'FFN_KINDS', 'IO_KEYS', 'CHOICES', 'BASELINES', 'AttnVariant', 'FFNVariant', 'vkey', 'variant_from_name',
-           'NoOpAttention', 'LinearAttention', 'NoOpMLP', 'LinearMLP', 'gqa_from', 'ffn_importance', 'pruned_from',
-           'ridge_solve', 'fit_linear', 'init_variant', 'set_blocks', 'swapped', 'cache_block_io', 'rope', 'run_from',
-           'stream_block_io', 'load_block_io', 'bld_loss', 'bf16_matmul_native', 'amp', 'sub_forward', 'refit_output',
-           'bld_layer', 'n_params', 'BlockLibrary', 'replace_one_block_kl', 'library_layer', 'make_library', 'applied',
-           'assemble_child', 'arch_of', 'as_model', 'Scenario', 'time_decode', 'uniform_archs', 'measure_costs',
-           'block_ms', 'predict_ms', 'solve_mip', 'budgets_ms', 'within', 'arch_kl', 'puzzle_choice',
-           'max_params_choice', 'uniform_choice', 'block_influence', 'drop_layers_choice', 'greedy_choice', 'choose',
-           'gkd_loss', 'gkd_train', 'evaluate', 'quality_retained', 'child_arch', 'save_child', 'load_child',
-           'PuzzleConfig', 'byte_blocks', 'tiny_parent', 'load_parent_and_data', 'search_space', 'library_stage',
-           'children_stage', 'gkd_stage', 'run_experiment', 'claims', 'verdict', 'headline', 'library_from_results',
-           'fig_scores', 'fig_architecture', 'frontier_points', 'fig_frontier', 'PuzzleExplorer', 'fig_measured',
-           'fig_latency_model', 'fig_gkd']
+__all__ = ['ATTN_KINDS', 'FFN_KINDS', 'IO_KEYS', 'CHOICES', 'BASELINES', 'PARENT_TYPES', 'AttnVariant', 'FFNVariant', 'vkey',
+           'variant_from_name', 'NoOpAttention', 'LinearAttention', 'NoOpMLP', 'LinearMLP', 'gqa_from',
+           'ffn_importance', 'pruned_from', 'ridge_solve', 'fit_linear', 'init_variant', 'set_blocks', 'swapped',
+           'cache_block_io', 'rope', 'run_from', 'stream_block_io', 'load_block_io', 'bld_loss', 'bf16_matmul_native',
+           'amp', 'sub_forward', 'refit_output', 'bld_layer', 'n_params', 'BlockLibrary', 'replace_one_block_kl',
+           'library_layer', 'make_library', 'applied', 'assemble_child', 'arch_of', 'as_model', 'Scenario',
+           'time_decode', 'uniform_archs', 'measure_costs', 'block_ms', 'predict_ms', 'solve_mip', 'budgets_ms',
+           'within', 'arch_kl', 'puzzle_choice', 'max_params_choice', 'uniform_choice', 'block_influence',
+           'drop_layers_choice', 'greedy_choice', 'choose', 'gkd_loss', 'gkd_train', 'evaluate', 'quality_retained',
+           'child_arch', 'save_child', 'load_child', 'PuzzleConfig', 'byte_blocks', 'tiny_parent',
+           'load_parent_and_data', 'check_parent', 'search_space', 'library_stage', 'children_stage', 'gkd_stage',
+           'run_experiment', 'claims', 'verdict', 'headline', 'library_from_results', 'fig_scores', 'fig_architecture',
+           'frontier_points', 'fig_frontier', 'PuzzleExplorer', 'fig_measured', 'fig_latency_model', 'fig_gkd']
 
 # %% ../../nbs/compression/42_puzzle.ipynb #0f730016
 ATTN_KINDS, FFN_KINDS = ('full', 'gqa', 'linear', 'noop'), ('full', 'pruned', 'linear', 'noop')
@@ -112,12 +112,12 @@ class LinearMLP(nn.Module):
     def forward(self, x): return self.proj(x)
 
 # %% ../../nbs/compression/42_puzzle.ipynb #1b4dfac9
-def gqa_from(attn: LlamaAttention, config, n_kv_heads: int) -> LlamaAttention:
-    "A copy of `attn` with `n_kv_heads` KV heads, each the mean of the parent heads it merges."
+def gqa_from(attn: nn.Module, config, n_kv_heads: int) -> nn.Module:
+    "A copy of `attn` (the parent's attention class: Llama's, Qwen2's) with `n_kv_heads` KV heads, each the mean of the parent heads it merges."
     H_kv = config.num_key_value_heads
     if check_int('n_kv_heads', n_kv_heads, lo=1) and H_kv % n_kv_heads: raise ValueError(f"n_kv_heads must divide the parent's {H_kv} KV heads, got {n_kv_heads!r}")
     cfg = copy.deepcopy(config); cfg.num_key_value_heads = n_kv_heads
-    new = LlamaAttention(cfg, attn.layer_idx).to(attn.q_proj.weight.dtype)
+    w = attn.q_proj.weight; new = type(attn)(cfg, attn.layer_idx).to(w.device, w.dtype)
     new.load_state_dict({k: v for k, v in attn.state_dict().items() if k.startswith(('q_proj', 'o_proj'))}, strict=False)
     r = H_kv // n_kv_heads
     for name in ('k_proj', 'v_proj'):
@@ -128,21 +128,21 @@ def gqa_from(attn: LlamaAttention, config, n_kv_heads: int) -> LlamaAttention:
     return new
 
 # %% ../../nbs/compression/42_puzzle.ipynb #0fce684d
-def ffn_importance(mlp: LlamaMLP, x: Tensor|None=None) -> Tensor:
+def ffn_importance(mlp: nn.Module, x: Tensor|None=None) -> Tensor:
     "Contribution of each intermediate channel: $\\mathbb E|\\sigma(g_j x) u_j x|\\,\\|W^{down}_{:,j}\\|$ (weights only if x is None)."
     down = mlp.down_proj.weight.detach().norm(dim=0)                       # (d_ff,)
     if x is None: return mlp.gate_proj.weight.detach().norm(dim=1) * mlp.up_proj.weight.detach().norm(dim=1) * down
     with torch.no_grad(): a = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)   # (..., d_ff)
     return a.abs().flatten(0, -2).mean(0) * down
 
-def pruned_from(mlp: LlamaMLP, config, k: int, importance: Tensor|None=None) -> LlamaMLP:
-    "A copy of `mlp` keeping the `k` most important intermediate channels (in their original order)."
+def pruned_from(mlp: nn.Module, config, k: int, importance: Tensor|None=None) -> nn.Module:
+    "A copy of `mlp` (the parent's gated FFN class) keeping the `k` most important intermediate channels (in their original order)."
     d_ff = mlp.gate_proj.out_features
     check_int('k', k, lo=1, hi=d_ff)
     imp = ffn_importance(mlp) if importance is None else importance
     idx = imp.topk(k).indices.sort().values
     cfg = copy.deepcopy(config); cfg.intermediate_size = k
-    new = LlamaMLP(cfg).to(mlp.gate_proj.weight.dtype)
+    w = mlp.gate_proj.weight; new = type(mlp)(cfg).to(w.device, w.dtype)
     for name in ('gate_proj', 'up_proj'): getattr(new, name).weight.data.copy_(getattr(mlp, name).weight.detach()[idx])
     new.down_proj.weight.data.copy_(mlp.down_proj.weight.detach()[:, idx])
     return new
@@ -157,7 +157,7 @@ def ridge_solve(pairs, ridge: float=1e-3) -> Tensor:
     if G is None: raise ValueError("pairs must hold at least one (X, Y) chunk")
     # $W^\top = (X^\top X + \lambda I)^{-1} X^\top Y$, $\lambda$ relative to the mean eigenvalue
     lam = ridge * G.diagonal().mean()
-    return torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=G.dtype), B).T.float()
+    return torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=G.dtype, device=G.device), B).T.float()
 
 def fit_linear(x: Tensor, y: Tensor, ridge: float=1e-3, chunk: int=64) -> Tensor:
     "`ridge_solve` of y (N, ..., d_out) from x (N, ..., d_in), `chunk` rows of the first axis at a time."
@@ -180,7 +180,7 @@ def init_variant(layer, variant, config, x: Tensor|None=None, y: Tensor|None=Non
         m = LinearMLP(d)
     else: raise TypeError(f"variant must be an AttnVariant or FFNVariant, got {type(variant).__name__}")
     if x is not None and y is not None: m.proj.weight.data.copy_(fit_linear(x, y))   # else: weights to be loaded
-    return m.to(layer.input_layernorm.weight.dtype)
+    w = next(layer.parameters()); return m.to(w.device, w.dtype)               # the parent's device and precision
 
 # %% ../../nbs/compression/42_puzzle.ipynb #f5825329
 def set_blocks(layer, attn: nn.Module|None=None, mlp: nn.Module|None=None) -> dict:
@@ -218,7 +218,7 @@ def cache_block_io(model, ids: Tensor, batch_size: int=8) -> dict:
     _check_sdpa(model); check_tensor('ids', ids, ndim=2, floating=False)
     layers, parts = decoder_layers(model), []
     for b in range(0, len(ids), batch_size):
-        _, c = run_with_cache(model, ids[b:b + batch_size], names=[f'blocks.*.{p}' for p in _PTS]); parts.append(c)
+        _, c = run_with_cache(model, ids[b:b + batch_size], names=[f'blocks.*.{p}' for p in _PTS], device=model_device(model)); parts.append(c)
     io = {}
     for i, layer in enumerate(layers):
         t = {p[5:]: torch.cat([c[f'blocks.{i}.{p}'] for c in parts]) for p in _PTS}
@@ -229,7 +229,7 @@ def cache_block_io(model, ids: Tensor, batch_size: int=8) -> dict:
 def rope(model, T: int):
     "The rotary (cos, sin) for positions 0..T-1, each (1, T, head_dim)."
     x = model.model.embed_tokens.weight[:1][None]                            # (1, 1, d): dtype and device only
-    return model.model.rotary_emb(x, torch.arange(T)[None])
+    return model.model.rotary_emb(x, torch.arange(T, device=x.device)[None])
 
 @torch.no_grad()
 def run_from(model, i: int, h: Tensor, pe=None) -> Tensor:
@@ -276,23 +276,26 @@ def amp(on: bool):
     "bf16 autocast on the CPU when `on` (matrix products in bf16, weights kept in fp32; fast only if `bf16_matmul_native()`), else a no-op context."
     return torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(on))
 
+def _is_attn(m) -> bool: return isinstance(m, (NoOpAttention, LinearAttention)) or all(hasattr(m, k) for k in ('q_proj', 'k_proj', 'v_proj', 'o_proj'))
+def _is_gated(m) -> bool: return all(hasattr(m, k) for k in ('gate_proj', 'up_proj', 'down_proj', 'act_fn'))
+
 def sub_forward(module: nn.Module, x: Tensor, pe=None) -> Tensor:
     "Output of an attention (needs the rotary `pe`) or FFN sub-block module on its normed input x (B, T, d)."
-    if isinstance(module, (LlamaAttention, NoOpAttention, LinearAttention)):
+    if _is_attn(module):
         return module(hidden_states=x, position_embeddings=pe, attention_mask=None)[0]
     return module(x)
 
 @torch.no_grad()
 def refit_output(module: nn.Module, x: Tensor, y: Tensor, pe=None, chunk: int=16) -> nn.Module:
     "Set the output projection (o_proj / down_proj) of an attention / FFN variant to the least-squares fit of y (N, T, d) from x."
-    if isinstance(module, LlamaAttention):
+    if _is_attn(module) and hasattr(module, 'o_proj'):
         o = module.o_proj
         def feats(xb):                                                      # (n, T, H*hd): attention output before W^O
             module.o_proj = nn.Identity()
             try: return sub_forward(module, xb, pe)
             finally: module.o_proj = o
-    elif isinstance(module, LlamaMLP): o, feats = module.down_proj, lambda xb: module.act_fn(module.gate_proj(xb)) * module.up_proj(xb)
-    else: raise TypeError(f"refit_output takes a LlamaAttention or LlamaMLP, got {type(module).__name__}")
+    elif _is_gated(module): o, feats = module.down_proj, lambda xb: module.act_fn(module.gate_proj(xb)) * module.up_proj(xb)
+    else: raise TypeError(f"refit_output takes an attention with q/k/v/o_proj or a gated FFN, got {type(module).__name__}")
     o.weight.copy_(ridge_solve((feats(x[s:s + chunk].float()), y[s:s + chunk].float()) for s in range(0, len(x), chunk)))
     return module
 
@@ -613,11 +616,11 @@ def child_arch(model) -> list:
         at, ml = layer.self_attn, layer.mlp
         if isinstance(at, NoOpAttention): a = AttnVariant('noop')
         elif isinstance(at, LinearAttention): a = AttnVariant('linear')
-        elif isinstance(at, LlamaAttention): g = at.k_proj.out_features // hd; a = AttnVariant() if g == cfg.num_key_value_heads else AttnVariant('gqa', g)
+        elif _is_attn(at): g = at.k_proj.out_features // hd; a = AttnVariant() if g == cfg.num_key_value_heads else AttnVariant('gqa', g)
         else: raise TypeError(f"layer {i}: unknown attention module {type(at).__name__}")
         if isinstance(ml, NoOpMLP): f = FFNVariant('noop')
         elif isinstance(ml, LinearMLP): f = FFNVariant('linear')
-        elif isinstance(ml, LlamaMLP): k = ml.gate_proj.out_features; f = FFNVariant() if k == cfg.intermediate_size else FFNVariant('pruned', k)
+        elif _is_gated(ml): k = ml.gate_proj.out_features; f = FFNVariant() if k == cfg.intermediate_size else FFNVariant('pruned', k)
         else: raise TypeError(f"layer {i}: unknown FFN module {type(ml).__name__}")
         out.append((a, f))
     return out
@@ -649,8 +652,8 @@ def load_child(path, attn: str='sdpa', device=None) -> nn.Module:
 # %% ../../nbs/compression/42_puzzle.ipynb #80a3c45c
 @dataclass
 class PuzzleConfig(ExperimentConfig):
-    "Puzzle on SmolLM2-135M (full) or a tiny byte-level Llama (quick): BLD, scores, measured costs, the MIP and four baselines per budget, GKD, measured children."
-    model: str = size(quick='tiny', full='smollm2-135m')   # parent: SmolLM2 or a 4-layer byte-level Llama trained on prose
+    "Puzzle on SmolLM2-135M (full), a tiny byte-level Llama (quick) or any Llama-style pretrained model: BLD, scores, measured costs, the MIP and four baselines per budget, GKD, measured children."
+    model: str = size(quick='tiny', full='smollm2-135m')   # parent: 'tiny' (a 4-layer byte-level Llama trained on prose) or a pretrained model: registry name, local folder or hub id
     gqa_heads: tuple = size(quick=(1,), full=())            # KV-head counts of the GQA attention variants
     linear: bool = size(quick=True, full=False)             # include the one-linear-map attention and FFN variants
     ffn_fracs: tuple = (0.5, 0.25)                          # pruned FFN widths, as fractions of the parent's d_ff
@@ -682,7 +685,7 @@ class PuzzleConfig(ExperimentConfig):
     unit_fields: ClassVar[tuple] = ('budgets',)             # which children run; every unit's key names its own architecture
     cache_version: ClassVar[int] = 3                        # 2: scores keyed by sub-block and variant (vkey); 3: bf16 autocast, BLD and scoring timed apart
     def validate(self):
-        check_choice('model', self.model, ('tiny', 'smollm2-135m'))
+        if self.model != 'tiny': self.model = check_pretrained(self.model, "Puzzle (or model='tiny')")
         if self.bf16 is None: self.bf16 = bf16_matmul_native()              # resolved here, so the recorded config says what ran
         elif self.bf16 and not bf16_matmul_native():
             warnings.warn("bf16=True on a CPU without AMX or AVX-512 BF16: bf16 autocast is emulated there, slower than fp32 (bf16=None picks fp32)")
@@ -728,16 +731,30 @@ def load_parent_and_data(cfg: PuzzleConfig):
     "The parent and the disjoint id sets bld, gkd (train split) and score, gkd_eval, eval (validation split), each (N, seq_len)."
     n_tr, n_va = cfg.n_bld + cfg.n_gkd, cfg.n_score + cfg.gkd_eval + cfg.n_eval
     if cfg.model == 'tiny':
-        m, docs = tiny_parent(seed=cfg.seed), split(load_corpus('prose'))
+        m, docs, take = tiny_parent(seed=cfg.seed), split(load_corpus('prose')), lambda blocks, idx: blocks[idx]
         tr = byte_blocks(docs['train']['text'][:40], 2 * n_tr, cfg.seq_len, offset=512 * 128)      # after the parent's training bytes
         va = byte_blocks(docs['validation']['text'], 2 * n_va, cfg.seq_len)
     else:
-        m, tok = load_model(cfg.model, 'float32', attn='sdpa'), load_tokenizer(cfg.model)
-        tr = torch.tensor(lm_dataset('prose', tok, seq_len=cfg.seq_len, split='train')['input_ids'])
-        va = torch.tensor(lm_dataset('prose', tok, seq_len=cfg.seq_len, split='validation')['input_ids'])
-    tr, va = tr[_draw(len(tr), n_tr, cfg.seed, 'train')], va[_draw(len(va), n_va, cfg.seed, 'validation')]
+        m = load_model(cfg.model, 'float32', attn='sdpa'); check_parent(m, cfg); tok = load_tokenizer(cfg.model)
+        tr, va = (lm_dataset('prose', tok, seq_len=cfg.seq_len, split=s) for s in ('train', 'validation'))
+        take = lambda ds, idx: torch.tensor(ds.select(idx)['input_ids'])          # only the drawn rows leave the dataset
+    dev = model_device(m)                                                        # every input where the parent is
+    tr, va = take(tr, _draw(len(tr), n_tr, cfg.seed, 'train')).to(dev), take(va, _draw(len(va), n_va, cfg.seed, 'validation')).to(dev)
     s, g = cfg.n_score, cfg.n_score + cfg.gkd_eval
     return m, dict(bld=tr[:cfg.n_bld], gkd=tr[cfg.n_bld:, :cfg.gkd_len], score=va[:s], gkd_eval=va[s:g], eval=va[g:])
+
+PARENT_TYPES = ('llama', 'qwen2')   # decoder layers the variants and replays are written for
+
+def check_parent(model, cfg: PuzzleConfig):
+    "One-line errors for a parent Puzzle cannot cut: another decoder-layer design, or GQA / FFN settings its shapes do not allow."
+    c, label = model.config, model_label(cfg.model); mt = c.model_type
+    if mt not in PARENT_TYPES:
+        why = (': its sub-block outputs pass through extra RMSNorms and its layers alternate local and global rotary embeddings, which the '
+               'replays and the linear / no-op variants do not model') if mt.startswith('gemma') else ''
+        raise ValueError(f"Puzzle replaces sub-blocks of Llama-style decoder layers ({', '.join(PARENT_TYPES)}); {label} is a {mt} model{why}")
+    bad = [g for g in cfg.gqa_heads if c.num_key_value_heads % g]
+    if bad: raise ValueError(f"gqa_heads {bad} must divide {label}'s {c.num_key_value_heads} KV heads ({len(decoder_layers(model))} blocks)")
+    if any(int(c.intermediate_size * r) < 1 for r in cfg.ffn_fracs): raise ValueError(f"ffn_fracs {cfg.ffn_fracs} leave no channel of {label}'s {c.intermediate_size}")
 
 def search_space(model, cfg: PuzzleConfig) -> tuple:
     "The attention and FFN variants: the parent's first, then GQA, linear (if `cfg.linear`), pruned widths, no-op."
@@ -937,7 +954,7 @@ def _results(cfg, lib, recs, infl, kids, rep, archs, cm, tm, gkd, ev, secs, wall
         eval=[dict(model=n, **{k: [round(x, 5) for x in v] for k, v in d.items()}) for n, d in evn.items()],
         gkd=[dict(budget=b, **rec) for b, (_, rec) in gkd.items()],
         stages=_stages(cfg, lib, recs, cm, tm, gkd, secs, archs))
-    notes = (f"{cfg.model}; search space attention {[v.name for v in lib.attn]}, FFN {[v.name for v in lib.ffn]}; BLD on {cfg.n_bld}x{cfg.seq_len} distinct tokens, "
+    notes = (f"{model_label(cfg.model)}; search space attention {[v.name for v in lib.attn]}, FFN {[v.name for v in lib.ffn]}; BLD on {cfg.n_bld}x{cfg.seq_len} distinct tokens, "
              f"{cfg.bld_steps} Adam steps of {cfg.bld_batch} sequences per variant after a closed-form output refit; scores on {cfg.n_score}x{cfg.seq_len} held-out tokens; "
              f"{'bf16 autocast' if cfg.bf16 else 'fp32'} for BLD, scores, GKD and evaluation, fp32 for the parent activations and all timing; "
              f"GKD {cfg.gkd_steps} steps of {cfg.gkd_batch}x{cfg.gkd_len} tokens; latency = decode ms per step at KV length >= {cfg.prompt_len}, batch {cfg.batch_sizes} "
@@ -981,7 +998,7 @@ def headline(results) -> str:
     g = df[(df.method == 'puzzle+gkd') & (df.budget == b)].iloc[0]; base = df[df.method.isin(BASELINES) & (df.budget == b)].sort_values('kl').iloc[0]
     sp = ' / '.join(f"{g[f'speedup_b{bs}']:.2f}x (batch {bs})" for bs in results.config['batch_sizes'])
     met = g.quality_lo > results.config['target_quality'] and all(g[f'speedup_b{bs}_lo'] > results.config['target_speedup'] for bs in results.config['batch_sizes'])
-    return (f"{results.config['model']} child at {b} of the parent's decoder-block latency, after GKD: measured decode speed-up {sp}, quality retained "
+    return (f"{model_label(results.config.get('model', 'smollm2-135m'))} child at {b} of the parent's decoder-block latency, after GKD: measured decode speed-up {sp}, quality retained "
             f"{g.quality:.1%} [{g.quality_lo:.1%}, {g.quality_hi:.1%}] (ppl ratio; paper 98.4% accuracy at 2.17x), KL {g.kl:.3f}; best baseline at that budget "
             f"{base.method} (KL {base.kl:.3f}, quality {base.quality:.1%}); target >= {results.config['target_quality']:.0%} at >= {results.config['target_speedup']}x {'met' if met else 'not met'}")
 

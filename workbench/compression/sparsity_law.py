@@ -21,9 +21,9 @@ import ipywidgets as W
 from ..core import ExperimentConfig, Results, Claim, size, cached_unit, progress, judge, Timer, verdict_rule
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, Interval, mean_ci, paired_t, paired_bootstrap, claim, compare_speed
 from ..hooks import decoder_layers, hooks, run_with_cache
-from ..models import load_model, load_tokenizer, tiny_llama
+from ..models import load_model, load_tokenizer, tiny_llama, check_pretrained, model_label
 from ..data import lm_dataset, load_corpus, split_groups
-from ..train import TrainConfig, train, generate_ids
+from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -78,6 +78,12 @@ def cett(acts: Tensor, w_down: Tensor, eps: float, mask: Tensor|None=None) -> fl
     return float(torch.where(y > 0, trunc.norm(dim=-1) / y.clamp_min(1e-30), 0.).mean())
 
 # %% ../../nbs/compression/41_sparsity_law.ipynb #sl000017
+def _spaced(n: int, k: int, device=None) -> Tensor:
+    "k int64 indices spread evenly over 0..n-1, both ends included (integer arithmetic: exact for any n, unlike a float32 linspace past 2^24)."
+    i = torch.arange(k, device=device)
+    # $\lfloor i(n-1)/(k-1) + 1/2 \rfloor$
+    return (2 * i * (n - 1) + (k - 1)) // (2 * (k - 1))
+
 class LayerCETT:
     "One layer's dense FFN intermediates: exact CETT at any threshold, and the threshold that ties the layer to a CETT value."
     def __init__(self, acts: Tensor,            # (..., F) dense intermediates a of the layer
@@ -90,7 +96,7 @@ class LayerCETT:
         self.y = (self.a @ self.wt).norm(dim=-1)                                     # (m,) ||y||
         v = self.n.reshape(-1).unique()                                              # sorted distinct norms
         if grid is not None and len(v) > grid:                                       # quantiles, and the second smallest norm (exact zeros alone)
-            v = v[torch.cat([torch.tensor([1]), torch.linspace(0, len(v) - 1, grid).round().long()]).unique()]
+            v = v[torch.cat([torch.tensor([1], device=v.device), _spaced(len(v), grid, v.device)]).unique()]
         self.cand, self.memo = torch.cat([v, v.new_tensor([math.inf])]), {}         # the last candidate truncates everything
     def cett(self, eps: float) -> float:
         "The layer's mean CETT at threshold `eps`."
@@ -192,7 +198,7 @@ class DenseRun:
 def dense_run(model: nn.Module, ids: Tensor, gates: bool=False) -> DenseRun:
     "Record every layer's FFN intermediate (and gate scores) in one dense forward through the platform hooks."
     layers = decoder_layers(model)
-    out, cache = run_with_cache(model, ids, names=['blocks.*.hook_mlp_post'] + (['blocks.*.hook_mlp_in'] if gates else []))
+    out, cache = run_with_cache(model, ids, names=['blocks.*.hook_mlp_post'] + (['blocks.*.hook_mlp_in'] if gates else []), device=model_device(model))
     g = [layers[l].mlp.act_fn(layers[l].mlp.gate_proj(cache[f'blocks.{l}.hook_mlp_in'])).abs() for l in range(len(layers))] if gates else None
     return DenseRun(float(token_nll(out.logits, ids)), [cache[mlp_post_name(l)] for l in range(len(layers))], g)
 
@@ -239,7 +245,7 @@ def find_cett_for_ppl(model: nn.Module, ids: Tensor, p: float=1.0, tol: float=1e
 def _gate_quantiles(dense: DenseRun, n: int=4096) -> np.ndarray:
     "n + 1 quantiles of the dense gate scores |s|, pooled over layers and tokens."
     v = torch.cat([g.reshape(-1) for g in dense.gates]).sort().values
-    return v[torch.linspace(0, len(v) - 1, n + 1).round().long()].double().cpu().numpy()
+    return v[_spaced(len(v), n + 1, v.device)].double().cpu().numpy()
 
 def find_baseline_for_ppl(model: nn.Module, ids: Tensor, rule: str, p: float=1.0, tol: float=1e-3,
                           dense: DenseRun|None=None) -> SparsityResult:
@@ -365,8 +371,8 @@ def fit_sparsity_law(tokens, ratio, act: str, unit: float=1e5) -> dict:
 # %% ../../nbs/compression/41_sparsity_law.ipynb #sl000061
 @dataclass
 class SparsityLawConfig(ExperimentConfig):
-    "A: CETT-PPL-p% vs Top-k and FAT on SmolLM2 chunks; B: tiny ReLU/SiLU models from scratch and their laws; C: decode FFN speed."
-    model: str = 'smollm2-135m'                     # part A/C model (registry name in workbench.models)
+    "A: CETT-PPL-p% vs Top-k and FAT on chunks of a pretrained model (SmolLM2 by default); B: tiny ReLU/SiLU models from scratch and their laws; C: decode FFN speed."
+    model: str = 'smollm2-135m'                     # part A/C model, gated FFN: registry name, local Hugging Face folder or hub id
     p: float = 1.0                                  # perplexity increase allowed, percent
     corpus: str = 'docstrings'                      # part A text: the validation split of this corpus
     n_chunks: int = size(quick=1, full=8)           # part A measurements, each with its own unseen chunk
@@ -398,6 +404,7 @@ class SparsityLawConfig(ExperimentConfig):
     @property
     def seeds(self) -> list: return self.seed_list(self.n_seeds)
     def validate(self):
+        self.model = check_pretrained(self.model, 'Sparsing Law parts A and C')
         check_num('p', self.p, lo=0, hi=100, lo_open=True); check_num('tol', self.tol, lo=0, hi=1, lo_open=True, hi_open=True)
         for f in ('n_chunks', 'n_seeds', 'threads', 'speed_tokens', 'heat_bins', 'decode_tokens'): check_int(f, getattr(self, f), lo=1)
         for f in ('chunk_len', 'seq_len', 'n_eval', 'grid', 'speed_repeats', 'n_ckpts'): check_int(f, getattr(self, f), lo=2)
@@ -412,14 +419,20 @@ class SparsityLawConfig(ExperimentConfig):
 def _smol(model: str, corpus: str, chunk_len: int) -> tuple:
     "The model (fp32) and the validation sequences (N, chunk_len) of `corpus` in its tokens."
     va = lm_dataset(corpus, load_tokenizer(model), seq_len=chunk_len, split='validation')
-    return load_model(model, 'float32'), torch.tensor(va['input_ids'])
+    m = load_model(model, 'float32'); _check_gated(m, model)
+    return m, torch.tensor(va['input_ids'])
+
+def _check_gated(model: nn.Module, name: str):
+    "A one-line error unless every block's FFN is gated, $W_d(\\sigma(W_g x) \\odot W_u x)$: Top-k and FAT score $|\\sigma(W_g x)|$, the decode timing recomputes the FFN."
+    bad = [i for i, blk in enumerate(decoder_layers(model)) if not all(hasattr(getattr(blk, 'mlp', None), k) for k in ('gate_proj', 'up_proj', 'down_proj', 'act_fn'))]
+    if bad: raise ValueError(f"parts A and C need a gated FFN (mlp.gate_proj, up_proj, down_proj, act_fn) in every block; {model_label(name)}'s block {bad[0]} has none")
 
 def _chunk(cfg: SparsityLawConfig, i: int) -> tuple:
     "(model, calibration ids (1, T), unseen ids (1, T)) of chunk i."
     model, va = _smol(cfg.model, cfg.corpus, cfg.chunk_len)
     if 2 * cfg.n_chunks > len(va): raise ValueError(f"n_chunks={cfg.n_chunks} needs {2 * cfg.n_chunks} sequences; the split has {len(va)} of {cfg.chunk_len} tokens")
     perm = np.random.default_rng(cfg.seed).permutation(len(va))
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     return model, va[perm[2 * i]][None].to(dev), va[perm[2 * i + 1]][None].to(dev)
 
 def _r(v, n: int=6):
@@ -466,7 +479,7 @@ def time_predicted_at(model: nn.Module, xs: Tensor, share: float, repeats: int=2
 def _speed_unit(cfg: SparsityLawConfig, thresholds: list) -> dict:
     "Part C on chunk 0: FFN decode timings at its CETT-PPL-p% thresholds, the what-if at the paper's sparsity, and the decode step."
     model, cal, _ = _chunk(cfg, 0); L = len(decoder_layers(model))
-    _, cache = run_with_cache(model, cal, names='blocks.*.hook_mlp_in')
+    _, cache = run_with_cache(model, cal, names='blocks.*.hook_mlp_in', device=model_device(model))
     xs = torch.stack([cache[f'blocks.{l}.hook_mlp_in'][0, -cfg.speed_tokens:] for l in range(L)])   # (L, T, d) real FFN inputs
     t = time_decode_ffn(model, xs, thresholds, cfg.speed_repeats, cfg.seed)
     paper = time_predicted_at(model, xs, cfg.paper_active, cfg.speed_repeats, cfg.seed)
@@ -482,10 +495,11 @@ def _tiny_unit(cfg: SparsityLawConfig, arch: tuple, act: str, seed: int) -> dict
     tr, ev = byte_blocks(cfg.tiny_corpus, 'train', cfg.seq_len, cfg.train_bytes), byte_blocks(cfg.tiny_corpus, 'validation', cfg.seq_len, cfg.n_eval * cfg.seq_len)
     at = log_steps(cfg.steps, cfg.n_ckpts, max(1, cfg.steps // 8))
     tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, min_lr=cfg.lr, seed=seed, progress=False)
-    hist, snaps = train_with_snapshots(tiny_lm(act, n_layers, d, cfg.seq_len, seed), tr, tcfg, at)
-    probes = []
+    hist, snaps = train_with_snapshots(net := tiny_lm(act, n_layers, d, cfg.seq_len, seed), tr, tcfg, at)
+    dev, probes = model_device(net), []                                          # measured where it was trained
+    ev = ev.to(dev)
     for s in at:
-        m = tiny_lm(act, n_layers, d, cfg.seq_len, seed); m.load_state_dict(snaps[s]); probes.append(CETTProbe(m.eval().requires_grad_(False), ev, cfg.grid))
+        m = tiny_lm(act, n_layers, d, cfg.seq_len, seed).to(dev); m.load_state_dict(snaps[s]); probes.append(CETTProbe(m.eval().requires_grad_(False), ev, cfg.grid))
     own = [find_cett_for_ppl(pr.model, ev, cfg.p, cfg.tol, probe=pr) for pr in probes]
     c_st = cett_for_checkpoints(probes[-cfg.n_stable:], cfg.p, cfg.tol); st = [pr(c_st) for pr in probes]
     return _r(dict(steps=at, tokens=[s * cfg.batch_size * cfg.seq_len for s in at], loss=[pr.dense.nll for pr in probes],
@@ -500,15 +514,15 @@ def _tiny_jobs(cfg: SparsityLawConfig) -> list:
 
 # %% ../../nbs/compression/41_sparsity_law.ipynb #sl000071
 def run_experiment(cfg: SparsityLawConfig|None=None) -> Results:
-    "Parts A (SmolLM2 chunks), B (tiny models) and C (decode speed), each unit cached; rows, tables, claims and verdict."
+    "Parts A (chunks of the pretrained model), B (tiny models) and C (decode speed), each unit cached; rows, tables, claims and verdict."
     cfg = SparsityLawConfig() if cfg is None else cfg
     if not isinstance(cfg, SparsityLawConfig): raise TypeError(f"cfg must be a SparsityLawConfig, got {type(cfg).__name__}")
-    unit = lambda key, f: cached_unit('sparsity_law', cfg, key, f)
+    unit, label = (lambda key, f: cached_unit('sparsity_law', cfg, key, f)), model_label(cfg.model)
     with Timer() as wall, torch_threads(cfg.threads):
         chunks, tiny = [], {}
-        for i in progress(range(cfg.n_chunks), 'SmolLM2 chunks'):
-            chunks.append(ch := unit(dict(part='smollm2', chunk=i), lambda i=i: _smol_unit(cfg, i)))
-            print(f"SmolLM2 chunk {i}: sparsity " + ', '.join(f"{_NAMES[m]} {1 - np.mean(ch[m]['kept']):.1%} (x{ch[m]['ratio']:.4f})" for m in RULES), flush=True)
+        for i in progress(range(cfg.n_chunks), f'{label} chunks'):
+            chunks.append(ch := unit(dict(part='smollm2', chunk=i), lambda i=i: _smol_unit(cfg, i)))   # 'smollm2': the part A key, whatever the model
+            print(f"{label} chunk {i}: sparsity " + ', '.join(f"{_NAMES[m]} {1 - np.mean(ch[m]['kept']):.1%} (x{ch[m]['ratio']:.4f})" for m in RULES), flush=True)
         heat = unit(dict(part='heat', c_star=chunks[0]['cett']['x']), lambda: _heat_unit(cfg, chunks[0]['cett']['x']))
         speed = unit(dict(part='speed'), lambda: _speed_unit(cfg, chunks[0]['cett']['param']))
         print(f"decode FFN time / dense: active down {speed['active']['ratio']:.3f}, oracle predictor {speed['predicted']['ratio']:.3f}", flush=True)
@@ -518,7 +532,7 @@ def run_experiment(cfg: SparsityLawConfig|None=None) -> Results:
                   f"{u['A_ckpt'][0]:.1%} -> {u['A_ckpt'][-1]:.1%} (own), loss {u['loss'][-1]:.3f}, trained in {u['train_s']:.0f} s", flush=True)
     rows, tables = _rows(cfg, chunks, speed, tiny)
     tables.update(heat=heat, laws=_laws(cfg, rows))
-    notes = (f"A: {cfg.model} fp32, {cfg.n_chunks} chunks of {cfg.chunk_len} {cfg.corpus} validation tokens, bisection tol {cfg.tol} on x "
+    notes = (f"A: {label} fp32, {cfg.n_chunks} chunks of {cfg.chunk_len} {cfg.corpus} validation tokens, bisection tol {cfg.tol} on x "
              f"(c, Top-k drop fraction, FAT gate-score quantile), Top-k per token on |σ(W_g x)|; held_* = the operating point applied to an unseen chunk. "
              f"B: byte-level gated Llamas {cfg.archs} (F = 4 d), {cfg.steps} updates of {cfg.batch_size}x{cfg.seq_len} bytes of {cfg.tiny_corpus}, "
              f"constant lr {cfg.lr} after warm-up; A_ckpt = own CETT-PPL-{cfg.p:g}% per checkpoint, A_stable = one CETT bisected on the last "
@@ -575,7 +589,7 @@ def _last(df, act: str, arch: str, col: str='A_stable') -> np.ndarray:
     return g[g['step'] == g['step'].max()].sort_values('seed')[col].to_numpy(float)
 
 def _sparsities(df):
-    "Chunks x metrics table of SmolLM2 sparsities at the perplexity target."
+    "Chunks x metrics table of part A's sparsities (the pretrained model's; stored as part 'smollm2') at the perplexity target."
     return df[df['part'] == 'smollm2'].pivot(index='chunk', columns='metric', values='sparsity')
 
 MEASURES = {'A_stable': 'one CETT for all checkpoints', 'A_ckpt': 'own CETT-PPL per checkpoint'}
@@ -583,9 +597,9 @@ MEASURES = {'A_stable': 'one CETT for all checkpoints', 'A_ckpt': 'own CETT-PPL 
 # %% ../../nbs/compression/41_sparsity_law.ipynb #sl000077
 def claims(results: Results) -> list:
     "The five parts of the headline claim (seven comparisons), each an effect with its 95% interval."
-    df, cfg = results.df, results.config; base = cfg['archs'][0][0]; p = cfg['p']
+    df, cfg = results.df, results.config; base = cfg['archs'][0][0]; p = cfg['p']; label = model_label(cfg.get('model', 'smollm2-135m'))
     s = _sparsities(df); best = s[['topk', 'fat']].max(axis=1)
-    out = [claim(f"SmolLM2: CETT-PPL-{p:g}% sparsity − the stronger of Top-k and FAT, same perplexity ratio",
+    out = [claim(f"{label}: CETT-PPL-{p:g}% sparsity − the stronger of Top-k and FAT, same perplexity ratio",
                  paired_bootstrap(s['cett'], best, n_boot=cfg['n_boot'], seed=cfg['seed'], unit='chunks'), 'higher')]
     for act, better, verb in (('relu', 'lower', 'falls'), ('silu', 'higher', 'rises')):
         for col, how in MEASURES.items():
@@ -594,13 +608,13 @@ def claims(results: Results) -> list:
     out.append(claim("tiny: SiLU − ReLU activation ratio at the last checkpoint (one CETT for all checkpoints)",
                      paired_t(_last(df, 'silu', base), _last(df, 'relu', base), unit='seeds'), 'higher'))
     sp = df[(df['part'] == 'speed') & (df['variant'] == 'active_down')].iloc[0]
-    out.append(Claim("SmolLM2 decode FFN time: down projection over the active neurons / dense", sp['time_ratio'], sp['lo'], sp['hi'],
+    out.append(Claim(f"{label} decode FFN time: down projection over the active neurons / dense", sp['time_ratio'], sp['lo'], sp['hi'],
                      better='lower', null=1.0, n=cfg['speed_repeats'], ci=f"bootstrap over {cfg['speed_repeats']} interleaved rounds"))
     return out
 
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when all seven comparisons show beyond their 95% intervals (CETT sparser than the stronger baseline on SmolLM2; tiny ReLU's activation ratio falling and SiLU's rising with data under both measurements; ReLU sparser than SiLU; the active-neuron FFN faster than dense), partly when at least one shows, not reproduced when none does."
+    "Reproduced when all seven comparisons show beyond their 95% intervals (CETT sparser than the stronger baseline on the pretrained model; tiny ReLU's activation ratio falling and SiLU's rising with data under both measurements; ReLU sparser than SiLU; the active-neuron FFN faster than dense), partly when at least one shows, not reproduced when none does."
     return judge(claims(results))
 
 def width_depth(results: Results) -> Interval:
@@ -613,7 +627,7 @@ def headline(results: Results) -> str:
     "Our measured figures in words, beside the paper's."
     df, cfg = results.df, results.config; base = cfg['archs'][0][0]; s = _sparsities(df).mean()
     sp = df[(df['part'] == 'speed')].set_index('variant')
-    return (f"SmolLM2-135M at PPL+{cfg['p']:g}%: CETT {s['cett']:.1%} sparse vs Top-k {s['topk']:.1%} and FAT {s['fat']:.1%}; "
+    return (f"{model_label(cfg.get('model', 'smollm2-135m'))} at PPL+{cfg['p']:g}%: CETT {s['cett']:.1%} sparse vs Top-k {s['topk']:.1%} and FAT {s['fat']:.1%}; "
             f"tiny gated ReLU ends {_last(df, 'relu', base).mean():.1%} active vs SiLU {_last(df, 'silu', base).mean():.1%} "
             f"(paper's limits 6-8% vs 38-41%); decode FFN over the active neurons {sp.loc['active_down', 'speedup']:.2f}x dense, "
             f"oracle predictor {sp.loc['predicted', 'speedup']:.2f}x (paper: 93.52% sparse, 4.1x with PowerInfer at 2.4B)")
