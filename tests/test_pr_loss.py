@@ -1,11 +1,12 @@
-"Cross-checks of `workbench.objectives.pr_loss`: the exact target, PR curves and divergences, tempering, sampled vs exact estimates, the losses' reductions, and the claims and verdict rule on made-up rows (fast, CPU)."
+"Cross-checks of `workbench.objectives.pr_loss`: the exact target, PR curves and divergences, the recall bound, tempering, sampled vs exact estimates, the losses' reductions, the λ-PR saturation and its guard, and the preconditions, claims and verdict rule on made-up rows (fast, CPU)."
 import math
 import numpy as np
 import pytest
 import torch
+from dataclasses import asdict
 from workbench.objectives.pr_loss import (MarkovTarget, TargetLM, sequence_log_prob, pr_curve, pr_divergence, precision_recall,
     sampled_precision_recall, token_log_probs, nll_loss, loss_fn, parse_setting, setting_label, empirical_log_prob, train_toy_lm,
-    recall_at, claims, verdict, headline, PRLossConfig)
+    recall_at, recall_bound, pr_divergence_loss, pr_bound_loss, stuck_at_zero, zero_step, claims, verdict, headline, PRLossConfig)
 from workbench.core import Claim, Results, UNTESTABLE
 from workbench.models import tiny_llama
 from workbench.train import generate_ids
@@ -168,42 +169,152 @@ def test_recall_at():
     assert recall_at([1.0, 0.999], [0.2, 0.3], 0.95) == pytest.approx(0.3)
 
 
+def test_recall_bound_is_tight_on_a_uniform_target_and_never_beaten():
+    m = 40
+    lp = torch.full((m,), -math.log(m), dtype=torch.float64)
+    for rho, n in ((0.5, 10), (0.9, 100), (1.0, 30)):
+        assert recall_bound(lp, n, rho) == pytest.approx(1 - (1 - rho / m) ** n, abs=1e-9)
+    t = MarkovTarget(length=4)
+    S, lp = t.support()
+    b = [recall_bound(lp, 200, r) for r in (0.3, 0.6, 0.9, 1.0)]
+    assert all(x < y for x, y in zip(b, b[1:]))
+    assert precision_recall(lp, lp, 200)['recall'] < b[-1]                 # the target itself is beaten: flatter is better
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):                                                     # random models on the support, at their precision
+        lq = torch.randn(len(lp), generator=g, dtype=torch.float64).mul(3).log_softmax(0) + math.log(torch.rand(1, generator=g).item())
+        pr = precision_recall(lq, lp, 200)
+        assert pr['recall'] <= recall_bound(lp, 200, pr['precision']) + 1e-9
+
+
+def _one_token_batch(q):
+    "A batch of 10 one-token sequences whose rows follow p_hat = (0.5, 0.3, 0.2), under a model with probabilities q."
+    rows = torch.tensor([0] * 5 + [1] * 3 + [2] * 2)[:, None]
+    return torch.log(torch.as_tensor(q, dtype=torch.float32)).expand(10, 1, -1), rows, torch.tensor([0.5] * 5 + [0.3] * 3 + [0.2] * 2).log()
+
+
+@pytest.mark.parametrize('lam', [0.05, 0.1, 0.5, 0.9])
+def test_lambda_pr_saturates_and_the_log_bound_does_not(lam):
+    m = 1.01 * lam                                                          # just over lam on the rows, the rest on an invalid token
+    starved = [m * 0.5, m * 0.3, m * 0.2, 1 - m]
+    z, y, lph = _one_token_batch(starved)
+    assert abs(pr_divergence_loss(z, y, lph, lam=lam).item()) < 1e-6       # λ-PR at its minimum, with 1 - lam off the rows
+    z = z.clone().requires_grad_(True)
+    assert torch.autograd.grad(pr_divergence_loss(z, y, lph, lam=lam), z)[0].abs().max() == 0
+    g = torch.autograd.grad(pr_bound_loss(z, y, lph, lam=lam), z)[0]
+    assert g.abs().max() > 1e-2                                             # the variant still pulls mass onto the rows
+    assert pr_bound_loss(*_one_token_batch(starved), lam=lam).item() == pytest.approx(math.log(1 + 1 / 1.01), abs=1e-5)
+    assert pr_bound_loss(*_one_token_batch([0.5, 0.3, 0.2, 1e-9]), lam=lam).item() == pytest.approx(math.log(1 + lam), abs=1e-5)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(10):                                                     # log alpha_lambda >= log lambda - loss
+        q = torch.rand(4, generator=gen).softmax(0)
+        alpha = torch.minimum(lam * torch.tensor([0.5, 0.3, 0.2]), q[:3]).sum().item()
+        assert math.log(alpha) >= math.log(lam) - pr_bound_loss(*_one_token_batch(q), lam=lam).item() - 1e-6
+
+
+def test_stuck_at_zero_guard():
+    st = list(range(12, 612, 12))
+    zero = [0.1 * math.exp(-s / 60) for s in st]
+    floor = [2.5 * math.exp(-s / 60) + 0.6 for s in st]
+    assert stuck_at_zero(zero) and not stuck_at_zero(floor)
+    assert zero_step(st, floor) is None
+    k = zero_step(st, zero)
+    assert k == st[next(i for i, v in enumerate(zero) if v <= 0.01 * zero[0])]
+    assert not stuck_at_zero(zero[:45] + [0.05] * 5)                        # back up at the end
+    assert stuck_at_zero(zero[:45] + [0.05] * 5, tail_frac=0.02) is False
+    assert stuck_at_zero([0.1] * 40 + [0.0] * 10, tail_frac=0.2)
+    assert not stuck_at_zero([0.1] * 41 + [0.0] * 9, tail_frac=0.2)           # 9 of 50 points: less than the last fifth
+    with pytest.raises(ValueError, match='same length'): zero_step(st[:3], zero)
+    with pytest.raises(ValueError, match='zero_tol'): stuck_at_zero(zero, zero_tol=0.0)
+
+
+def test_training_flags_lambda_pr_stuck_at_zero_but_not_its_log_bound():
+    "The regression the first run lacked: λ-PR's training loss falls to zero and stays there; the guard says so."
+    t = MarkovTarget(length=4)
+    d = t.sample(200, torch.Generator().manual_seed(0))
+    _, h_pr = train_toy_lm(d, 'pr:lam=0.1', t.vocab, seed=0, steps=150, batch_size=32)
+    _, h_lb = train_toy_lm(d, 'prlb:lam=0.1', t.vocab, seed=0, steps=150, batch_size=32)
+    assert stuck_at_zero(h_pr.train_loss) and zero_step(h_pr.step, h_pr.train_loss) is not None
+    assert not stuck_at_zero(h_lb.train_loss)
+    assert min(h_lb.train_loss) > 0.5 * math.log(1.1)
+
+
+SEEDS = (0, 1, 2, 3)
+
+
+def _made_up(shifts, cool=0.03, heat=0.01, ls=0.55, seeds=SEEDS, curves=None, **cfg):
+    """Rows in the shape `claims` reads: NLL and label smoothing (baselines) and the PR losses in `shifts` at T = 0.5, 1, 1.5.
+    `shifts`: each PR loss's recall over NLL's; `cool`: NLL's precision gained from T=1 to 0.5; `heat`: recall gained from
+    T=1 to 1.5 (precision drops 0.17); `curves`: setting -> training curve (default: flat at 0.6), with seed jitter."""
+    rows, tc = [], []
+    for s in seeds:
+        for L, base in (('nll', 0.6), ('ls:eps=0.1', ls), *((k, 0.6 + v) for k, v in shifts.items())):
+            jr = 0.003 * s * (1 + (L == 'nll'))                                  # seed jitter: finite intervals
+            for T, p, r in ((0.5, 0.97 + cool - 0.001 * (s % 2), base - 0.2), (1.0, 0.97, base),
+                            (1.5, 0.8, base + heat + 0.002 * (s % 2))):
+                rows.append(dict(loss=L, family=L.split(':')[0], seed=s, T=T, precision=p - 0.002 * s, recall=r + jr))
+            c = (curves or {}).get(L, [0.6] * 50)
+            tc.append(dict(loss=L, seed=s, step=list(range(12, 612, 12)), train_loss=[v * (1 + 0.01 * ((s + i) % 3 - 1))
+                                                                                      for i, v in enumerate(c)]))
+    conf = dict(asdict(PRLossConfig(mode='full')), baselines=('nll', 'ls:eps=0.1'), claim_losses=tuple(shifts),
+                losses=('nll', 'ls:eps=0.1', *shifts), steps=600, **cfg)
+    return Results('pr_loss', conf, rows, seeds=list(seeds), tables=dict(train_curves=tc))
+
+
+def _status(R): return [c.status for c in claims(R)]
+def _judged(R): return R.conclude(verdict, claims(R), headline(R)).verdict
+
+
+PRE = 6   # preconditions: cooling, the problem exists, headroom at 2 levels, stuck units, flatness
+
+
+@pytest.mark.parametrize('shifts,kw,want,parts', [
+    ({'cdiv:alpha=2': 0.1}, {}, 'reproduced', ['shows'] * 2),
+    ({'cdiv:alpha=2': 0.1, 'truncr:drop_frac=0.5': 0.0}, {}, 'partly', ['shows', 'no effect'] * 2),
+    ({'cdiv:alpha=2': 0.0}, {}, 'not reproduced', ['no effect'] * 2),
+    # VERDICTS.md: a part that goes the other way beyond its CI makes it "not reproduced", even beside one that shows
+    ({'cdiv:alpha=2': 0.1, 'pr:lam=0.1': -0.1}, {}, 'not reproduced', ['shows', 'opposite'] * 2),
+    ({'cdiv:alpha=2': 0.1}, dict(ls=0.75), 'not reproduced', ['opposite'] * 2),   # judged against the strongest baseline
+])
+def test_verdict_on_made_up_rows(shifts, kw, want, parts):
+    R = _made_up(shifts, **kw)
+    st = _status(R)
+    assert st[:PRE] == ["holds"] * PRE, st
+    assert st[PRE:] == parts
+    assert verdict(R) == want
+    assert _judged(R) == want
+    assert 'c-Div α=2' in headline(R)
+
+
+@pytest.mark.parametrize('kw,failing', [
+    (dict(heat=0.3), 'the problem exists'),                                   # heating NLL buys recall: nothing to fix
+    (dict(cool=-0.03), 'cooling works'),
+    (dict(min_headroom=0.9), 'headroom at precision >= 0.95'),
+    (dict(curves={'cdiv:alpha=2': [0.1 * math.exp(-i / 5) for i in range(50)]}), 'stuck at zero'),
+    (dict(curves={'nll': [2.0 - 0.03 * i for i in range(50)]}), 'training ran its course'),   # still falling at the end
+])
+def test_a_failed_precondition_makes_it_untestable(kw, failing):
+    R = _made_up({'cdiv:alpha=2': 0.1}, **kw)
+    failed = [c.name for c in claims(R) if c.is_precondition and not c.holds]
+    assert failed and any(failing in n for n in failed), failed
+    assert _judged(R) == UNTESTABLE
+
+
+def test_the_exempt_setting_may_saturate_and_still_counts_as_a_claim():
+    stuck = [0.1 * math.exp(-i / 5) for i in range(50)]
+    R = _made_up({'cdiv:alpha=2': 0.1, 'pr:lam=0.1': -0.1}, curves={'pr:lam=0.1': stuck}, stall_exempt=('pr:lam=0.1',))
+    assert all(c.holds for c in claims(R) if c.is_precondition)
+    assert _judged(R) == 'not reproduced'                                   # λ-PR still loses, and that still counts
+    R = _made_up({'cdiv:alpha=2': 0.1}, curves={'cdiv:alpha=2': stuck}, stall_exempt=('pr:lam=0.1',))
+    assert _judged(R) == UNTESTABLE
+
+
 FAILED = Claim('made-up precondition: NLL at T=1 misses part of the support', 0.01, -0.01, 0.03, null=0.05, role='precondition', threshold_from='min_missing_mass')
 HOLDS = Claim('made-up precondition: training has run its course', 0.001, -0.002, 0.004, better='lower', null=0.01, role='precondition', threshold_from='slope_tol')
 
 
-def _made_up(shift, cool=0.03, heat=0.01, ls=0.55, seeds=(0, 1, 2, 3)):
-    """Rows in the shape `claims` reads: NLL, label smoothing (baselines) and c-Div (the declared PR loss) at T = 0.5, 1, 1.5.
-    `shift`: c-Div's recall over NLL's; `cool`: NLL's precision gained from T=1 to 0.5; `heat`: recall gained from T=1 to 1.5 (precision drops 0.17)."""
-    rows = []
-    for s in seeds:
-        for L, base in (('nll', 0.6), ('ls:eps=0.1', ls), ('cdiv:alpha=2', 0.6 + shift)):
-            jr = 0.003 * s * (1 + (L == 'nll'))                                  # seed jitter: finite intervals
-            for T, p, r in ((0.5, 0.97 + cool - 0.001 * (s % 2), base - 0.2), (1.0, 0.97, base), (1.5, 0.8, base + heat + 0.002 * (s % 2))):
-                rows.append(dict(loss=L, family=L.split(':')[0], seed=s, T=T, precision=p - 0.002 * s, recall=r + jr))
-    cfg = dict(vars(PRLossConfig())); cfg.update(baselines=('nll', 'ls:eps=0.1'), claim_losses=('cdiv:alpha=2',), losses=('nll', 'ls:eps=0.1', 'cdiv:alpha=2'))
-    return Results('pr_loss', cfg, rows, seeds=list(seeds))
-
-
-# claims: cooling raises NLL's precision; heating buys less recall than it costs precision; c-Div − best baseline at precision >= 0.95, >= 0.99
-@pytest.mark.parametrize('kw,want,status', [
-    (dict(shift=0.1), 'reproduced', ['shows'] * 4),
-    (dict(shift=-0.1), 'partly', ['shows', 'shows', 'opposite', 'opposite']),                 # temperature behaves as the paper says; c-Div loses
-    (dict(shift=0.1, cool=0.0, heat=0.3), 'partly', ['no effect', 'opposite', 'shows', 'no effect']),   # nothing reaches 0.99: recall 0 for all
-    (dict(shift=0.0, cool=0.0, heat=0.17), 'not reproduced', ['no effect'] * 4),
-    (dict(shift=-0.1, cool=-0.03, heat=0.3), 'not reproduced', ['opposite', 'opposite', 'opposite', 'no effect']),
-    (dict(shift=0.1, ls=0.75), 'partly', ['shows', 'shows', 'opposite', 'opposite']),        # label smoothing beats c-Div: judged against it
-])
-def test_claims_and_verdict_on_made_up_rows(kw, want, status):
-    R = _made_up(**kw)
-    assert [c.status for c in claims(R)] == status
-    assert verdict(R) == want
-    assert 'c-Div α=2' in headline(R)
-
-
-@pytest.mark.parametrize('shift,want', [(0.1, 'reproduced'), (-0.1, 'partly')])
-def test_a_failed_precondition_makes_it_untestable(shift, want):
-    R = _made_up(shift)
+@pytest.mark.parametrize('shifts,want', [({'cdiv:alpha=2': 0.1}, 'reproduced'), ({'cdiv:alpha=2': -0.1}, 'not reproduced')])
+def test_a_recorded_failed_precondition_overrides_the_rule(shifts, want):
+    R = _made_up(shifts)
     R.claims = [FAILED, *claims(R)]
     assert verdict(R) == UNTESTABLE
     R.claims = [HOLDS, *claims(R)]

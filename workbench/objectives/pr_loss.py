@@ -6,8 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/objectives/pr_loss.html.md"""
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000003
 from __future__ import annotations
-import contextlib, inspect, math
-from dataclasses import dataclass
+import inspect, math
+from dataclasses import dataclass, asdict
 from types import SimpleNamespace
 from typing import ClassVar
 import numpy as np
@@ -17,40 +17,53 @@ from torch import nn, Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, Timer, verdict_rule, get_device
-from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, mean_ci, paired_t, claim
+from ..core import (ExperimentConfig, Results, judge, size, cached_unit, progress, Timer, verdict_rule,
+                            get_device)
+from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape,
+                               Interval, mean_ci, paired_t, claim, precondition, flattened)
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['LOSSES', 'LOSS_NAMES', 'MarkovTarget', 'TargetLM', 'sequence_log_prob', 'pr_curve', 'pr_divergence',
-           'precision_recall', 'sampled_precision_recall', 'token_log_probs', 'nll_loss', 'label_smoothing_loss',
-           'loss_truncation', 'reverse_loss_truncation', 'pr_divergence_loss', 'cdiv_loss', 'loss_fn', 'parse_setting',
-           'setting_label', 'empirical_log_prob', 'train_toy_lm', 'PRLossConfig', 'train_unit', 'unit_rows',
-           'unit_tables', 'run_experiment', 'recall_at', 'frontier', 'claims', 'verdict', 'headline', 'sweep_means',
-           'fig_pr_plane', 'PRPlaneExplorer', 'fig_pr_curves', 'PRCurveExplorer', 'fig_coverage', 'CoverageExplorer']
+__all__ = ['LOSSES', 'LOSS_NAMES', 'P_SOURCE', 'MarkovTarget', 'TargetLM', 'sequence_log_prob', 'pr_curve', 'pr_divergence',
+           'precision_recall', 'recall_bound', 'sampled_precision_recall', 'token_log_probs', 'nll_loss',
+           'label_smoothing_loss', 'loss_truncation', 'reverse_loss_truncation', 'pr_divergence_loss', 'pr_bound_loss',
+           'cdiv_loss', 'loss_fn', 'parse_setting', 'setting_label', 'empirical_log_prob', 'train_toy_lm', 'zero_step',
+           'stuck_at_zero', 'PRLossConfig', 'train_unit', 'unit_rows', 'unit_tables', 'run_experiment', 'run_notes',
+           'recall_at', 'frontier', 'temperature_preconditions', 'headroom_preconditions', 'training_preconditions',
+           'comparison_claims', 'claims', 'verdict', 'headline', 'sweep_means', 'fig_pr_plane', 'PRPlaneExplorer',
+           'fig_pr_curves', 'PRCurveExplorer', 'fig_coverage', 'CoverageExplorer']
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000008
 class MarkovTarget:
-    "A sparse Markov chain: after BOS (id `vocab`), each context of `order` tokens allows `branch` successors with `probs`; sequences have `length` tokens."
+    "A sparse Markov chain: after BOS (id `vocab`), each context allows `branch` successors with `probs`."
     def __init__(self, vocab: int=12, branch: int=3, length: int=8, probs=(0.8, 0.15, 0.05), order: int=1, seed: int=0):
         self.vocab, self.branch = check_int('vocab', vocab, lo=2), check_int('branch', branch, lo=1, hi=vocab)
-        self.length, self.order, self.seed, self.bos = check_int('length', length, lo=1), check_int('order', order, lo=1), seed, vocab
+        self.length, self.order = check_int('length', length, lo=1), check_int('order', order, lo=1)
+        self.seed, self.bos = seed, vocab
         self.probs = torch.as_tensor(probs, dtype=torch.float64)
         if self.probs.shape != (branch,) or (self.probs <= 0).any() or abs(self.probs.sum().item() - 1) > 1e-9:
             raise ValueError(f"probs must be {branch} positive numbers summing to 1, got {tuple(probs)}")
         g = torch.Generator().manual_seed(check_int('seed', seed, lo=0))
         # succ[c] = the allowed next tokens of context c, in the order of `probs`; (n_contexts, branch)
         self.succ = torch.stack([torch.randperm(vocab, generator=g)[:branch] for _ in range((vocab + 1) ** order)])
-    @property
-    def n_support(self) -> int: return self.branch ** self.length
-    def context(self, window: Tensor) -> Tensor:
-        "Context ids of (..., order) token windows."
-        c = torch.zeros(window.shape[:-1], dtype=torch.long, device=window.device)
-        for k in range(self.order): c = c * (self.vocab + 1) + window[..., k]
-        return c
-    def __repr__(self): return f"MarkovTarget(vocab={self.vocab}, branch={self.branch}, length={self.length}, order={self.order}, |S|={self.n_support})"
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000008b
+@patch_to(MarkovTarget, as_prop=True)
+def n_support(self) -> int: return self.branch ** self.length
+
+@patch_to(MarkovTarget)
+def context(self, window: Tensor) -> Tensor:
+    "Context ids of (..., order) token windows."
+    c = torch.zeros(window.shape[:-1], dtype=torch.long, device=window.device)
+    for k in range(self.order): c = c * (self.vocab + 1) + window[..., k]
+    return c
+
+@patch_to(MarkovTarget)
+def __repr__(self):
+    return (f"MarkovTarget(vocab={self.vocab}, branch={self.branch}, length={self.length}, order={self.order}, "
+            f"|S|={self.n_support})")
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000009
 def _windows(t: MarkovTarget, seqs: Tensor) -> Tensor:
@@ -73,29 +86,35 @@ def support(self) -> tuple:
 def log_prob(self, seqs: Tensor) -> Tensor:
     "log P(x) of sequences (N, 1 + L), BOS first; -inf outside the support. (N,) float64"
     check_tensor('seqs', seqs, ndim=2, floating=False)
-    if seqs.shape[1] != self.length + 1: raise ValueError(f"seqs must have 1 + length = {self.length + 1} columns (BOS first), got {seqs.shape[1]}")
+    if seqs.shape[1] != self.length + 1:
+        raise ValueError(f"seqs must have 1 + length = {self.length + 1} columns (BOS first), got {seqs.shape[1]}")
     hit = self.succ[self.context(_windows(self, seqs))] == seqs[:, 1:, None]              # (N, L, branch)
     lp = torch.where(hit.any(-1), (hit.double() * self.probs.log()).sum(-1), -math.inf).sum(-1)
     return torch.where(seqs[:, 0] == self.bos, lp, -math.inf)
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000010b
 @patch_to(MarkovTarget)
 def sample(self, n: int, generator: torch.Generator|None=None) -> Tensor:
     "n i.i.d. sequences from P, (n, 1 + L) with BOS first."
     s = torch.full((check_int('n', n, lo=1), 1), self.bos, dtype=torch.long)
     for _ in range(self.length):
-        k = torch.multinomial(self.probs.float().expand(n, -1), 1, generator=generator)          # (n, 1) branch index
-        s = torch.cat([s, self.succ[self.context(_windows(self, torch.cat([s, s[:, :1]], 1))[:, -1])].gather(1, k)], 1)
+        k = torch.multinomial(self.probs.float().expand(n, -1), 1, generator=generator)   # (n, 1) branch index
+        nxt = self.succ[self.context(_windows(self, torch.cat([s, s[:, :1]], 1))[:, -1])]   # (n, branch)
+        s = torch.cat([s, nxt.gather(1, k)], 1)
     return s
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000014
 class TargetLM(nn.Module):
-    "A causal LM whose next-token logits are the target's exact log-probabilities (-inf on invalid tokens): the model Q = P."
+    "A causal LM whose next-token logits are the target's exact log-probabilities (-inf on invalid tokens): Q = P."
     def __init__(self, target: MarkovTarget):
-        super().__init__(); self.target = target
+        super().__init__()
+        self.target = target
         table = torch.full((len(target.succ), target.vocab + 1), -math.inf, dtype=torch.float64)   # (contexts, V + 1)
-        self.register_buffer('table', table.scatter(1, target.succ, target.probs.log().expand(len(target.succ), -1).contiguous()))
+        logp = target.probs.log().expand(len(target.succ), -1).contiguous()                    # (contexts, branch)
+        self.register_buffer('table', table.scatter(1, target.succ, logp))
     def forward(self, input_ids: Tensor, past_key_values=None, use_cache: bool=False, **kw):
-        ids = input_ids if past_key_values is None else torch.cat([past_key_values, input_ids], 1)   # the "cache" is the prefix
+        # the "cache" is the prefix
+        ids = input_ids if past_key_values is None else torch.cat([past_key_values, input_ids], 1)
         win = _windows(self.target, torch.cat([ids, ids[:, :1]], 1))[:, -input_ids.shape[1]:]     # (B, T, order)
         return SimpleNamespace(logits=self.table[self.target.context(win)], past_key_values=ids)
 
@@ -122,7 +141,8 @@ def pr_curve(log_q: Tensor, log_p: Tensor, lambdas) -> tuple:
     "(alpha, beta) of the PR curve at each lambda, from log q and log p (N,) on the support of P."
     check_same_shape(log_q=log_q, log_p=log_p)
     lam = torch.as_tensor(lambdas, dtype=torch.float64).reshape(-1)
-    if not (torch.isfinite(lam).all() and (lam > 0).all()): raise ValueError(f"lambdas must be positive and finite, got {lam.tolist()}")
+    if not (torch.isfinite(lam).all() and (lam > 0).all()):
+        raise ValueError(f"lambdas must be positive and finite, got {lam.tolist()}")
     # $\alpha_\lambda=\sum_{x\in S}\min(\lambda p(x), q(x))$, $\beta_\lambda=\alpha_\lambda/\lambda$
     alpha = torch.minimum(lam[:, None] * log_p.double().exp()[None], log_q.double().exp()[None]).sum(1)
     return alpha, alpha / lam
@@ -135,17 +155,35 @@ def pr_divergence(log_q: Tensor, log_p: Tensor, lam: float) -> float:
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000021
 def precision_recall(log_q: Tensor, log_p: Tensor, n: int) -> dict:
-    "Exact precision Q(S) and recall@n = sum_S p (1 - (1 - q)^n), with a bound on the sd of the n-sample recall estimate."
-    check_same_shape(log_q=log_q, log_p=log_p); check_int('n', n, lo=1)
+    "Exact precision Q(S) and recall@n = sum_S p (1 - (1 - q)^n), with a bound on the sd of the sampled recall."
+    check_same_shape(log_q=log_q, log_p=log_p)
+    check_int('n', n, lo=1)
     q, p = log_q.double().exp(), log_p.double().exp()
     # $\pi_x = 1-(1-q_x)^n$: the chance that n samples of Q hit x
     hit = -torch.expm1(n * torch.log1p(-q.clamp(max=1 - 1e-15)))
-    return dict(precision=q.sum().item(), recall=(p * hit).sum().item(), recall_se=(p.pow(2) * hit * (1 - hit)).sum().sqrt().item())
+    sd = (p.pow(2) * hit * (1 - hit)).sum().sqrt().item()
+    return dict(precision=q.sum().item(), recall=(p * hit).sum().item(), recall_se=sd)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000023b
+def recall_bound(log_p: Tensor, n: int, precision: float=1.0, iters: int=200) -> float:
+    "The most recall@n a model with precision `precision` can reach: water-filling over the support of P."
+    check_int('n', n, lo=2)
+    rho = check_num('precision', precision, lo=0, hi=1, lo_open=True)
+    lp = log_p.double()
+    # $q^*(x)=\max\big(0,\,1-(\mu/(n\,p(x)))^{1/(n-1)}\big)$
+    q_at = lambda log_mu: (-torch.expm1((log_mu - math.log(n) - lp) / (n - 1))).clamp(min=0)
+    hi = math.log(n) + lp.max().item()                                                  # sum q* = 0
+    lo = hi + (n - 1) * math.log(max(1 - rho, 1e-15))                                   # sum q* >= rho
+    for _ in range(check_int('iters', iters, lo=1)):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if q_at(mid).sum().item() >= rho else (lo, mid)
+    q = q_at(lo)
+    return (lp.exp() * -torch.expm1(n * torch.log1p(-q.clamp(max=1 - 1e-15)))).sum().item()
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000025
 @torch.no_grad()
 def sampled_precision_recall(model, target: MarkovTarget, n: int, temperature: float=1.0, seed: int=0) -> dict:
-    "Precision (share of n samples of Q_T that are valid, with its se) and recall@n (P-mass of the distinct valid samples)."
+    "Precision (share of n samples of Q_T that are valid, with its se) and recall@n (P-mass of distinct valid samples)."
     check_int('n', n, lo=1)
     bos = torch.full((n, 1), target.bos, dtype=torch.long, device=model_device(model))                      # (n, 1)
     x = generate_ids(model, bos, target.length, greedy=False, temperature=temperature, seed=seed).cpu()
@@ -158,8 +196,11 @@ def sampled_precision_recall(model, target: MarkovTarget, n: int, temperature: f
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000029
 def token_log_probs(logits: Tensor, targets: Tensor) -> Tensor:
     "log q(y_t | y_<t): logits (B, L, V), targets (B, L) -> (B, L) float32."
-    check_tensor('logits', logits, ndim=3, floating=True); check_tensor('targets', targets, ndim=2, floating=False)
-    if logits.shape[:2] != targets.shape: raise ValueError(f"logits (B, L, V) and targets (B, L) disagree: {tuple(logits.shape)} vs {tuple(targets.shape)}")
+    check_tensor('logits', logits, ndim=3, floating=True)
+    check_tensor('targets', targets, ndim=2, floating=False)
+    if logits.shape[:2] != targets.shape:
+        raise ValueError(f"logits (B, L, V) and targets (B, L) disagree: {tuple(logits.shape)} vs "
+                         f"{tuple(targets.shape)}")
     return torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]
 
 def nll_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -180,21 +221,31 @@ def _kept_nll(logits, targets, drop_frac, largest):
     return torch.topk(s, len(s) - int(drop_frac * len(s)), largest=largest).values
 
 def loss_truncation(logits: Tensor, targets: Tensor, drop_frac: float=0.2) -> Tensor:
-    "Trunc (Kang & Hashimoto 2020): NLL per token over the B - floor(c B) sequences with the lowest NLL (the hardest are dropped)."
+    "Trunc (Kang & Hashimoto 2020): NLL per token over the B - floor(c B) lowest-NLL sequences (the hardest dropped)."
     return _kept_nll(logits, targets, drop_frac, largest=False).mean() / targets.shape[1]
 
 def reverse_loss_truncation(logits: Tensor, targets: Tensor, drop_frac: float=0.5) -> Tensor:
-    "TruncR stand-in: NLL per token over the B - floor(c B) sequences with the highest NLL (those already covered are dropped)."
+    "TruncR stand-in: NLL per token over the B - floor(c B) highest-NLL sequences (those already covered dropped)."
     return _kept_nll(logits, targets, drop_frac, largest=True).mean() / targets.shape[1]
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000031
 def pr_divergence_loss(logits: Tensor, targets: Tensor, log_p_hat: Tensor, lam: float=1.0) -> Tensor:
-    "lambda-PR: batch estimate of D_lambda(P_hat || Q) with P_hat the empirical training distribution; log_p_hat (B,) of the rows."
-    lam = check_num('lam', lam, lo=0, lo_open=True); check_tensor('log_p_hat', log_p_hat, ndim=1, floating=True)
+    "lambda-PR: batch estimate of D_lambda(P_hat || Q), P_hat the empirical training distribution; log_p_hat (B,)."
+    lam = check_num('lam', lam, lo=0, lo_open=True)
+    check_tensor('log_p_hat', log_p_hat, ndim=1, floating=True)
     log_q = token_log_probs(logits, targets).sum(-1)                                  # (B,) log q(x)
     # $\ell_\lambda=\min(\lambda,1)-\frac1B\sum_i\min(\lambda,\,q(x_i)/\hat p(x_i))$
     return min(lam, 1.0) - torch.clamp(torch.exp(log_q - log_p_hat.float()), max=lam).mean()
 
+def pr_bound_loss(logits: Tensor, targets: Tensor, log_p_hat: Tensor, lam: float=1.0) -> Tensor:
+    "The workbench's non-vanishing lambda-PR: minus a lower bound on log alpha_lambda, up to log lambda (Derivation)."
+    lam = check_num('lam', lam, lo=0, lo_open=True)
+    check_tensor('log_p_hat', log_p_hat, ndim=1, floating=True)
+    log_q = token_log_probs(logits, targets).sum(-1)                                  # (B,) log q(x)
+    # $\ell^{\mathrm{lb}}_\lambda=\frac1B\sum_i\operatorname{softplus}(\log\lambda+\log\hat p(x_i)-\log q(x_i))$
+    return F.softplus(math.log(lam) + log_p_hat.float() - log_q).mean()
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000031b
 def cdiv_loss(logits: Tensor, targets: Tensor, alpha: float=2.0) -> Tensor:
     "c-Div stand-in: the integral of lambda^(-1-alpha) D_lambda(one-hot || q) over lambda, per token; alpha = 1 is NLL."
     alpha = check_num('alpha', alpha, lo=0, lo_open=True)
@@ -204,14 +255,19 @@ def cdiv_loss(logits: Tensor, targets: Tensor, alpha: float=2.0) -> Tensor:
     return (torch.expm1((1 - alpha) * lq) / (alpha * (alpha - 1))).mean()
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000032
-LOSSES = dict(nll=nll_loss, ls=label_smoothing_loss, trunc=loss_truncation, truncr=reverse_loss_truncation, pr=pr_divergence_loss, cdiv=cdiv_loss)
-LOSS_NAMES = dict(nll='NLL', ls='label smoothing', trunc='Trunc', truncr='TruncR', pr='λ-PR', cdiv='c-Div')
+LOSSES = dict(nll=nll_loss, ls=label_smoothing_loss, trunc=loss_truncation, truncr=reverse_loss_truncation,
+              pr=pr_divergence_loss, prx=pr_divergence_loss, prlb=pr_bound_loss, cdiv=cdiv_loss)
+LOSS_NAMES = dict(nll='NLL', ls='label smoothing', trunc='Trunc', truncr='TruncR', pr='λ-PR', prx='λ-PR exact p',
+                  prlb='λ-PR log bound', cdiv='c-Div')
+# which losses read log p(x) of each training row, and from where: the empirical p_hat, or the target's exact p (oracle)
+P_SOURCE = dict(pr='empirical', prlb='empirical', prx='exact')
 
 def loss_fn(name: str, logits: Tensor, targets: Tensor, **kw) -> Tensor:
     "The one loss interface: `LOSSES[name](logits, targets, **kw)`."
     check_choice('name', name, LOSSES)
     return LOSSES[name](logits, targets, **kw)
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000032b
 def parse_setting(setting: str) -> tuple:
     "A loss setting string -> (name, parameters): 'cdiv:alpha=2' -> ('cdiv', {'alpha': 2.0}); 'nll' -> ('nll', {})."
     name, _, rest = str(setting).partition(':')
@@ -219,7 +275,9 @@ def parse_setting(setting: str) -> tuple:
     items = [a.partition('=') for a in rest.split(',') if a.strip()]
     allowed = set(inspect.signature(LOSSES[name]).parameters) - {'logits', 'targets', 'log_p_hat'}
     kw = {k.strip(): float(v) for k, eq, v in items if eq}
-    if set(kw) - allowed or len(kw) != len(items): raise ValueError(f"loss setting {setting!r}: parameters of {name} are {sorted(allowed) or 'none'}, as name:key=value,...")
+    if set(kw) - allowed or len(kw) != len(items):
+        raise ValueError(f"loss setting {setting!r}: parameters of {name} are {sorted(allowed) or 'none'}, "
+                         "as name:key=value,...")
     return name, kw
 
 def setting_label(setting: str) -> str:
@@ -236,159 +294,269 @@ def empirical_log_prob(data: Tensor) -> Tensor:
     return (cnt[inv].double() / len(data)).log()
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000039
-def train_toy_lm(data: Tensor, setting: str, vocab: int, seed: int=0, steps: int=1000, batch_size: int=64, lr: float=3e-3,
-                 d_model: int=32, n_layers: int=2, n_heads: int=2, callbacks=()) -> tuple:
-    "(model, History): a tiny Llama trained on `data` (N, 1 + L) with the loss `setting` (e.g. 'cdiv:alpha=2') through `workbench.train.train`."
+def train_toy_lm(data: Tensor, setting: str, vocab: int, seed: int=0, steps: int=1000, batch_size: int=64,
+                 lr: float=3e-3, d_model: int=32, n_layers: int=2, n_heads: int=2, callbacks=(), log_p=None) -> tuple:
+    "(model, History): a tiny Llama trained on `data` (N, 1 + L) with the loss `setting` through the platform `train`."
     name, kw = parse_setting(setting)
-    model = tiny_llama(vocab_size=vocab + 1, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=data.shape[1], seed=seed)
-    model = model.to(get_device())                                     # `train` keeps it there
-    rows = [dict(input_ids=x, log_p_hat=l.float()) for x, l in zip(data, empirical_log_prob(data))]
+    model = tiny_llama(vocab_size=vocab + 1, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                       max_len=data.shape[1], seed=seed).to(get_device())            # `train` keeps it there
+    # log p(x) of each row for the losses that read it: the target's (log_p, an oracle) or the empirical p_hat
+    lp = empirical_log_prob(data) if log_p is None else check_tensor('log_p', log_p, ndim=1, floating=True)
+    rows = [dict(input_ids=x, log_p_hat=l.float()) for x, l in zip(data, lp)]
     def lf(m, b):
-        extra = dict(log_p_hat=b['log_p_hat']) if name == 'pr' else {}
+        extra = dict(log_p_hat=b['log_p_hat']) if name in P_SOURCE else {}
         return loss_fn(name, m(input_ids=b['input_ids'][:, :-1]).logits, b['input_ids'][:, 1:], **kw, **extra)
-    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=False, log_every=max(1, steps // 50))
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=False,
+                      log_every=max(1, steps // 50))
     hist = train(model, rows, cfg, loss_fn=lf, callbacks=callbacks)
     return model.eval(), hist
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000041b
+def _trailing_low(loss, zero_tol: float) -> tuple:
+    "(n, k): the number of logged points and how many at the end are <= zero_tol x the first one."
+    l = np.abs(np.asarray(loss, dtype=float)).ravel()
+    if l.size == 0 or not np.isfinite(l).all(): raise ValueError(f"loss must be a non-empty finite curve, got {l[:5]}")
+    low = l <= check_num('zero_tol', zero_tol, lo=0, lo_open=True) * l[0]
+    return l.size, l.size if low.all() else int(np.argmin(low[::-1]))
+
+def zero_step(step, loss, zero_tol: float=0.01):
+    "The first logged update from which the loss stays <= zero_tol x its first logged value; None if it never does."
+    n, k = _trailing_low(loss, zero_tol)
+    if len(step) != n: raise ValueError(f"step and loss must have the same length, got {len(step)} and {n}")
+    return None if k == 0 else int(step[n - k])
+
+def stuck_at_zero(loss, zero_tol: float=0.01, tail_frac: float=0.2) -> bool:
+    "Whether the loss stays <= zero_tol x its first logged value over (at least) the last tail_frac of its points."
+    n, k = _trailing_low(loss, zero_tol)
+    return k >= max(1, math.ceil(check_num('tail_frac', tail_frac, lo=0, hi=1, lo_open=True) * n - 1e-9))
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000043
 _FULL_T = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
 _LAMBDAS = tuple(float(f'{x:.3g}') for x in np.logspace(-2, 2, 25))
+_BASELINES = ('nll', 'ls:eps=0.1', 'trunc:drop_frac=0.2')                     # each + temperature
+_PR_LOSSES = ('truncr:drop_frac=0.5', 'pr:lam=0.1', 'prlb:lam=0.1', 'cdiv:alpha=2')   # declared before the run
+_NEIGHBOURS = ('pr:lam=1', 'prlb:lam=1', 'prx:lam=0.1')                         # one seed each, no claims
+_QUICK_LOSSES = ('nll', 'pr:lam=0.1', 'prlb:lam=0.1', 'cdiv:alpha=2')
+# the fields that choose, judge or schedule units but do not change any one unit's record (left out of its cache key)
+_JUDGING_FIELDS = ('losses', 'extra_losses', 'baselines', 'claim_losses', 'precision_levels', 't_cool', 'cool_min',
+                   't_hot', 'heat_max', 'min_headroom', 'zero_tol', 'tail_frac', 'slope_tol', 'max_stuck',
+                   'stall_exempt', 'n_seeds', 'n_extra_seeds', 'threads')
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000043t
 @dataclass
-class PRLossConfig(ExperimentConfig):
-    "Tiny LMs trained with each loss on samples of a known sparse Markov chain, swept over temperature: exact and sampled precision and recall."
+class _PRTarget:
+    "The target chain, the models and their training: a part of `PRLossConfig`."
     vocab: int = 12                                     # tokens of the chain (the models have one more: BOS)
     branch: int = 3                                     # allowed successors per context
     length: int = size(quick=5, full=8)                 # tokens per sequence: |supp P| = branch ** length
     probs: tuple = (0.8, 0.15, 0.05)                    # probabilities of the allowed successors
     order: int = 1                                      # Markov order of the chain
-    target_seed: int = 0                                # seed of the chain's successor table (the same target for every seed)
+    target_seed: int = 0                                # seed of the chain's successor table (one target for all seeds)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000043b
+@dataclass
+class _PRTrain(_PRTarget):
+    "The training data, the models and their training: a part of `PRLossConfig`."
     n_train: int = size(quick=500, full=2000)           # training sequences drawn from P (a fresh draw per seed)
-    steps: int = size(quick=150, full=600)              # optimizer updates per model (the pilot used 1000; cut to fit the run's budget)
+    steps: int = size(quick=150, full=600)              # optimizer updates per model
     batch_size: int = 64                                # sequences per update
-    lr: float = 3e-3                                    # AdamW peak learning rate (warm-up + cosine, the platform's `train`)
+    lr: float = 3e-3                                    # AdamW peak learning rate (warm-up + cosine: `train`'s)
     d_model: int = 32                                   # tiny Llama width
     n_layers: int = 2                                   # tiny Llama blocks
     n_heads: int = 2                                    # tiny Llama attention heads
-    losses: tuple = size(quick=('nll', 'cdiv:alpha=2'), full=('nll', 'ls:eps=0.1', 'trunc:drop_frac=0.2', 'truncr:drop_frac=0.5', 'pr:lam=0.1', 'cdiv:alpha=2'))  # settings trained with all seeds
-    extra_losses: tuple = ()                            # neighbouring settings, `n_extra_seeds` seeds (none in the committed run: see Budget; e.g. ('pr:lam=0.5', 'cdiv:alpha=3'))
-    baselines: tuple = size(quick=('nll',), full=('nll', 'ls:eps=0.1', 'trunc:drop_frac=0.2'))   # baselines (+ temperature); must hold 'nll'
-    claim_losses: tuple = size(quick=('cdiv:alpha=2',), full=('truncr:drop_frac=0.5', 'pr:lam=0.1', 'cdiv:alpha=2'))  # the PR losses the claims are about, declared before the run
-    temperatures: tuple = size(quick=(0.5, 1.0, 1.5), full=_FULL_T)   # the sweep; must hold 1, t_cool and t_hot
-    sample_temperatures: tuple = size(quick=(1.0,), full=(0.5, 1.0, 1.5))  # temperatures with sample-based estimates (a subset of the sweep)
+    threads: int = 1                                    # torch CPU threads (tiny models on shared cores: 1)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000043c
+@dataclass
+class _PRSweep(_PRTrain):
+    "The loss settings, the temperature sweep and the metrics: a part of `PRLossConfig`."
+    losses: tuple = size(quick=_QUICK_LOSSES, full=_BASELINES + _PR_LOSSES)   # settings trained on every seed
+    extra_losses: tuple = size(quick=(), full=_NEIGHBOURS)     # neighbouring settings, on `n_extra_seeds` seeds
+    baselines: tuple = size(quick=('nll',), full=_BASELINES)   # baselines (+ temperature); must hold 'nll'
+    claim_losses: tuple = size(quick=_QUICK_LOSSES[1:], full=_PR_LOSSES)   # the PR losses the claims are about
+    temperatures: tuple = size(quick=(0.5, 1.0, 1.5), full=_FULL_T)        # the sweep; holds 1, t_cool and t_hot
+    sample_temperatures: tuple = size(quick=(1.0,), full=(0.5, 1.0, 1.5))  # with sampled estimates (in the sweep)
     n_samples: int = size(quick=200, full=1000)         # samples per estimate, and the n of recall@n
     precision_levels: tuple = (0.95, 0.99)              # precision levels at which recall is compared
-    t_cool: float = 0.5                                 # claim 1: NLL's precision at this T against T = 1
-    t_hot: float = 1.5                                  # claim 2: NLL's recall and precision at this T against T = 1
     lambdas: tuple = _LAMBDAS                           # lambdas of the recorded PR curves
     n_top: int = 50                                     # most likely valid sequences in the coverage table
-    n_seeds: int = size(quick=2, full=3)                # seeds of `losses` (training data, initialisation, data order)
-    n_extra_seeds: int = 1                              # seeds of `extra_losses` (the first seeds of the run)
-    threads: int = 1                                    # torch CPU threads (tiny models on shared cores: 1)
-    unit_fields: ClassVar[tuple] = ('losses', 'extra_losses', 'baselines', 'claim_losses', 'precision_levels', 't_cool', 't_hot', 'n_seeds', 'n_extra_seeds', 'threads')
-    cache_version: ClassVar[int] = 1
 
-    @property
-    def seeds(self) -> list: return self.seed_list(self.n_seeds)
-    @property
-    def extra_seeds(self) -> list: return self.seed_list(self.n_extra_seeds)
-    def target(self) -> MarkovTarget: return MarkovTarget(self.vocab, self.branch, self.length, self.probs, self.order, self.target_seed)
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000043d
+@dataclass
+class PRLossConfig(ExperimentConfig, _PRSweep):
+    "Tiny LMs trained with each loss on samples of a known sparse Markov chain, swept over temperature."
+    t_cool: float = 0.5            # precondition: NLL's precision at this T against T = 1 ...
+    cool_min: float = 0.0          # ... rises by at least this
+    t_hot: float = 1.5             # precondition (the problem exists): NLL heated from T = 1 to this T ...
+    heat_max: float = 0.0          # ... changes recall + precision by at most this
+    min_headroom: float = 0.02     # precondition: recall bound minus the strongest baseline's recall, at least this
+    zero_tol: float = 0.01         # guard: a loss <= zero_tol x its first logged value over the last tail_frac ...
+    tail_frac: float = 0.2         # ... of training is stuck at zero; also the stretch whose slope is checked
+    slope_tol: float = size(quick=5.0, full=0.5)   # precondition: |relative slope| of each guarded loss there, per run
+    max_stuck: float = 0.0         # precondition: share of guarded units whose loss is stuck at zero, at most this
+    stall_exempt: tuple = ('pr:lam=0.1',)   # settings whose saturation is the finding: not guarded (all others are)
+    n_seeds: int = size(quick=2, full=5)    # seeds of `losses` (training data, initialisation, data order)
+    n_extra_seeds: int = 1                  # seeds of `extra_losses` (the first seeds of the run)
+    unit_fields: ClassVar[tuple] = _JUDGING_FIELDS
+    cache_version: ClassVar[int] = 2
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000044
 @patch_to(PRLossConfig)
 def validate(self):
     "Check every field (ValueError/TypeError naming it)."
-    for k in ('vocab', 'branch', 'length', 'order', 'n_train', 'steps', 'batch_size', 'd_model', 'n_layers', 'n_heads', 'n_samples', 'n_top', 'n_seeds', 'n_extra_seeds', 'threads'):
+    for k in ('vocab', 'branch', 'length', 'order', 'n_train', 'steps', 'batch_size', 'd_model', 'n_layers', 'n_heads',
+              'n_samples', 'n_top', 'n_seeds', 'n_extra_seeds', 'threads'):
         check_int(k, getattr(self, k), lo=1)
-    check_int('target_seed', self.target_seed, lo=0); check_num('lr', self.lr, lo=0, lo_open=True)
-    if self.n_train < self.batch_size: raise ValueError(f"n_train={self.n_train} must be at least batch_size={self.batch_size}")
-    for k in ('losses', 'extra_losses', 'baselines', 'claim_losses', 'temperatures', 'sample_temperatures', 'precision_levels', 'lambdas'):
-        if not isinstance(getattr(self, k), (tuple, list)): raise TypeError(f"{k} must be a tuple, got {getattr(self, k)!r}")
+    check_int('target_seed', self.target_seed, lo=0)
+    for k in ('lr', 't_cool', 't_hot', 'zero_tol', 'slope_tol'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    for k in ('cool_min', 'heat_max', 'min_headroom', 'max_stuck'): check_num(k, getattr(self, k))
+    check_num('tail_frac', self.tail_frac, lo=0, hi=1, lo_open=True)
+    if self.n_train < self.batch_size:
+        raise ValueError(f"n_train={self.n_train} must be at least batch_size={self.batch_size}")
+    self._validate_settings()
+    self._validate_sweep()
+    self.target()                                                                     # checks branch, probs, order
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000044b
+@patch_to(PRLossConfig)
+def _validate_settings(self):
+    "The loss settings: parseable, and the baselines, claim losses and exempt ones among those trained."
+    for k in ('losses', 'extra_losses', 'baselines', 'claim_losses', 'stall_exempt'):
+        if not isinstance(getattr(self, k), (tuple, list)):
+            raise TypeError(f"{k} must be a tuple, got {getattr(self, k)!r}")
     for s in (*self.losses, *self.extra_losses): parse_setting(s)
     if 'nll' not in self.baselines: raise ValueError(f"baselines must hold 'nll', got {tuple(self.baselines)}")
     for k in ('baselines', 'claim_losses'):
-        if not set(getattr(self, k)) <= set(self.losses): raise ValueError(f"every entry of {k} must be in losses (trained on all seeds), got {tuple(getattr(self, k))}")
+        if not set(getattr(self, k)) <= set(self.losses):
+            raise ValueError(f"every entry of {k} must be in losses (trained on all seeds), "
+                             f"got {tuple(getattr(self, k))}")
+    if set(self.stall_exempt) & set(self.baselines):
+        raise ValueError(f"stall_exempt must not hold a baseline, got {tuple(self.stall_exempt)}")
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000044c
+@patch_to(PRLossConfig)
+def _validate_sweep(self):
+    "The temperatures, precision levels and lambdas."
+    for k in ('temperatures', 'sample_temperatures', 'precision_levels', 'lambdas'):
+        if not isinstance(getattr(self, k), (tuple, list)):
+            raise TypeError(f"{k} must be a tuple, got {getattr(self, k)!r}")
     Ts = [check_num('temperatures entries', T, lo=0, lo_open=True) for T in self.temperatures]
-    for k in ('t_cool', 't_hot'): check_num(k, getattr(self, k), lo=0, lo_open=True)
-    if not {1.0, self.t_cool, self.t_hot, *self.sample_temperatures} <= set(Ts): raise ValueError(f"temperatures must hold 1, t_cool, t_hot and every sample temperature, got {tuple(Ts)}")
+    if not {1.0, self.t_cool, self.t_hot, *self.sample_temperatures} <= set(Ts):
+        raise ValueError(f"temperatures must hold 1, t_cool, t_hot and every sample temperature, got {tuple(Ts)}")
     if Ts != sorted(set(Ts)): raise ValueError(f"temperatures must be increasing, got {tuple(Ts)}")
     for v in self.precision_levels: check_num('precision_levels entries', v, lo=0, hi=1, lo_open=True)
     for v in self.lambdas: check_num('lambdas entries', v, lo=0, lo_open=True)
-    self.target()                                                                     # checks branch, probs, order
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000044e
+@patch_to(PRLossConfig, as_prop=True)
+def seeds(self) -> list: return self.seed_list(self.n_seeds)
+
+@patch_to(PRLossConfig, as_prop=True)
+def extra_seeds(self) -> list: return self.seed_list(self.n_extra_seeds)
+
+@patch_to(PRLossConfig)
+def target(self) -> MarkovTarget:
+    "The target chain (the same for every seed)."
+    return MarkovTarget(self.vocab, self.branch, self.length, self.probs, self.order, self.target_seed)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000047
 def _sweep(model, target: MarkovTarget, cfg: PRLossConfig, seed: int, first: bool) -> dict:
-    "Exact metrics at every temperature, sampled ones at the sample temperatures, and (first seed) PR curves and coverage."
+    "Exact metrics at every temperature, sampled ones at the sample temperatures, and (first seed) curves and coverage."
     S, lp = target.support()
     lq = sequence_log_prob(model, S, cfg.temperatures)                                  # (n_T, |S|)
+    sample = lambda T: sampled_precision_recall(model, target, cfg.n_samples, T, seed=seed)
     out = dict(exact=[precision_recall(l, lp, cfg.n_samples) for l in lq],
-               sampled={str(T): sampled_precision_recall(model, target, cfg.n_samples, T, seed=seed) for T in cfg.sample_temperatures})
+               sampled={str(T): sample(T) for T in cfg.sample_temperatures})
     if first:
         top = torch.argsort(lp, descending=True, stable=True)[:cfg.n_top]
         out['curves'] = [[np.round(v.numpy(), 5).tolist() for v in pr_curve(l, lp, cfg.lambdas)] for l in lq]
-        out['coverage'] = dict(p=np.round(lp[top].exp().numpy(), 6).tolist(), q=[np.round(l[top].exp().numpy(), 6).tolist() for l in lq])
+        out['coverage'] = dict(p=np.round(lp[top].exp().numpy(), 6).tolist(),
+                               q=[np.round(l[top].exp().numpy(), 6).tolist() for l in lq])
     return out
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000047b
 def train_unit(cfg: PRLossConfig, setting: str, seed: int) -> dict:
     "One (loss setting, seed): train on a fresh sample of P, then `_sweep`; a JSON-able record."
     target = cfg.target()
     data = target.sample(cfg.n_train, torch.Generator().manual_seed(seed))
+    exact = P_SOURCE.get(parse_setting(setting)[0]) == 'exact'
     with Timer() as t:
-        model, hist = train_toy_lm(data, setting, cfg.vocab, seed, cfg.steps, cfg.batch_size, cfg.lr, cfg.d_model, cfg.n_layers, cfg.n_heads)
+        model, hist = train_toy_lm(data, setting, cfg.vocab, seed, cfg.steps, cfg.batch_size, cfg.lr, cfg.d_model,
+                                   cfg.n_layers, cfg.n_heads, log_p=target.log_prob(data) if exact else None)
     out = _sweep(model, target, cfg, seed, first=seed == cfg.seed)
-    out.update(train_s=t.s, final_loss=hist.train_loss[-1], distinct_train=len(torch.unique(data, dim=0)),
-               train_curve=dict(step=hist.step, loss=np.round(hist.train_loss, 5).tolist()) if seed == cfg.seed else None)
-    return out
+    curve = dict(step=hist.step, loss=[float(f'{v:.5g}') for v in hist.train_loss])   # 5 significant digits
+    return dict(out, train_s=t.s, final_loss=hist.train_loss[-1], distinct_train=len(torch.unique(data, dim=0)),
+                train_curve=curve)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000048
 def unit_rows(cfg: PRLossConfig, setting: str, seed: int, u: dict) -> list:
-    "One row per temperature: exact precision and recall@n, and the sampled estimates where they exist."
+    "One row per temperature: exact precision and recall@n, the sampled estimates where they exist, the stall guard."
     fam = setting if setting == 'target' else parse_setting(setting)[0]
+    c = u.get('train_curve')
+    guard = dict(stuck_at_zero=stuck_at_zero(c['loss'], cfg.zero_tol, cfg.tail_frac) if c else None,
+                 zero_step=zero_step(c['step'], c['loss'], cfg.zero_tol) if c else None)
     rows = []
     for T, ex in zip(cfg.temperatures, u['exact']):
         sa = u['sampled'].get(str(T), {})
-        rows.append(dict(loss=setting, family=fam, seed=seed, T=T, precision=ex['precision'], recall=ex['recall'], recall_se=ex['recall_se'],
-                         precision_sampled=sa.get('precision'), precision_sampled_se=sa.get('precision_se'), recall_sampled=sa.get('recall'),
-                         distinct_sampled=sa.get('distinct'), train_s=u.get('train_s'), final_loss=u.get('final_loss'), distinct_train=u.get('distinct_train')))
+        rows.append(dict(loss=setting, family=fam, seed=seed, T=T, precision=ex['precision'], recall=ex['recall'],
+                         recall_se=ex['recall_se'], precision_sampled=sa.get('precision'),
+                         precision_sampled_se=sa.get('precision_se'), recall_sampled=sa.get('recall'),
+                         distinct_sampled=sa.get('distinct'), train_s=u.get('train_s'), final_loss=u.get('final_loss'),
+                         distinct_train=u.get('distinct_train'), **guard))
     return rows
 
-def unit_tables(cfg: PRLossConfig, setting: str, u: dict) -> dict:
-    "The first seed's PR curves, coverage and training curve as table records."
-    out = dict(pr_curves=[dict(loss=setting, T=T, lam=list(cfg.lambdas), alpha=a, beta=b) for T, (a, b) in zip(cfg.temperatures, u['curves'])],
-               coverage=[dict(loss=setting, T=T, p=u['coverage']['p'], q=q, off_support=1 - ex['precision'])
-                         for T, q, ex in zip(cfg.temperatures, u['coverage']['q'], u['exact'])])
-    if u.get('train_curve'): out['train_curves'] = [dict(loss=setting, step=u['train_curve']['step'], train_loss=u['train_curve']['loss'])]
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000048b
+def unit_tables(cfg: PRLossConfig, setting: str, seed: int, u: dict) -> dict:
+    "The unit's training curve, and for the first seed its PR curves and coverage, as table records."
+    out = {}
+    if u.get('train_curve'):
+        out['train_curves'] = [dict(loss=setting, seed=seed, step=u['train_curve']['step'],
+                                    train_loss=u['train_curve']['loss'])]
+    if seed == cfg.seed:
+        out['pr_curves'] = [dict(loss=setting, T=T, lam=list(cfg.lambdas), alpha=a, beta=b)
+                            for T, (a, b) in zip(cfg.temperatures, u['curves'])]
+        out['coverage'] = [dict(loss=setting, T=T, p=u['coverage']['p'], q=q, off_support=1 - ex['precision'])
+                           for T, q, ex in zip(cfg.temperatures, u['coverage']['q'], u['exact'])]
     return out
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000049
 def run_experiment(cfg: PRLossConfig|None=None) -> Results:
-    "Train every (loss setting, seed) unit (cached), sweep the target itself as the reference, and conclude with the claims."
+    "Train every (loss setting, seed) unit (cached), sweep the target itself as the reference, and conclude."
     cfg = PRLossConfig() if cfg is None else cfg
-    jobs = [(s, sd) for s in cfg.losses for sd in cfg.seeds] + [(s, sd) for s in cfg.extra_losses for sd in cfg.extra_seeds]
+    jobs = [(s, sd) for s in cfg.losses for sd in cfg.seeds]
+    jobs += [(s, sd) for s in cfg.extra_losses for sd in cfg.extra_seeds]
     rows, tables = [], dict(pr_curves=[], coverage=[], train_curves=[])
     with Timer() as t, torch_threads(cfg.threads):
-        ref = _sweep(TargetLM(cfg.target()), cfg.target(), cfg, cfg.seed, first=True)   # a lookup table: on the CPU
-        rows += unit_rows(cfg, 'target', cfg.seed, ref)
-        for k, v in unit_tables(cfg, 'target', ref).items(): tables[k] += v
+        units = [('target', cfg.seed, _sweep(TargetLM(cfg.target()), cfg.target(), cfg, cfg.seed, first=True))]
         for setting, seed in progress(jobs, 'pr_loss units'):
-            u = cached_unit('pr_loss', cfg, dict(loss=setting, seed=seed), lambda: train_unit(cfg, setting, seed))
+            work = lambda: train_unit(cfg, setting, seed)
+            units.append((setting, seed, cached_unit('pr_loss', cfg, dict(loss=setting, seed=seed), work)))
+        for setting, seed, u in units:
             rows += unit_rows(cfg, setting, seed, u)
-            if seed == cfg.seed:
-                for k, v in unit_tables(cfg, setting, u).items(): tables[k] += v
-    S, lp = cfg.target().support()
-    notes = (f"|supp P| = {len(S)}; uniform model over the {cfg.vocab + 1} tokens: precision {(cfg.branch / (cfg.vocab + 1)) ** cfg.length:.2e}; "
-             f"Trunc/TruncR/λ-PR/c-Div are stand-ins (see the notebook); recall is recall@{cfg.n_samples}.")
-    res = Results('pr_loss', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=t.s)
+            for k, v in unit_tables(cfg, setting, seed, u).items(): tables[k] += v
+    res = Results('pr_loss', cfg, rows, seeds=cfg.seeds, tables=tables, notes=run_notes(cfg, rows), wall_time_s=t.s)
     return res.conclude(verdict, claims(res), headline(res))
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000049b
+def run_notes(cfg: PRLossConfig, rows: list) -> str:
+    "What a reader needs beside the numbers: the chance level, the stand-ins, every unit whose loss got stuck at zero."
+    stuck = {(r['loss'], r['seed']): r['zero_step'] for r in rows if r.get('stuck_at_zero')}
+    flagged = '; '.join(f"{setting_label(l)} seed {s} from update {k}" for (l, s), k in sorted(stuck.items())) or 'none'
+    chance = (cfg.branch / (cfg.vocab + 1)) ** cfg.length
+    return (f"|supp P| = {cfg.target().n_support}; uniform model over the {cfg.vocab + 1} tokens: precision "
+            f"{chance:.2e}; Trunc/TruncR/λ-PR/c-Div are stand-ins and λ-PR log bound is the workbench's variant "
+            f"(see the notebook); recall is recall@{cfg.n_samples}. Training loss stuck at zero (guard: <= "
+            f"{cfg.zero_tol:g} x the first logged loss over the last {cfg.tail_frac:g} of training): {flagged}.")
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000051
 def recall_at(precision, recall, level: float) -> float:
-    "Best recall at precision >= level along a sweep (points in temperature order, crossings interpolated); 0 if the sweep never reaches the level."
+    "Best recall at precision >= level along a sweep (temperature order, crossings interpolated); 0 if never reached."
     p, r = np.asarray(precision, float), np.asarray(recall, float)
     check_num('level', level, lo=0, hi=1)
     best = float(r[p >= level].max()) if (p >= level).any() else 0.0
     for i in np.flatnonzero((p[:-1] - level) * (p[1:] - level) < 0):                # segments crossing the level
-        w = (p[i] - level) / (p[i] - p[i + 1]); best = max(best, float(r[i] + w * (r[i + 1] - r[i])))
+        w = (p[i] - level) / (p[i] - p[i + 1])
+        best = max(best, float(r[i] + w * (r[i + 1] - r[i])))
     return best
 
 def frontier(results: Results):
@@ -400,39 +568,112 @@ def frontier(results: Results):
     return pd.DataFrame(recs)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053
+def _config(results: Results) -> dict:
+    "The run's config, with today's defaults for the fields an older results file lacks."
+    return {**asdict(PRLossConfig(mode=results.config.get('mode', 'full'))), **results.config}
+
 def _at(df, loss, T, col, seeds) -> np.ndarray:
     "Column `col` of `loss` at temperature T for each seed."
     g = df[(df.loss == loss) & np.isclose(df['T'], T)].set_index('seed')[col]
     return np.array([float(g[s]) for s in seeds])
 
-def claims(results: Results) -> list:
-    "The claims: NLL's precision from cooling; NLL's recall + precision change from heating; each declared PR loss's recall at each precision level against the strongest baseline."
-    c, df, seeds = results.config, results.df, results.seeds
-    out = [claim(f"NLL precision, T={c['t_cool']:g} minus T=1", paired_t(_at(df, 'nll', c['t_cool'], 'precision', seeds), _at(df, 'nll', 1.0, 'precision', seeds)), 'higher')]
-    d = sum(_at(df, 'nll', c['t_hot'], k, seeds) - _at(df, 'nll', 1.0, k, seeds) for k in ('recall', 'precision'))
-    out.append(claim(f"NLL heated T=1 -> {c['t_hot']:g}: recall gained + precision gained", mean_ci(d), 'lower'))
+def _strongest(results: Results, level: float) -> np.ndarray:
+    "The strongest baseline's recall at precision >= level, chosen per seed: (n_seeds,)."
     fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at
+    return np.max([[fr[(b, level, s)] for s in results.seeds] for b in _config(results)['baselines']], 0)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053b
+def temperature_preconditions(results: Results) -> list:
+    "Cooling raises NLL's precision; heating NLL buys less recall than it costs in precision (the problem exists)."
+    c, df, seeds = _config(results), results.df, results.seeds
+    cool = paired_t(_at(df, 'nll', c['t_cool'], 'precision', seeds), _at(df, 'nll', 1.0, 'precision', seeds))
+    heat = sum(_at(df, 'nll', c['t_hot'], k, seeds) - _at(df, 'nll', 1.0, k, seeds) for k in ('recall', 'precision'))
+    return [precondition(f"cooling works: NLL precision, T={c['t_cool']:g} minus T=1", cool, c, 'cool_min'),
+            precondition(f"the problem exists: NLL heated T=1 -> {c['t_hot']:g}, recall gained + precision gained",
+                         mean_ci(heat), c, 'heat_max', better='lower')]
+
+def headroom_preconditions(results: Results) -> list:
+    "At each precision level: the recall bound minus the strongest baseline's recall, per seed."
+    c = _config(results)
+    _, lp = MarkovTarget(c['vocab'], c['branch'], c['length'], c['probs'], c['order'], c['target_seed']).support()
+    return [precondition(f"headroom at precision >= {v:g}: recall bound minus strongest baseline",
+                         mean_ci(recall_bound(lp, c['n_samples'], v) - _strongest(results, v)), c, 'min_headroom')
+            for v in c['precision_levels']]
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053d
+def _curves(results: Results, setting: str) -> tuple:
+    "(steps (T,), losses (S, T)): a setting's recorded training curves, one row per seed."
+    recs = [r for r in results.tables.get('train_curves', []) if r['loss'] == setting]
+    if not recs: raise ValueError(f"no training curve of {setting!r} in the {results.method} results")
+    return np.asarray(recs[0]['step'], float), np.array([r['train_loss'] for r in recs], float)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053g
+def _flatness(st, ls, c: dict):
+    "`flattened` over the last tail_frac of the curves, at least the 3 points a slope needs; None if too short."
+    if ls.shape[1] < 3: return None
+    frac = max(c['tail_frac'], 3 / ls.shape[1])
+    return flattened(ls, c['slope_tol'], x=st / c['steps'], frac=frac, relative=True)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053h
+def training_preconditions(results: Results) -> list:
+    "No guarded unit's loss stuck at zero; every guarded loss flat over the last tail_frac (the least flat reported)."
+    c = _config(results)
+    curves = {s: _curves(results, s) for s in c['losses'] if s not in c['stall_exempt']}
+    stuck = {s: [stuck_at_zero(l, c['zero_tol'], c['tail_frac']) for l in ls] for s, (_, ls) in curves.items()}
+    n = sum(map(len, stuck.values()))
+    share = Interval(sum(map(sum, stuck.values())) / n, math.nan, math.nan, n, f'count over {n} units')
+    out = [precondition('guarded units whose training loss is stuck at zero (share)', share, c, 'max_stuck', 'lower')]
+    # the slope relative to the level; a stuck curve has no level to divide by (and fails the check above)
+    flat = {s: _flatness(st, ls, c) for s, (st, ls) in curves.items() if not any(stuck[s])}
+    flat = {s: f for s, f in flat.items() if f is not None}
+    if not flat: return out
+    worst = max(flat, key=lambda s: flat[s].abs_slope.hi)
+    name = f"training ran its course: |relative slope| at the end, least flat setting ({setting_label(worst)})"
+    return out + [precondition(name, flat[worst], c, 'slope_tol', 'lower')]
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053f
+def comparison_claims(results: Results) -> list:
+    "Each declared PR loss's recall at each precision level minus the strongest baseline's (chosen per seed)."
+    c, seeds = _config(results), results.seeds
+    fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at
+    out = []
     for v in c['precision_levels']:
-        base = np.max([[fr[(b, v, s)] for s in seeds] for b in c['baselines']], 0)  # strongest baseline per seed
+        base = _strongest(results, v)
         for L in c['claim_losses']:
-            out.append(claim(f"recall@{c['n_samples']} at precision >= {v:g}: {setting_label(L)} minus best baseline", paired_t([fr[(L, v, s)] for s in seeds], base), 'higher'))
+            d = paired_t([fr[(L, v, s)] for s in seeds], base)
+            name = f"recall@{c['n_samples']} at precision >= {v:g}: {setting_label(L)} minus best baseline"
+            out.append(claim(name, d))
     return out
+
+def claims(results: Results) -> list:
+    "The preconditions (temperature, headroom, training), then the claims."
+    pre = temperature_preconditions(results) + headroom_preconditions(results) + training_preconditions(results)
+    return pre + comparison_claims(results)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000054
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when every claim (cooling raises NLL's precision; heating NLL buys less recall than it costs precision; each declared PR loss + temperature beats the strongest baseline + temperature in recall at each precision level) shows beyond its paired 95% CI over seeds, partly when at least one does, else not reproduced."
-    return judge(claims(results))
+    ("Reproduced when every declared PR loss + temperature beats the strongest baseline + temperature in recall at "
+     "every precision level beyond its paired 95% CI over seeds; not reproduced when none does or when any goes the "
+     "other way beyond its CI; partly otherwise.")
+    parts = [x for x in claims(results) if not x.is_precondition]
+    if any(x.opposite for x in parts): return 'not reproduced'           # VERDICTS.md: the effect goes the other way
+    return judge(parts)
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000054b
 def headline(results: Results) -> str:
-    "Our measured figure in words: recall at the highest precision level for each declared PR loss against the strongest baseline, and what heating NLL buys."
-    c, cs = results.config, claims(results)
-    fr = frontier(results); v = max(c['precision_levels'])
+    "Our figure in words: each declared PR loss's recall at the top precision level against the strongest baseline's."
+    c, cs = _config(results), claims(results)
+    fr, v = frontier(results), max(c['precision_levels'])
     m = fr[fr.level == v].groupby('loss').recall_at.mean()
     best_b = max(c['baselines'], key=lambda b: m[b])
-    return (f"recall@{c['n_samples']} at precision ≥ {v:g}: " + ', '.join(f"{setting_label(L)} {m[L]:.3f}" for L in c['claim_losses'])
-            + f" vs {setting_label(best_b)} {m[best_b]:.3f} (best baseline, all + temperature); heating NLL to T={c['t_hot']:g}: "
-            f"{cs[1].estimate:+.3f} recall+precision ({sum(x.shows for x in cs)}/{len(cs)} claims beyond the paired CI over {len(results.seeds)} seeds)")
+    parts, failed = [x for x in cs if not x.is_precondition], [x.name for x in cs if x.is_precondition and not x.holds]
+    return (f"recall@{c['n_samples']} at precision ≥ {v:g}: "
+            + ', '.join(f"{setting_label(L)} {m[L]:.3f}" for L in c['claim_losses'])
+            + f" vs {setting_label(best_b)} {m[best_b]:.3f} (best baseline; all + temperature); "
+            f"{sum(x.shows for x in parts)}/{len(parts)} claims beyond the paired CI over {len(results.seeds)} seeds, "
+            f"{sum(x.opposite for x in parts)} the other way; preconditions: "
+            + ('all hold' if not failed else 'failed: ' + '; '.join(failed)))
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000062
 def sweep_means(df, kind: str='exact'):
@@ -442,66 +683,83 @@ def sweep_means(df, kind: str='exact'):
     m = df.dropna(subset=cols).groupby(['loss', 'T'], sort=False)[cols].mean().reset_index()
     return m.rename(columns=dict(zip(cols, ['precision', 'recall']))).sort_values(['loss', 'T'])
 
-def _color(loss: str, losses: list) -> str: return 'black' if loss == 'target' else PALETTE[losses.index(loss) % len(PALETTE)]
+_LAYOUT = dict(template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+def _name(loss: str) -> str: return 'target P' if loss == 'target' else setting_label(loss)
+def _color(loss: str, losses: list) -> str:
+    return 'black' if loss == 'target' else PALETTE[losses.index(loss) % len(PALETTE)]
+def _t_slider(table) -> W.SelectionSlider:
+    Ts = [float(t) for t in sorted(table['T'].unique())]
+    return W.SelectionSlider(options=Ts, value=min(Ts, key=lambda t: abs(t - 1)), description='T')
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000063
+def _add_sweep(fig: go.Figure, g, loss: str, color: str, T: float|None):
+    "One loss's sweep (rows of `sweep_means`) as a line, and a big dot at temperature T."
+    fig.add_scatter(x=g.recall, y=g.precision, mode='lines+markers', name=_name(loss),
+                    text=[f'T={t:g}' for t in g['T']],
+                    line=dict(color=color, width=3 if loss == 'target' else 2), marker=dict(size=5),
+                    hovertemplate=_name(loss) + ' %{text}: recall %{x:.3f}, precision %{y:.4f}<extra></extra>')
+    h = g[np.isclose(g['T'], T)] if T is not None else g.iloc[:0]
+    fig.add_scatter(x=h.recall, y=h.precision, mode='markers', showlegend=False, hoverinfo='skip',
+                    marker=dict(size=13, color=color, line=dict(color='white', width=2)))
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000063b
 def fig_pr_plane(df, losses=None, T: float|None=None, kind: str='exact', levels=(), title: str|None=None) -> go.Figure:
-    "Precision against recall@n along each loss's temperature sweep (seed means); T marks one temperature on every line."
-    m = sweep_means(df, kind); all_l = [l for l in dict.fromkeys(df.loss) if l != 'target']
-    losses = list(dict.fromkeys(df.loss)) if losses is None else list(losses)
+    "Precision against recall@n along each loss's temperature sweep (seed means); T marks one temperature on each line."
+    m, all_l = sweep_means(df, kind), [l for l in dict.fromkeys(df.loss) if l != 'target']
     fig = go.Figure()
-    for l in losses:
-        g = m[m.loss == l]
-        if g.empty: continue
-        name = 'target P' if l == 'target' else setting_label(l)
-        fig.add_scatter(x=g.recall, y=g.precision, mode='lines+markers', name=name, text=[f'T={t:g}' for t in g['T']],
-                        line=dict(color=_color(l, all_l), width=3 if l == 'target' else 2), marker=dict(size=5),
-                        hovertemplate=name + ' %{text}: recall %{x:.3f}, precision %{y:.4f}<extra></extra>')
-        h = g[np.isclose(g['T'], T)] if T is not None else g.iloc[:0]
-        if len(h): fig.add_scatter(x=h.recall, y=h.precision, mode='markers', showlegend=False, hoverinfo='skip', marker=dict(size=13, color=_color(l, all_l), line=dict(color='white', width=2)))
-    for v in levels: fig.add_hline(y=v, line_dash='dot', line_color='grey', annotation_text=f'precision {v:g}', annotation_position='bottom left')
+    for l in (dict.fromkeys(df.loss) if losses is None else losses):
+        if not m[m.loss == l].empty: _add_sweep(fig, m[m.loss == l], l, _color(l, all_l), T)
+    for v in levels:
+        fig.add_hline(y=v, line_dash='dot', line_color='grey', annotation_text=f'precision {v:g}',
+                      annotation_position='bottom left')
     fig.update_xaxes(title_text='recall@n (exact)' if kind == 'exact' else 'recall@n (from n samples)')
     fig.update_yaxes(title_text='precision Q_T(supp P)' if kind == 'exact' else 'precision (share of valid samples)')
-    return fig.update_layout(title=title or f'Precision vs recall along temperature sweeps ({kind})', height=480, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+    title = title or f'Precision vs recall along temperature sweeps ({kind})'
+    return fig.update_layout(title=title, height=480, **_LAYOUT)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000064
+def _loss_select(table) -> W.SelectMultiple:
+    losses = list(dict.fromkeys(table.loss))
+    return W.SelectMultiple(options=[(_name(l), l) for l in losses], value=tuple(losses), description='losses',
+                            rows=min(8, len(losses)))
+
 class PRPlaneExplorer(Explorer):
     "A temperature slider, a loss selector and an exact/sampled switch over `fig_pr_plane`."
     def __init__(self, df, levels=(), title: str|None=None):
         self.df, self.levels, self.title = df, tuple(levels), title
-        Ts = [float(t) for t in sorted(df['T'].unique())]; losses = list(dict.fromkeys(df.loss))
-        self.T = W.SelectionSlider(options=Ts, value=min(Ts, key=lambda t: abs(t - 1)), description='T')
-        self.losses = W.SelectMultiple(options=[('target P' if l == 'target' else setting_label(l), l) for l in losses], value=tuple(losses), description='losses', rows=min(8, len(losses)))
+        self.T, self.losses = _t_slider(df), _loss_select(df)
         self.sampled = W.Checkbox(value=False, description='sample-based estimates')
         self.fig = go.FigureWidget(self.figure())
         for w in (self.T, self.losses, self.sampled): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.T, self.sampled]), self.losses, self.fig])
     def figure(self):
-        return fig_pr_plane(self.df, self.losses.value or None, self.T.value, 'sampled' if self.sampled.value else 'exact', self.levels, self.title)
+        kind = 'sampled' if self.sampled.value else 'exact'
+        return fig_pr_plane(self.df, self.losses.value or None, self.T.value, kind, self.levels, self.title)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000069
 def fig_pr_curves(table, losses=None, T: float=1.0, title: str|None=None) -> go.Figure:
-    "alpha_lambda against beta_lambda for each loss at temperature T, from a run's `pr_curves` table; marks lambda in {0.1, 1, 10}."
+    "alpha_lambda against beta_lambda for each loss at temperature T (a `pr_curves` table); marks lambda 0.1, 1, 10."
     sub = table[np.isclose(table['T'], T)]
     if sub.empty: raise ValueError(f"no PR curves at T={T}; temperatures: {sorted(table['T'].unique())}")
-    all_l = [l for l in dict.fromkeys(table.loss) if l != 'target']
-    fig = go.Figure()
+    all_l, fig = [l for l in dict.fromkeys(table.loss) if l != 'target'], go.Figure()
     for r in sub.itertuples():
         if losses is not None and r.loss not in losses: continue
-        name, c, lam = ('target P' if r.loss == 'target' else setting_label(r.loss)), _color(r.loss, all_l), np.asarray(r.lam)
-        fig.add_scatter(x=r.beta, y=r.alpha, mode='lines', name=name, line=dict(color=c, width=3 if r.loss == 'target' else 2))
+        name, c, lam = _name(r.loss), _color(r.loss, all_l), np.asarray(r.lam)
+        fig.add_scatter(x=r.beta, y=r.alpha, mode='lines', name=name,
+                        line=dict(color=c, width=3 if r.loss == 'target' else 2))
         k = [int(np.argmin(abs(np.log(lam / v)))) for v in (0.1, 1, 10)]
-        fig.add_scatter(x=[r.beta[i] for i in k], y=[r.alpha[i] for i in k], mode='markers', showlegend=False, marker=dict(color=c, size=9),
-                        text=[f'λ={lam[i]:g}' for i in k], hovertemplate=name + ' %{text}: β %{x:.3f}, α %{y:.3f}<extra></extra>')
-    fig.update_xaxes(title_text='β_λ (recall)', range=[0, 1.02]); fig.update_yaxes(title_text='α_λ (precision)', range=[0, 1.02])
-    return fig.update_layout(title=title or f'PR curves at T={T:g}', height=460, width=560, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+        fig.add_scatter(x=[r.beta[i] for i in k], y=[r.alpha[i] for i in k], mode='markers', showlegend=False,
+                        marker=dict(color=c, size=9), text=[f'λ={lam[i]:g}' for i in k],
+                        hovertemplate=name + ' %{text}: β %{x:.3f}, α %{y:.3f}<extra></extra>')
+    fig.update_xaxes(title_text='β_λ (recall)', range=[0, 1.02])
+    fig.update_yaxes(title_text='α_λ (precision)', range=[0, 1.02])
+    return fig.update_layout(title=title or f'PR curves at T={T:g}', height=460, width=560, **_LAYOUT)
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000069b
 class PRCurveExplorer(Explorer):
     "A temperature slider and a loss selector over `fig_pr_curves`."
     def __init__(self, table):
-        self.table = table; Ts = [float(t) for t in sorted(table['T'].unique())]; losses = list(dict.fromkeys(table.loss))
-        self.T = W.SelectionSlider(options=Ts, value=min(Ts, key=lambda t: abs(t - 1)), description='T')
-        self.losses = W.SelectMultiple(options=[('target P' if l == 'target' else setting_label(l), l) for l in losses], value=tuple(losses), description='losses', rows=min(8, len(losses)))
+        self.table, self.T, self.losses = table, _t_slider(table), _loss_select(table)
         self.fig = go.FigureWidget(self.figure())
         for w in (self.T, self.losses): w.observe(self._update, names='value')
         self.widget = W.VBox([self.T, self.losses, self.fig])
@@ -509,25 +767,28 @@ class PRCurveExplorer(Explorer):
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000074
 def fig_coverage(table, loss: str, T: float=1.0, title: str|None=None) -> go.Figure:
-    "p(x) against q_T(x) of the most likely valid sequences (log scale) and the off-support mass, from a run's `coverage` table."
+    "p(x) against q_T(x) of the most likely valid sequences (log scale) and the off-support mass (a `coverage` table)."
     sub = table[(table.loss == loss) & np.isclose(table['T'], T)]
     if sub.empty: raise ValueError(f"no coverage for loss={loss!r} at T={T}; losses: {sorted(set(table.loss))}")
-    r = sub.iloc[0]; k = list(range(1, len(r.p) + 1))
+    r = sub.iloc[0]
+    k = list(range(1, len(r.p) + 1))
     fig = go.Figure()
     fig.add_bar(x=k, y=r.p, name='target p(x)', marker_color='lightgrey')
-    fig.add_bar(x=k, y=r.q, name=f'model q_T(x)', marker_color=PALETTE[0])
+    fig.add_bar(x=k, y=r.q, name='model q_T(x)', marker_color=PALETTE[0])
     fig.add_bar(x=['off support'], y=[r.off_support], name='model mass outside supp P', marker_color=PALETTE[1])
     fig.update_xaxes(title_text='valid sequences, most likely first', type='category')
     fig.update_yaxes(title_text='probability', type='log')
-    name = 'target P' if loss == 'target' else setting_label(loss)
-    return fig.update_layout(barmode='group', title=title or f'{name} at T={T:g}: coverage of the top of the support', height=380, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+    title = title or f'{_name(loss)} at T={T:g}: coverage of the top of the support'
+    return fig.update_layout(barmode='group', title=title, height=380, **_LAYOUT)
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000074b
 class CoverageExplorer(Explorer):
     "A loss selector and a temperature slider over `fig_coverage`."
     def __init__(self, table):
-        self.table = table; Ts = [float(t) for t in sorted(table['T'].unique())]; losses = list(dict.fromkeys(table.loss))
-        self.loss = W.Dropdown(options=[('target P' if l == 'target' else setting_label(l), l) for l in losses], value=losses[min(1, len(losses) - 1)], description='loss')
-        self.T = W.SelectionSlider(options=Ts, value=min(Ts, key=lambda t: abs(t - 1)), description='T')
+        self.table, losses = table, list(dict.fromkeys(table.loss))
+        self.loss = W.Dropdown(options=[(_name(l), l) for l in losses], value=losses[min(1, len(losses) - 1)],
+                               description='loss')
+        self.T = _t_slider(table)
         self.fig = go.FigureWidget(self.figure())
         for w in (self.loss, self.T): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.loss, self.T]), self.fig])
