@@ -249,8 +249,8 @@ _DEVICE_RUNS_SAE_MASS_KV_ITI_EVIC = {   # module: small overrides of the quick c
     'workbench.inference.kvcache': dict(model='qwen2'),
     'workbench.interpretability.toxic_iti': dict(steps=4, n_probe_pairs=20, n_prompts=4, n_new=6, n_ppl_rows=4, toy_steps=10, markov_steps=4,
                                                  alphas=(1.0,)),
-    'workbench.data_selection.evic': dict(n_seeds=2, n_per_domain=8, n_test=4, batch_size=4, iterations=2, epochs_per_iteration=1, pretrain_steps=4,
-                                          n_show=2, eval_every=4, methods=('mtl', 'static', 'evic', 'random')),
+    'workbench.data_selection.evic': dict(n_seeds=2, n_per_domain=8, n_test=4, batch_size=4, steps=16, rounds=2, window=8, pretrain_steps=4,
+                                          n_show=2, eval_every=4, methods=('mtl', 'oracle', 'static', 'evic', 'random')),
     # EVIC keeps proj_dim=None here: gradients from torch.autograd.grad carry no fake-device mark, so the harness would take the
     # projection's `R.to(X.device)` for a host tensor; RandomProjector builds R on the CPU and moves it to X's device (read, not run).
 }

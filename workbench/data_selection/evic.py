@@ -6,41 +6,41 @@ Docs: https://workbench-dev.github.io/workbench/data_selection/evic.html.md"""
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000003
 from __future__ import annotations
-import math, random, functools, contextlib
+import math, random, functools, copy
 from dataclasses import dataclass
 from typing import ClassVar
-import numpy as np
-import pandas as pd
-import torch
-import torch.nn.functional as F
+import numpy as np, pandas as pd, torch, torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, vmap, grad
-import plotly.graph_objects as go
+import plotly.graph_objects as go, ipywidgets as W
 from plotly.subplots import make_subplots
-import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer, get_device
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
+from ..core import get_device
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
+from ..measure import precondition, flattened
 from ..models import tiny_llama
 from ..train import TrainConfig, train, lr_at, param_groups, collate, lm_loss, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['TOK', 'DOMAINS', 'KINDS', 'UPDATES', 'METHODS', 'BASELINES', 'METHOD_NAMES', 'CENSORED', 'CharTokenizer',
+__all__ = ['TOK', 'DOMAINS', 'KINDS', 'UPDATES', 'METHODS', 'RUN', 'BASELINES', 'UPDATE_OF', 'METHOD_NAMES', 'CharTokenizer',
            'make_sample', 'make_domains', 'held_out', 'encode_rows', 'stack_rows', 'make_model', 'format_strings',
            'pretrained_state', 'on_model', 'sample_losses', 'evaluate', 'lm_row_loss', 'trainable', 'per_sample_grads',
            'summed_grad', 'adam_state', 'adam_preconditioned', 'real_interactions', 'RandomProjector',
-           'interaction_matrix', 'net_influence', 'select_positive', 'passes', 'train_curriculum', 'mixing_plan',
-           'sequential_plan', 'evic_plan', 'EVICConfig', 'round_stats', 'run_unit', 'steps_to', 'run_experiment',
-           'strongest_baseline', 'claims', 'verdict', 'headline', 'fig_interactions', 'InteractionExplorer',
-           'fig_snapshots', 'fig_domain_curves', 'CurvesExplorer', 'fig_rounds', 'evic_trace', 'fig_trace',
-           'EVICTraceExplorer']
+           'interaction_matrix', 'net_influence', 'select_positive', 'auc_below', 'passes', 'train_curriculum',
+           'mixing_plan', 'sequential_plan', 'round_lengths', 'evic_plan', 'EVICConfig', 'round_stats', 'run_unit',
+           'acc_at', 'run_experiment', 'strongest_baseline', 'preconditions', 'comparisons', 'claims', 'verdict',
+           'headline', 'mechanism', 'current_record', 'fig_interactions', 'InteractionExplorer', 'fig_snapshots',
+           'fig_domain_curves', 'CurvesExplorer', 'fig_equal_updates', 'fig_rounds', 'fig_mechanism', 'evic_trace',
+           'fig_trace', 'EVICTraceExplorer']
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000008
 class CharTokenizer:
     "Character-level tokenizer over a fixed alphabet: id 0 pads, id 1 ends an answer."
     def __init__(self, chars: str=" 0123456789abcdefghijklmnopqrstuvwxyz=+*();"):
-        self.itos = ['<pad>', '<eos>'] + list(chars); self.stoi = {c: i for i, c in enumerate(self.itos) if i > 1}
+        self.itos = ['<pad>', '<eos>'] + list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.itos) if i > 1}
         self.pad_id, self.eos_id = 0, 1
     def __len__(self): return len(self.itos)
     def encode(self, s: str) -> list[int]:
@@ -57,41 +57,52 @@ KINDS = ('clean', 'corrupt', 'clash')    # clean answer, wrong answer, clashing 
 _LETTERS = 'abcdefgh'
 def _clean(domain: str, r: random.Random) -> tuple[str, str]:
     "(prompt, answer) of one clean sample."
-    if domain == 'arith': a, b = r.randint(0, 9), r.randint(0, 9); return f"add {a} {b} =", f" {a + b}"
+    if domain == 'arith':
+        a, b = r.randint(0, 9), r.randint(0, 9)
+        return f"add {a} {b} =", f" {a + b}"
     if domain == 'strings':
-        s = ''.join(r.choice(_LETTERS) for _ in range(r.randint(3, 5))); return f"rev {s} =", f" {s[::-1]}"
-    k, x = r.randint(2, 9), r.randint(0, 9); return f"f(x)=x*{k}; f({x})", f"={k * x}"
+        s = ''.join(r.choice(_LETTERS) for _ in range(r.randint(3, 5)))
+        return f"rev {s} =", f" {s[::-1]}"
+    k, x = r.randint(2, 9), r.randint(0, 9)
+    return f"f(x)=x*{k}; f({x})", f"={k * x}"
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000009a
 def _wrong(domain: str, right: str, r: random.Random) -> str:
     "A wrong answer of the same type as `right` (same leading separator)."
+    hi = 18 if domain == 'arith' else 81
     while True:
-        w = ''.join(r.choice(_LETTERS) for _ in right[1:]) if domain == 'strings' else str(r.randint(0, 18 if domain == 'arith' else 81))
+        w = ''.join(r.choice(_LETTERS) for _ in right[1:]) if domain == 'strings' else str(r.randint(0, hi))
         if w != right[1:]: return right[0] + w
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000009b
 def make_sample(domain: str, r: random.Random, kind: str='clean') -> dict:
-    "One sample {'prompt', 'answer', 'domain', 'kind'} (a clash reverses the digits of a two-digit, non-palindromic sum)."
-    check_choice('domain', domain, DOMAINS); check_choice('kind', kind, KINDS)
+    "One sample {'prompt', 'answer', 'domain', 'kind'} (a clash reverses a two-digit, non-palindromic sum)."
+    check_choice('domain', domain, DOMAINS)
+    check_choice('kind', kind, KINDS)
     if kind == 'clash' and domain != 'arith': raise ValueError("only arithmetic samples can clash")
     while True:
         p, a = _clean(domain, r)
         if kind != 'clash' or (len(a) == 3 and a[1] != a[2]): break
-    a = _wrong(domain, a, r) if kind == 'corrupt' else a[0] + a[1:][::-1] if kind == 'clash' else a
+    if kind == 'corrupt': a = _wrong(domain, a, r)
+    elif kind == 'clash': a = a[0] + a[1:][::-1]
     return dict(prompt=p, answer=a, domain=domain, kind=kind)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000010
 def make_domains(n_per_domain: int=300, corrupt: float=0.15, clash: float=0.10, seed: int=0) -> list[dict]:
-    "The training pool: `n_per_domain` samples of each domain, a `corrupt` share with wrong answers, a `clash` share of arithmetic with the clashing rule."
-    check_int('n_per_domain', n_per_domain, lo=1); check_num('corrupt', corrupt, lo=0, hi=1); check_num('clash', clash, lo=0, hi=1)
-    if corrupt + clash > 1: raise ValueError(f"corrupt + clash must be <= 1, got {corrupt + clash}")
+    "The pool: `n_per_domain` samples per domain, a `corrupt` share with wrong answers, a `clash` share of arithmetic."
+    check_int('n_per_domain', n_per_domain, lo=1)
+    if check_num('corrupt', corrupt, lo=0, hi=1) + check_num('clash', clash, lo=0, hi=1) > 1:
+        raise ValueError(f"corrupt + clash must be <= 1, got {corrupt + clash}")
     r, pool = random.Random(seed), []
     for d in DOMAINS:
         nc, nx = round(corrupt * n_per_domain), round(clash * n_per_domain) if d == 'arith' else 0
-        kinds = ['corrupt'] * nc + ['clash'] * nx + ['clean'] * (n_per_domain - nc - nx); r.shuffle(kinds)
+        kinds = ['corrupt'] * nc + ['clash'] * nx + ['clean'] * (n_per_domain - nc - nx)
+        r.shuffle(kinds)
         pool += [make_sample(d, r, k) for k in kinds]
     return pool
 
 def held_out(n_per_domain: int=100, seed: int=0) -> dict:
-    "Clean evaluation samples per domain (fresh draws: a prompt may also occur in training, with its correct answer here)."
+    "Clean held-out samples per domain (fresh draws: a training prompt may recur here, with its right answer)."
     r = random.Random(seed + 7919)
     return {d: [make_sample(d, r) for _ in range(check_int('n_per_domain', n_per_domain, lo=1))] for d in DOMAINS}
 
@@ -101,9 +112,11 @@ def encode_rows(samples: list[dict], tok: CharTokenizer=TOK, seq_len: int=24) ->
     rows = []
     for s in samples:
         p, a = tok.encode(s['prompt']), tok.encode(s['answer']) + [tok.eos_id]
-        if len(p) + len(a) > seq_len: raise ValueError(f"{s['prompt'] + s['answer']!r} needs {len(p) + len(a)} tokens, more than seq_len={seq_len}")
         pad = seq_len - len(p) - len(a)
-        rows.append(dict(input_ids=torch.tensor(p + a + [tok.pad_id] * pad), labels=torch.tensor([-100] * len(p) + a + [-100] * pad)))
+        if pad < 0:
+            raise ValueError(f"{s['prompt'] + s['answer']!r} needs {len(p) + len(a)} tokens, more than {seq_len=}")
+        rows.append(dict(input_ids=torch.tensor(p + a + [tok.pad_id] * pad),
+                         labels=torch.tensor([-100] * len(p) + a + [-100] * pad)))
     return rows
 
 def stack_rows(rows: list[dict]) -> dict:
@@ -112,23 +125,25 @@ def stack_rows(rows: list[dict]) -> dict:
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000016
 def make_model(seed: int=0, n_layers: int=2, d_model: int=64, n_heads: int=4) -> torch.nn.Module:
-    "A tiny Llama over the character vocabulary (eager attention, so `vmap` over per-sample gradients needs no fallback)."
-    return tiny_llama(vocab_size=len(TOK), n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=32, seed=seed, attn='eager').to(get_device())
+    "A tiny Llama over the character vocabulary (eager attention: `vmap` over per-sample gradients needs no fallback)."
+    m = tiny_llama(vocab_size=len(TOK), n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=32, seed=seed,
+                   attn='eager')
+    return m.to(get_device())
 
 def format_strings(n: int, seed: int=0) -> list[dict]:
     "Unlabeled pre-training strings: each domain's prompt format with a random answer of the right type."
-    r = random.Random(seed + 104729); out = []
-    for i in range(check_int('n', n, lo=1)):
-        s = make_sample(DOMAINS[i % 3], r, 'corrupt')          # a random (almost surely wrong) answer
-        out.append(dict(s, kind='format'))
-    return out
+    r = random.Random(seed + 104729)
+    return [dict(make_sample(DOMAINS[i % 3], r, 'corrupt'), kind='format') for i in range(check_int('n', n, lo=1))]
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000016b
 @functools.lru_cache(maxsize=4)
 def pretrained_state(steps: int=300, seed: int=0, n_layers: int=2, d_model: int=64) -> dict:
     "State dict of the format-pre-trained tiny Llama (memoised: every method and seed of a run starts from it)."
     m = make_model(seed, n_layers, d_model)
-    rows = [dict(input_ids=r['input_ids'], labels=r['input_ids'].masked_fill(r['input_ids'] == TOK.pad_id, -100)) for r in encode_rows(format_strings(2048, seed))]
-    train(m, rows, TrainConfig(steps=check_int('steps', steps, lo=1), batch_size=32, lr=3e-3, weight_decay=0.0, seed=seed, progress=False))
+    ids = [r['input_ids'] for r in encode_rows(format_strings(2048, seed))]
+    rows = [dict(input_ids=x, labels=x.masked_fill(x == TOK.pad_id, -100)) for x in ids]
+    check_int('steps', steps, lo=1)
+    train(m, rows, TrainConfig(steps=steps, batch_size=32, lr=3e-3, weight_decay=0.0, seed=seed, progress=False))
     return {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000018
@@ -136,26 +151,32 @@ def _up(x: Tensor) -> Tensor: return x if x.dtype == torch.float64 else x.float(
 
 def on_model(model, batch: dict) -> dict:
     "`batch` with every tensor on the model's device."
-    dev = model_device(model); return {k: v.to(dev) if isinstance(v, Tensor) else v for k, v in batch.items()}
+    dev = model_device(model)
+    return {k: v.to(dev) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 def sample_losses(model, batch: dict) -> Tensor:
     "(n,) per-sample loss: mean next-token cross-entropy over each row's labelled tokens."
     batch = on_model(model, batch)
-    logits = _up(model(input_ids=batch['input_ids']).logits[:, :-1]); y = batch['labels'][:, 1:]       # (n, T-1, V), (n, T-1)
+    logits = _up(model(input_ids=batch['input_ids']).logits[:, :-1])                                  # (n, T-1, V)
+    y = batch['labels'][:, 1:]                                                                         # (n, T-1)
     nll = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=-100, reduction='none')              # (n, T-1)
     return nll.sum(1) / (y != -100).sum(1).clamp_min(1)
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000018b
 @torch.no_grad()
 def evaluate(model, test: dict) -> dict:
-    "Per-domain held-out answer loss and teacher-forced exact match (= greedy generation of the exact answer), plus their means over domains."
-    was = model.training; model.eval(); out = {}
+    "Per-domain held-out answer loss and teacher-forced exact match (= greedy generation of the answer), and means."
+    was, out = model.training, {}
+    model.eval()
     try:
         for d, rows in test.items():
-            b = on_model(model, stack_rows(rows)); logits = model(input_ids=b['input_ids']).logits[:, :-1]; y = b['labels'][:, 1:]
+            b = on_model(model, stack_rows(rows))
+            logits, y = model(input_ids=b['input_ids']).logits[:, :-1], b['labels'][:, 1:]    # (n, T-1, V), (n, T-1)
             out[f'acc_{d}'] = ((logits.argmax(-1) == y) | (y == -100)).all(1).float().mean().item()
             out[f'loss_{d}'] = sample_losses(model, b).mean().item()
     finally: model.train(was)
-    out['acc'] = float(np.mean([out[f'acc_{d}'] for d in test])); out['loss'] = float(np.mean([out[f'loss_{d}'] for d in test]))
+    out['acc'] = float(np.mean([out[f'acc_{d}'] for d in test]))
+    out['loss'] = float(np.mean([out[f'loss_{d}'] for d in test]))
     return out
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000021
@@ -181,14 +202,15 @@ def per_sample_grads(model, batch: dict,          # tensors with a leading row a
                     ) -> Tensor:
     "(n, P) per-sample gradients ∇ℓ_i, flattened in parameter order."
     ps = {k: v.detach() for k, v in trainable(model, params).items()}
-    batch = on_model(model, batch); n = len(next(iter(batch.values()))); check_int('chunk', chunk, lo=1)
+    batch, _ = on_model(model, batch), check_int('chunk', chunk, lo=1)
+    n, out = len(next(iter(batch.values()))), []
     g_one = vmap(grad(lambda p, row: loss(model, p, row)), in_dims=(None, 0))
-    out = []
     for s in range(0, n, chunk):
         g = g_one(ps, {k: v[s:s + chunk] for k, v in batch.items()})                 # name -> (c, *shape)
         out.append(torch.cat([g[k].reshape(g[k].shape[0], -1) for k in ps], 1))      # (c, P)
     return torch.cat(out)
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000022b
 def summed_grad(model, batch: dict, loss=lm_row_loss, params: list[str]|None=None) -> Tensor:
     "(P,) gradient of Σ_i ℓ_i: one backward pass over the whole batch (= the sum of the per-sample gradients)."
     ps, batch = trainable(model, params), on_model(model, batch)
@@ -196,18 +218,25 @@ def summed_grad(model, batch: dict, loss=lm_row_loss, params: list[str]|None=Non
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(total, list(ps.values()))])
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000025
+def _flat_state(st: list, params: list[Tensor], key: str) -> Tensor:
+    "One optimizer-state buffer of `params`, flattened in order (zeros where a parameter has no state yet)."
+    return torch.cat([s[key].reshape(-1) if s else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                      for s, p in zip(st, params)])
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000025b
 def adam_state(optimizer: torch.optim.Optimizer, params: list[Tensor]) -> tuple:
     "Flattened (m, v), the next step number t+1, betas and eps of an Adam/AdamW optimizer for `params` (in order)."
-    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)): raise TypeError(f"optimizer must be torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise TypeError(f"optimizer must be torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
     group = {id(p): g for g in optimizer.param_groups for p in g['params']}
     missing = [i for i, p in enumerate(params) if id(p) not in group]
-    if missing: raise ValueError(f"{len(missing)} of the {len(params)} parameters are not in the optimizer (e.g. index {missing[0]}): pass the optimizer that trains them")
-    if len({(group[id(p)]['betas'], group[id(p)]['eps']) for p in params}) > 1: raise ValueError("all parameters must share betas and eps")
+    if missing: raise ValueError(f"{len(missing)} of the {len(params)} parameters are not in the optimizer (e.g. index "
+                                 f"{missing[0]}): pass the optimizer that trains them")
+    hyper = {(group[id(p)]['betas'], group[id(p)]['eps']) for p in params}
+    if len(hyper) > 1: raise ValueError("all parameters must share betas and eps")
     st = [optimizer.state.get(p, {}) for p in params]
-    m = torch.cat([s['exp_avg'].reshape(-1) if s else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for s, p in zip(st, params)])
-    v = torch.cat([s['exp_avg_sq'].reshape(-1) if s else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for s, p in zip(st, params)])
-    t = max((int(s['step']) for s in st if s), default=0) + 1
-    return m, v, t, group[id(params[0])]['betas'], group[id(params[0])]['eps']
+    t = max((int(s['step']) for s in st if s), default=0) + 1                    # the next step's number
+    return _flat_state(st, params, 'exp_avg'), _flat_state(st, params, 'exp_avg_sq'), t, *next(iter(hyper))
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000026
 def adam_preconditioned(grads: Tensor,                       # (n, P) per-sample gradients g_j
@@ -218,7 +247,8 @@ def adam_preconditioned(grads: Tensor,                       # (n, P) per-sample
     "(n, P) the Adam update each sample would cause (the step is θ - lr·u)."
     check_tensor('grads', grads, ndim=2, floating=True)
     m, v, t, (b1, b2), eps = adam_state(optimizer, params)
-    if grads.shape[1] != m.numel(): raise ValueError(f"grads has {grads.shape[1]} columns but the parameters hold {m.numel()} values")
+    if grads.shape[1] != m.numel():
+        raise ValueError(f"grads has {grads.shape[1]} columns but the parameters hold {m.numel()} values")
     c1, c2 = 1 - b1 ** t, 1 - b2 ** t
     # $u(g)=\frac{(\beta_1 m+(1-\beta_1)g)/c_1}{\sqrt{(\beta_2 v+(1-\beta_2)g^2)/c_2}+\epsilon}$
     u = ((b1 * m + (1 - b1) * grads) / c1) / (((b2 * v + (1 - b2) * grads ** 2) / c2).sqrt() + eps)
@@ -226,85 +256,121 @@ def adam_preconditioned(grads: Tensor,                       # (n, P) per-sample
     return u if momentum else u - (b1 * m / c1) / ((b2 * v / c2).sqrt() + eps)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000028
-def real_interactions(model, optimizer, batch: dict, j: int, lr: float, momentum: bool=False, loss=lm_row_loss) -> Tensor:
-    "(n,) measured Int[j, :]: the drop of every ℓ_i after one real optimizer step on sample j (minus a zero-gradient step's drop if not `momentum`)."
-    import copy
+def _loss_after_step(model, optimizer, batch: dict, j: int|None, lr: float, loss=lm_row_loss) -> Tensor:
+    "(n,) every ℓ_i after one real step of copies of `model` and `optimizer` on sample j alone (None: a zero gradient)."
+    m2, o2 = copy.deepcopy((model, optimizer))                     # one deepcopy keeps the optimizer -> parameter links
+    for g in o2.param_groups: g['lr'] = lr
+    for p in m2.parameters(): p.grad = torch.zeros_like(p)                   # a zero gradient still takes an Adam step
+    if j is not None: loss(m2, dict(m2.named_parameters()), {k: v[j] for k, v in batch.items()}).backward()
+    o2.step()
+    with torch.no_grad(): return vmap(lambda row: loss(m2, dict(m2.named_parameters()), row))(batch)
+
+def real_interactions(model, optimizer, batch: dict, j: int, lr: float, momentum: bool=False,
+                      loss=lm_row_loss) -> Tensor:
+    "(n,) measured Int[j, :]: each ℓ_i's drop after one real step on j (less a zero step's drop if not `momentum`)."
     batch = on_model(model, batch)
-    def after(step_on):
-        m2, o2 = copy.deepcopy((model, optimizer))                      # one deepcopy keeps the optimizer -> parameter links
-        for g in o2.param_groups: g['lr'] = lr
-        for p in m2.parameters(): p.grad = torch.zeros_like(p)                # a zero gradient still takes an Adam step
-        if step_on is not None: loss(m2, dict(m2.named_parameters()), {k: v[step_on] for k, v in batch.items()}).backward()
-        o2.step()
-        with torch.no_grad(): return vmap(lambda row: loss(m2, dict(m2.named_parameters()), row))(batch)
     with torch.no_grad(): base = vmap(lambda row: loss(model, dict(model.named_parameters()), row))(batch)
-    return (base if momentum else after(None)) - after(j)
+    ref = base if momentum else _loss_after_step(model, optimizer, batch, None, lr, loss)
+    return ref - _loss_after_step(model, optimizer, batch, j, lr, loss)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000031
 class RandomProjector:
     "x -> R x with a seeded k x P Rademacher/Gaussian matrix (1/sqrt(k) scale), generated block by block."
     def __init__(self, dim_in: int, k: int, seed: int=0, kind: str='rademacher', block: int=4096):
-        self.dim_in, self.k, self.seed, self.block = check_int('dim_in', dim_in, lo=1), check_int('k', k, lo=1), check_int('seed', seed, lo=0), check_int('block', block, lo=1)
+        self.dim_in, self.k = check_int('dim_in', dim_in, lo=1), check_int('k', k, lo=1)
+        self.seed, self.block = check_int('seed', seed, lo=0), check_int('block', block, lo=1)
         self.kind = check_choice('kind', kind, ('rademacher', 'gaussian'))
+
     def _R(self, b: int, width: int, dtype, device=None) -> Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + b)                   # drawn on the CPU: the same R on every device
-        R = torch.randn(self.k, width, generator=g) if self.kind == 'gaussian' else torch.randint(0, 2, (self.k, width), generator=g).float() * 2 - 1
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + b)     # drawn on the CPU: the same R on every device
+        R = torch.randn(self.k, width, generator=g) if self.kind == 'gaussian' else \
+            torch.randint(0, 2, (self.k, width), generator=g).float() * 2 - 1
         return (R / math.sqrt(self.k)).to(device=device, dtype=dtype)
-    def __call__(self, X: Tensor) -> Tensor:
-        "(n, P) -> (n, k)."
-        check_tensor('X', X, ndim=2, floating=True)
-        if X.shape[1] != self.dim_in: raise ValueError(f"X has {X.shape[1]} columns, the projector was built for {self.dim_in}")
-        # $X R^\top=\sum_b X_{:,b}R_b^\top$
-        return sum(X[:, s:s + self.block] @ self._R(i, min(self.block, self.dim_in - s), X.dtype, X.device).T for i, s in enumerate(range(0, self.dim_in, self.block)))
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000031b
+@patch_to(RandomProjector)
+def __call__(self, X: Tensor) -> Tensor:
+    "(n, P) -> (n, k)."
+    check_tensor('X', X, ndim=2, floating=True)
+    if X.shape[1] != self.dim_in: raise ValueError(f"X has {X.shape[1]} columns, the projector takes {self.dim_in}")
+    # $X R^\top=\sum_b X_{:,b}R_b^\top$
+    return sum(X[:, s:s + self.block] @ self._R(i, min(self.block, self.dim_in - s), X.dtype, X.device).T
+               for i, s in enumerate(range(0, self.dim_in, self.block)))
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000034
 def interaction_matrix(U: Tensor, G: Tensor, lr: float=1.0, projector: RandomProjector|None=None) -> Tensor:
     "(n, n) Int with [j, i] = lr · u_j · g_i: the first-order drop of ℓ_i after the update of source j."
-    check_tensor('U', U, ndim=2, floating=True); check_tensor('G', G, ndim=2, floating=True)
-    if U.shape[1] != G.shape[1]: raise ValueError(f"U and G must have the same width, got {U.shape[1]} and {G.shape[1]}")
+    check_tensor('U', U, ndim=2, floating=True)
+    check_tensor('G', G, ndim=2, floating=True)
+    if U.shape[1] != G.shape[1]: raise ValueError(f"U and G must have one width, got {U.shape[1]} and {G.shape[1]}")
     if projector is not None: U, G = projector(U), projector(G)
     # $\mathrm{Int}=\eta\,UG^\top$
     return lr * U @ G.T
 
-UPDATES = ('adam', 'adam_momentum', 'sgd')   # Δ_j = u(g_j) - u(0), u(g_j) as in LESS, plain g_j
+UPDATES = ('adam_momentum', 'adam', 'sgd')   # u(g_j) as in LESS (primary), Δ_j = u(g_j) - u(0), plain g_j
+
+def _updates(G: Tensor, optimizer, params: list[Tensor], u: str) -> Tensor:
+    "(n, P) the update of form `u` for per-sample gradients G."
+    return G if u == 'sgd' else adam_preconditioned(G, optimizer, params, momentum=u == 'adam_momentum')
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000035
-def net_influence(model, optimizer, rows: list[dict], update: str='adam', chunk: int=64,
+def net_influence(model, optimizer, rows: list[dict], update: str='adam_momentum', chunk: int=64,
                   projector: RandomProjector|None=None,   # None: exact dot products
                   show: list[int]|None=None,              # rows whose full interaction matrix to return
                   loss=lm_row_loss) -> dict:
-    "Row sums I_j = u_j·Σ_i g_i over the pool for `update` (and for the other two updates), plus Int on `show`."
-    check_choice('update', update, UPDATES); batch = on_model(model, stack_rows(rows) if isinstance(rows, list) else rows)
-    ps = trainable(model); plist = list(ps.values()); was = model.training; model.eval()
-    try:
-        Gs = summed_grad(model, batch, loss)                                       # (P,) Σ_i g_i
-        Gp = Gs[None] if projector is None else projector(Gs[None])
-        I = {u: [] for u in UPDATES}; keep = {u: [] for u in ('U', 'G')}
-        n = len(next(iter(batch.values())))
-        for s in range(0, n, chunk):
-            G = per_sample_grads(model, {k: v[s:s + chunk] for k, v in batch.items()}, loss, chunk=chunk)
-            for u in UPDATES:
-                U = G if u == 'sgd' else adam_preconditioned(G, optimizer, plist, momentum=u == 'adam_momentum')
-                I[u].append(((U if projector is None else projector(U)) @ Gp.T)[:, 0])
-                if u == update and show is not None:
-                    sel = [j - s for j in show if s <= j < s + chunk]; keep['U'].append(U[sel]); keep['G'].append(G[sel])
+    "Row sums I_j = u_j·Σ_i g_i over the pool for every update form ('I': `update`'s), plus Int on `show`."
+    check_choice('update', update, UPDATES)
+    batch = on_model(model, stack_rows(rows) if isinstance(rows, list) else rows)
+    plist, was = list(trainable(model).values()), model.training
+    model.eval()
+    try: I, keep = _influence_chunks(model, optimizer, batch, plist, update, chunk, projector, show or [], loss)
     finally: model.train(was)
     out = {u: torch.cat(v) for u, v in I.items()}
     out['I'] = out[update]
-    if show is not None: out['Int'] = interaction_matrix(torch.cat(keep['U']), torch.cat(keep['G']), projector=projector)
+    if show is not None: out['Int'] = interaction_matrix(torch.cat(keep['U']), torch.cat(keep['G']), 1.0, projector)
     return out
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000035b
+def _influence_chunks(model, optimizer, batch: dict, plist: list, update: str, chunk: int, projector, show: list, loss):
+    "Per chunk of rows: the row sums of every update form, and the updates and gradients of the `show` rows."
+    Gs = summed_grad(model, batch, loss)                                          # (P,) Σ_i g_i
+    Gp = Gs[None] if projector is None else projector(Gs[None])                   # (1, P) or (1, k)
+    I, keep = {u: [] for u in UPDATES}, {'U': [], 'G': []}
+    for s in range(0, len(next(iter(batch.values()))), chunk):
+        G = per_sample_grads(model, {k: v[s:s + chunk] for k, v in batch.items()}, loss, chunk=chunk)   # (c, P)
+        sel = [j - s for j in show if s <= j < s + chunk]
+        for u in UPDATES:
+            U = _updates(G, optimizer, plist, u)
+            # $I_j=u_j^\top\sum_i g_i$
+            I[u].append(((U if projector is None else projector(U)) @ Gp.T)[:, 0])
+            if u == update and sel: keep['U'].append(U[sel])
+        if sel: keep['G'].append(G[sel])
+    return I, keep
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000041
 def select_positive(influence: Tensor, tau: float=0.0, min_frac: float=0.1) -> Tensor:
     "Indices j with influence[j] >= tau (ascending); if none, the top ceil(min_frac · N) by influence."
-    check_tensor('influence', influence, ndim=1, floating=True); check_num('min_frac', min_frac, lo=0, lo_open=True, hi=1)
-    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or math.isnan(tau) or tau == math.inf: raise ValueError(f"tau must be a number or -inf, got {tau!r}")
+    check_tensor('influence', influence, ndim=1, floating=True)
+    check_num('min_frac', min_frac, lo=0, lo_open=True, hi=1)
+    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or math.isnan(tau) or tau == math.inf:
+        raise ValueError(f"tau must be a number or -inf, got {tau!r}")
     S = torch.nonzero(influence >= tau).flatten()
     return S if len(S) else influence.topk(math.ceil(min_frac * len(influence))).indices.sort().values
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000041b
+def auc_below(I, bad) -> float:
+    "P(I of a `bad` sample < I of a good one), ties half: 0.5 for a ranking blind to `bad`, 1 when all bad are lowest."
+    I, bad = np.asarray(I, float), np.asarray(bad, bool)
+    if I.shape != bad.shape or bad.all() or not bad.any():
+        raise ValueError("I and bad need the same length and both classes")
+    from scipy.stats import rankdata
+    nb, ng = int(bad.sum()), int((~bad).sum())
+    # Mann–Whitney: $\mathrm{AUC}=\big(\sum_{j\in\text{bad}}\mathrm{rank}(-I)_j-n_b(n_b+1)/2\big)/(n_b n_g)$
+    return float((rankdata(-I)[bad].sum() - nb * (nb + 1) / 2) / (nb * ng))
+
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000044
 def passes(idx, batch_size: int, g: torch.Generator, n_passes: int|None=None, n_batches: int|None=None):
-    "Batches of `idx` from fresh random permutations (an incomplete last batch is dropped): `n_passes` passes, or exactly `n_batches` batches."
+    "Batches of `idx` from fresh random permutations (an incomplete last batch dropped): `n_passes` or `n_batches`."
     idx = torch.as_tensor(list(idx), dtype=torch.long)
     if len(idx) < batch_size: raise ValueError(f"{len(idx)} rows are fewer than one batch of {batch_size}")
     done, p = 0, 0
@@ -312,99 +378,152 @@ def passes(idx, batch_size: int, g: torch.Generator, n_passes: int|None=None, n_
         perm = idx[torch.randperm(len(idx), generator=g)]
         for s in range(0, len(perm) - batch_size + 1, batch_size):
             if n_batches is not None and done == n_batches: return
-            yield perm[s:s + batch_size].tolist(); done += 1
+            yield perm[s:s + batch_size].tolist()
+            done += 1
         p += 1
 
-def train_curriculum(model, rows: list[dict], plan, cfg: TrainConfig, test: dict|None=None, eval_every: int|None=None) -> dict:
-    "Train `model` in place on the batches `plan(model, optimizer)` yields; {'steps', 'curve': evaluations every `eval_every` updates and after the last}."
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000044b
+def _update(model, opt, rows: list[dict], idx: list[int], step: int, cfg: TrainConfig):
+    "One AdamW update on rows `idx` at the schedule's learning rate for `step`, with gradient clipping."
+    for gr in opt.param_groups: gr['lr'] = lr_at(step, cfg)
+    opt.zero_grad(set_to_none=True)
+    lm_loss(model, on_model(model, collate([rows[i] for i in idx], cfg.pad_id))).backward()
+    if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000044c
+def train_curriculum(model, rows: list[dict], plan, cfg: TrainConfig, test: dict|None=None,
+                     eval_every: int|None=None) -> dict:
+    "Train `model` on the batches `plan(model, opt)` yields: {'steps', 'curve' (evaluated at 0, every `eval_every`)}."
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    step, curve = 0, []; model.train()
+    step, curve = 0, [] if test is None else [dict(step=0, **evaluate(model, test))]
+    model.train()
     for idx in plan(model, opt):
         step += 1
         if step > cfg.steps: raise ValueError(f"the plan yields more than cfg.steps={cfg.steps} batches")
-        for gr in opt.param_groups: gr['lr'] = lr_at(step, cfg)
-        opt.zero_grad(set_to_none=True); lm_loss(model, on_model(model, collate([rows[i] for i in idx], cfg.pad_id))).backward()
-        if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        if test is not None and eval_every and step % eval_every == 0: curve.append(dict(step=step, **evaluate(model, test)))
-    if test is not None and (not curve or curve[-1]['step'] != step): curve.append(dict(step=step, **evaluate(model, test)))
+        _update(model, opt, rows, idx, step, cfg)
+        if test is not None and eval_every and step % eval_every == 0:
+            curve.append(dict(step=step, **evaluate(model, test)))
+    if test is not None and curve[-1]['step'] != step: curve.append(dict(step=step, **evaluate(model, test)))
     return dict(steps=step, curve=curve)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000046
-def mixing_plan(n: int, batch_size: int, steps: int, g: torch.Generator):
-    "MTL: `steps` batches drawn from passes over the whole pool."
-    def plan(model, opt): yield from passes(range(n), batch_size, g, n_batches=steps)
+def mixing_plan(idx, batch_size: int, steps: int, g: torch.Generator):
+    "MTL (or any fixed subset `idx`): `steps` batches drawn from passes over `idx`."
+    idx = list(idx)
+    def plan(model, opt): yield from passes(idx, batch_size, g, n_batches=steps)
     return plan
 
 def sequential_plan(stages: list[list[int]], batch_size: int, steps: list[int], g: torch.Generator):
     "Stages in order (sequential domains, DMT), stage k for `steps[k]` batches."
-    if len(stages) != len(steps): raise ValueError(f"one step count per stage: {len(stages)} stages, {len(steps)} step counts")
+    if len(stages) != len(steps):
+        raise ValueError(f"one step count per stage: {len(stages)} stages, {len(steps)} step counts")
     def plan(model, opt):
         for idx, n in zip(stages, steps): yield from passes(idx, batch_size, g, n_batches=n)
     return plan
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000046a
+def round_lengths(steps: int, warmup: int, rounds: int) -> list[int]:
+    "The updates of each round: the `steps - warmup` updates after the warm-up, split as evenly as possible."
+    check_int('rounds', rounds, lo=1)
+    if steps - warmup < rounds:
+        raise ValueError(f"{steps} steps leave {steps - warmup} after {warmup} of warm-up: fewer than {rounds} rounds")
+    q, r = divmod(steps - warmup, rounds)
+    return [q + (k < r) for k in range(rounds)]
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000046b
+def _influence_pick(rows, log, update, tau, min_frac, batch_size, chunk, projector, show):
+    "EVIC's selection at a round: estimate I on the pool, keep I_j >= tau (at least one batch); log the round."
+    def pick(model, opt, r: int, step: int) -> list[int]:
+        est = net_influence(model, opt, rows, update, chunk, projector, show)
+        S = select_positive(est['I'], tau, min_frac)
+        if len(S) < batch_size: S = est['I'].topk(batch_size).indices.sort().values   # at least one batch
+        log.append(dict(round=r + 1, step=step, S=S.tolist(), **{k: v.tolist() for k, v in est.items()}))
+        return S.tolist()
+    return pick
+
+def _random_pick(N: int, log, sizes: list[int], batch_size: int, g: torch.Generator):
+    "The chance-level control: at round r, a random subset of `sizes[r]` rows (the last size after the list ends)."
+    def pick(model, opt, r: int, step: int) -> list[int]:
+        S = torch.randperm(N, generator=g)[:max(batch_size, sizes[min(r, len(sizes) - 1)])].sort().values
+        log.append(dict(round=r + 1, step=step, S=S.tolist()))
+        return S.tolist()
+    return pick
+
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000047
 def evic_plan(rows: list[dict], batch_size: int, g: torch.Generator, log: list,
-              iterations: int=3,            # rounds of estimate -> select -> train
-              epochs_per_iteration: int=1,  # passes over S_r per round
-              warmup_frac: float=0.05,      # share of the pool in the warm-up
-              warmup_epochs: int=4,         # passes over the warm-up samples (LESS: 4)
-              tau: float=0.0, min_frac: float=0.1, update: str='adam', iterative: bool=True,
+              steps: int,                  # updates in all, warm-up included (every method's budget)
+              rounds: int=3,               # estimate -> select -> train rounds after the warm-up
+              warmup_frac: float=0.05,     # share of the pool in the warm-up
+              warmup_epochs: int=4,        # passes over the warm-up samples (LESS: 4)
+              tau: float=0.0, min_frac: float=0.1, update: str='adam_momentum', iterative: bool=True,
               show: list[int]|None=None, chunk: int=64, projector: RandomProjector|None=None,
-              sizes: list[int]|None=None,   # instead of estimating: random subsets of these sizes (the chance-level control)
-              probe_next: bool=False):      # also estimate I one update into each round (how fast the signs move)
+              sizes: list[int]|None=None,  # instead of estimating: random subsets of these sizes (the chance control)
+              probe_next: bool=False):     # also estimate I one update into each round (how fast signs move)
     "EVIC's curriculum as a plan for `train_curriculum`; one record per round is appended to `log`."
-    check_num('warmup_frac', warmup_frac, lo=0, lo_open=True, hi=1); check_int('iterations', iterations, lo=1)
-    check_int('epochs_per_iteration', epochs_per_iteration, lo=1); check_int('warmup_epochs', warmup_epochs, lo=0); check_choice('update', update, UPDATES)
-    N = len(rows); n_warm = max(batch_size, round(warmup_frac * N))
+    check_int('warmup_epochs', warmup_epochs, lo=0)
+    check_choice('update', update, UPDATES)
+    N, frac = len(rows), check_num('warmup_frac', warmup_frac, lo=0, lo_open=True, hi=1)
+    n_warm = max(batch_size, round(frac * N))
     if n_warm > N: raise ValueError(f"the warm-up needs {n_warm} rows (at least one batch) but the pool has {N}")
+    lengths = round_lengths(steps, warmup_epochs * (n_warm // batch_size), rounds)
+    pick = _random_pick(N, log, sizes, batch_size, g) if sizes is not None else \
+        _influence_pick(rows, log, update, tau, min_frac, batch_size, chunk, projector, show)
+    return _curriculum(rows, batch_size, g, log, n_warm, warmup_epochs, lengths, pick, iterative,
+                       probe_next and sizes is None, (update, chunk, projector))
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000047b
+def _curriculum(rows, batch_size, g, log, n_warm, warmup_epochs, lengths, pick, iterative, probe, est_args):
+    "The plan: warm-up batches, then per round a (fresh or kept) selection and `lengths[r]` batches from it."
     def plan(model, opt):
-        done = 0
-        for idx in passes(torch.randperm(N, generator=g)[:n_warm], batch_size, g, n_passes=warmup_epochs): done += 1; yield idx
-        S = None
-        for r in range(iterations):
+        done, S = 0, None
+        for idx in passes(torch.randperm(len(rows), generator=g)[:n_warm], batch_size, g, n_passes=warmup_epochs):
+            done += 1
+            yield idx
+        for r, n in enumerate(lengths):
             fresh = S is None or iterative
-            if fresh and sizes is not None:
-                S = torch.randperm(N, generator=g)[:max(batch_size, sizes[min(r, len(sizes) - 1)])].sort().values
-                log.append(dict(round=r + 1, step=done, S=S.tolist()))
-            elif fresh:
-                est = net_influence(model, opt, rows, update, chunk, projector, show)
-                S = select_positive(est['I'], tau, min_frac)
-                if len(S) < batch_size: S = est['I'].topk(batch_size).indices.sort().values   # at least one batch
-                log.append(dict(round=r + 1, step=done, S=S.tolist(), **{k: v.tolist() for k, v in est.items()}))
-            for k, idx in enumerate(passes(S.tolist(), batch_size, g, n_passes=epochs_per_iteration)):
-                done += 1; yield idx
-                if k == 0 and fresh and probe_next and sizes is None:       # the model has taken one update on S
-                    log[-1]['I_next'] = net_influence(model, opt, rows, update, chunk, projector)['I'].tolist()
+            if fresh: S = pick(model, opt, r, done)
+            for k, idx in enumerate(passes(S, batch_size, g, n_batches=n)):
+                done += 1
+                yield idx
+                if k == 0 and fresh and probe:                              # one update into the round
+                    log[-1]['I_next'] = net_influence(model, opt, rows, *est_args)['I'].tolist()
     return plan
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000049
-def _estimate_free(rows, batch_size, g, iterations, epochs_per_iteration, warmup_frac=0.05, warmup_epochs=4):
+def _estimate_free(rows, batch_size, g, steps, rounds, warmup_frac=0.05, warmup_epochs=4):
     "EVIC's plan with the estimate skipped and every row kept: what τ = -inf must reproduce."
-    N = len(rows); n_warm = max(batch_size, round(warmup_frac * N))
+    N = len(rows)
+    n_warm = max(batch_size, round(warmup_frac * N))
+    lengths = round_lengths(steps, warmup_epochs * (n_warm // batch_size), rounds)
     def plan(model, opt):
         yield from passes(torch.randperm(N, generator=g)[:n_warm], batch_size, g, n_passes=warmup_epochs)
-        for _ in range(iterations): yield from passes(range(N), batch_size, g, n_passes=epochs_per_iteration)
+        for n in lengths: yield from passes(range(N), batch_size, g, n_batches=n)
     return plan
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000061
-METHODS = ('mtl', 'sequential', 'dmt', 'random', 'static', 'evic', 'evic_sgd')
-BASELINES = ('mtl', 'sequential', 'dmt', 'random')             # the paper's kinds of baseline and the random control; the strongest is the comparison
-METHOD_NAMES = dict(mtl='MTL (random mixing)', sequential='sequential domains', dmt='DMT', random="random subsets (EVIC's sizes)", static='one-shot selection',
-                    evic='EVIC', evic_sgd='EVIC (SGD interactions)')
+METHODS = ('mtl', 'sequential', 'dmt', 'random', 'oracle', 'static', 'evic', 'evic_nomom', 'evic_sgd')
+RUN = ('mtl', 'dmt', 'random', 'oracle', 'static', 'evic', 'evic_nomom')   # the default run (see "Sizing the run")
+BASELINES = ('mtl', 'sequential', 'dmt', 'random')   # the paper's kinds of baseline and the random control
+UPDATE_OF = dict(static='adam_momentum', evic='adam_momentum', evic_nomom='adam', evic_sgd='sgd')   # each arm's update
+METHOD_NAMES = dict(mtl='MTL (random mixing)', sequential='sequential domains', dmt='DMT',
+                    random="random subsets (EVIC's sizes)", oracle='oracle (clean samples only)',
+                    static='one-shot selection', evic='EVIC (LESS form)', evic_nomom='EVIC without momentum',
+                    evic_sgd='EVIC (SGD interactions)')
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000061b
 @dataclass
 class EVICConfig(ExperimentConfig):
-    "The EVIC experiment: six curricula on three synthetic domains with injected conflicts, several seeds."
-    n_seeds: int = size(quick=2, full=5)                 # seeds (pool, held-out set, batch order); paired across methods
+    "The EVIC experiment: the curricula in `methods` on three synthetic domains with conflicts, at equal updates."
+    n_seeds: int = size(quick=2, full=5)                 # seeds (pool, held-out set, batch order), paired over methods
     n_per_domain: int = size(quick=32, full=200)         # training samples per domain
     n_test: int = size(quick=24, full=100)               # clean held-out samples per domain
     corrupt: float = 0.15                                # share of each domain with a wrong answer
     clash: float = 0.10                                  # share of arithmetic with the clashing (reversed-digits) rule
-    methods: tuple = METHODS                             # which curricula to run (must include 'mtl', 'static', 'evic'; 'random' needs 'evic')
+    methods: tuple = RUN                                 # curricula to run (from METHODS; see validate)
     batch_size: int = size(quick=16, full=32)            # rows per update
-    iterations: int = size(quick=3, full=8)              # EVIC rounds (estimate -> select -> train)
-    epochs_per_iteration: int = size(quick=2, full=5)    # passes over S_r per round; baselines get iterations x this many epochs
+    steps: int = size(quick=60, full=3300)               # updates of every method (EVIC's warm-up included)
+    rounds: int = size(quick=3, full=11)                 # EVIC's estimate -> select -> train rounds after the warm-up
     warmup_frac: float = 0.05                            # EVIC's warm-up share of the pool (paper: 5%)
     warmup_epochs: int = 4                               # passes over it (LESS: 4; not stated for EVIC)
     tau: float = 0.0                                     # keep I_j >= tau (paper: 0, inclusive)
@@ -415,41 +534,56 @@ class EVICConfig(ExperimentConfig):
     lr_warmup: int = size(quick=2, full=10)              # updates of linear learning-rate warm-up
     grad_clip: float = 1.0                               # global gradient-norm clip
     dmt_replay: float = 0.10                             # DMT: share of the stage-1 samples replayed in stage 2
-    eval_every: int = size(quick=4, full=18)             # updates between held-out evaluations
+    eval_every: int = size(quick=6, full=60)             # updates between held-out evaluations
+    window: int = size(quick=12, full=180)               # accuracy at update t: mean of evaluations in (t-window, t]
     pretrain_steps: int = size(quick=40, full=300)       # format pre-training updates (batch 32)
     n_show: int = size(quick=4, full=12)                 # samples per domain in the interaction snapshots
     n_layers: int = 2                                    # tiny Llama blocks
     d_model: int = 64                                    # tiny Llama width
     chunk: int = 64                                      # rows per per-sample-gradient call
+    step_frac: float = 0.777                             # claim 2 reads EVIC here (paper: EVIC/MTL steps, Mistral-7B)
+    flat_frac: float = 0.2                               # the last share of updates whose accuracy slope must be flat
+    flat_tol: float = size(quick=1e6, full=15.0)         # |slope| tolerance there, accuracy points per 1000 updates
+    min_headroom: float = size(quick=-1e6, full=4.0)     # oracle − MTL accuracy needed, points (the paper's gain)
+    min_upper: float = size(quick=-1e6, full=50.0)       # the oracle's accuracy needed, points (it can do the task)
+    auc_check: float = 0.6                               # mechanism check: AUC of I_j, corrupted vs clean (no verdict)
     unit_fields: ClassVar[tuple] = ('n_seeds', 'methods')
-    cache_version: ClassVar[int] = 1
+    cache_version: ClassVar[int] = 2
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
-    @property
-    def budget(self) -> int: return self.iterations * self.epochs_per_iteration * (3 * self.n_per_domain // self.batch_size)
-    @property
-    def max_steps(self) -> int:
-        "The most updates any method can take: the baselines' budget plus EVIC's warm-up (if EVIC kept every sample)."
-        B = self.batch_size; return self.budget + self.warmup_epochs * (max(B, round(self.warmup_frac * 3 * self.n_per_domain)) // B)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000062
+_INTS = dict(n_seeds=1, n_per_domain=4, n_test=1, batch_size=1, steps=1, rounds=1, warmup_epochs=0, lr_warmup=0,
+             eval_every=1, window=1, pretrain_steps=1, n_show=1, n_layers=1, d_model=8, chunk=1)   # field: lowest value
+_FRACS = ('corrupt', 'clash', 'min_frac', 'warmup_frac', 'dmt_replay', 'step_frac', 'flat_frac', 'auc_check')
+_OPEN = ('min_frac', 'warmup_frac', 'step_frac', 'flat_frac')                   # fractions that must be above 0
+
 @patch_to(EVICConfig)
 def validate(self):
-    for k, lo in (('n_seeds', 1), ('n_per_domain', 4), ('n_test', 1), ('batch_size', 1), ('iterations', 1), ('epochs_per_iteration', 1),
-                  ('warmup_epochs', 0), ('lr_warmup', 0), ('eval_every', 1), ('pretrain_steps', 1), ('n_show', 1), ('n_layers', 1), ('d_model', 8), ('chunk', 1)):
-        check_int(k, getattr(self, k), lo=lo)
-    check_num('corrupt', self.corrupt, lo=0, hi=1); check_num('clash', self.clash, lo=0, hi=1); check_num('min_frac', self.min_frac, lo=0, lo_open=True, hi=1)
-    check_num('warmup_frac', self.warmup_frac, lo=0, lo_open=True, hi=1); check_num('lr', self.lr, lo=0, lo_open=True); check_num('grad_clip', self.grad_clip, lo=0, lo_open=True)
-    check_num('dmt_replay', self.dmt_replay, lo=0, hi=1)
+    for k, lo in _INTS.items(): check_int(k, getattr(self, k), lo=lo)
+    for k in _FRACS: check_num(k, getattr(self, k), lo=0, hi=1, lo_open=k in _OPEN)
+    for k in ('lr', 'grad_clip', 'flat_tol'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    for k in ('min_headroom', 'min_upper'): check_num(k, getattr(self, k))
     if self.proj_dim is not None: check_int('proj_dim', self.proj_dim, lo=1)
-    if not isinstance(self.tau, (int, float)) or math.isnan(self.tau) or self.tau == math.inf: raise ValueError(f"tau must be a number or -inf, got {self.tau!r}")
+    if not isinstance(self.tau, (int, float)) or math.isnan(self.tau) or self.tau == math.inf:
+        raise ValueError(f"tau must be a number or -inf, got {self.tau!r}")
     self.methods, self.betas = tuple(self.methods), tuple(self.betas)
-    for m in self.methods: check_choice('methods[i]', m, METHODS)
-    for need in ('mtl', 'static', 'evic'):
-        if need not in self.methods: raise ValueError(f"methods must include {need!r}: the claims compare EVIC with it")
-    if len(set(self.methods)) != len(self.methods): raise ValueError(f"methods must be unique, got {self.methods}")
-    if 3 * self.n_per_domain < 2 * self.batch_size: raise ValueError(f"the pool ({3 * self.n_per_domain} rows) must hold at least two batches of {self.batch_size}")
-    if self.n_show > self.n_per_domain: raise ValueError(f"n_show={self.n_show} exceeds n_per_domain={self.n_per_domain}")
+    _check_methods(self.methods)
+    _check_sizes(self)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000062b
+def _check_sizes(cfg):
+    "The pool must hold two batches, and the snapshots' subset must fit in a domain."
+    if 3 * cfg.n_per_domain < 2 * cfg.batch_size:
+        raise ValueError(f"the pool ({3 * cfg.n_per_domain} rows) must hold at least two batches of {cfg.batch_size}")
+    if cfg.n_show > cfg.n_per_domain: raise ValueError(f"n_show={cfg.n_show} exceeds n_per_domain={cfg.n_per_domain}")
+
+def _check_methods(methods: tuple):
+    "The methods the claims and preconditions read must be there; each at most once."
+    for m in methods: check_choice('methods[i]', m, METHODS)
+    for need in ('mtl', 'oracle', 'static', 'evic'):
+        if need not in methods: raise ValueError(f"methods must include {need!r}: the claims or preconditions read it")
+    if len(set(methods)) != len(methods): raise ValueError(f"methods must be unique, got {methods}")
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000065
 def _show_indices(pool: list[dict], n_show: int) -> list[int]:
@@ -461,153 +595,303 @@ def _show_indices(pool: list[dict], n_show: int) -> list[int]:
         out += sorted(good + bad, key=lambda i: (KINDS.index(pool[i]['kind']), i))
     return out
 
-def _plan(cfg: EVICConfig, method: str, pool: list[dict], rows: list[dict], g: torch.Generator, log: list, sizes=None, probe=False):
-    "The plan of `method` for one seed's pool (`sizes`: EVIC's selection sizes, for the random control; `probe`: record I one update into each round)."
-    B, N = cfg.batch_size, len(rows); dom = np.array([s['domain'] for s in pool])
-    if method == 'mtl': return mixing_plan(N, B, cfg.budget, g)
-    if method == 'sequential': return sequential_plan([np.flatnonzero(dom == d).tolist() for d in DOMAINS], B, [cfg.budget // 3] * 2 + [cfg.budget - 2 * (cfg.budget // 3)], g)
-    if method == 'dmt':
-        s1, s2 = np.flatnonzero(dom != 'code'), np.flatnonzero(dom == 'code')
-        replay = s1[torch.randperm(len(s1), generator=g)[:round(cfg.dmt_replay * len(s1))].numpy()]
-        n1 = round(cfg.budget * len(s1) / N)
-        return sequential_plan([s1.tolist(), s2.tolist() + replay.tolist()], B, [n1, cfg.budget - n1], g)
-    proj = RandomProjector(sum(p.numel() for p in make_model(0, cfg.n_layers, cfg.d_model).parameters()), cfg.proj_dim) if cfg.proj_dim else None
-    return evic_plan(rows, B, g, log, cfg.iterations, cfg.epochs_per_iteration, cfg.warmup_frac, cfg.warmup_epochs, cfg.tau, cfg.min_frac,
-                     'sgd' if method == 'evic_sgd' else 'adam', method != 'static', _show_indices(pool, cfg.n_show), cfg.chunk, proj,
-                     sizes=sizes, probe_next=method == 'evic' and probe)
+def _dmt_plan(cfg, dom: np.ndarray, g: torch.Generator):
+    "DMT: arithmetic and strings first (their share of the updates), then code with a replayed share of stage 1."
+    s1, s2 = np.flatnonzero(dom != 'code'), np.flatnonzero(dom == 'code')
+    replay = s1[torch.randperm(len(s1), generator=g)[:round(cfg.dmt_replay * len(s1))].numpy()]
+    n1 = round(cfg.steps * len(s1) / len(dom))
+    return sequential_plan([s1.tolist(), s2.tolist() + replay.tolist()], cfg.batch_size, [n1, cfg.steps - n1], g)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000065b
+def _plan(cfg: EVICConfig, method: str, pool: list[dict], rows: list[dict], g: torch.Generator, log: list,
+          sizes=None, probe=False):
+    "The plan of `method` for one seed's pool (`sizes`: EVIC's selection sizes, for 'random'; `probe`: `evic_plan`'s)."
+    B, N, T = cfg.batch_size, len(rows), cfg.steps
+    dom = np.array([s['domain'] for s in pool])
+    if method == 'mtl': return mixing_plan(range(N), B, T, g)
+    if method == 'oracle': return mixing_plan([i for i, s in enumerate(pool) if s['kind'] == 'clean'], B, T, g)
+    if method == 'sequential':
+        stages = [np.flatnonzero(dom == d).tolist() for d in DOMAINS]
+        return sequential_plan(stages, B, [T // 3, T // 3, T - 2 * (T // 3)], g)
+    if method == 'dmt': return _dmt_plan(cfg, dom, g)
+    P = sum(p.numel() for p in make_model(0, cfg.n_layers, cfg.d_model).parameters())
+    proj = RandomProjector(P, cfg.proj_dim) if cfg.proj_dim else None
+    return evic_plan(rows, B, g, log, T, cfg.rounds, cfg.warmup_frac, cfg.warmup_epochs, cfg.tau, cfg.min_frac,
+                     UPDATE_OF.get(method, 'adam_momentum'), method != 'static', _show_indices(pool, cfg.n_show),
+                     cfg.chunk, proj, sizes=sizes, probe_next=method == 'evic' and probe)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000066
-def _share(x) -> float|None: return float(x.mean()) if x.size else None
+def _share(x: np.ndarray) -> float|None: return float(x.mean()) if x.size else None
 
 def _flip(a, b) -> float|None:
     "Share of entries whose sign differs between two arrays (None for the first round)."
     return None if a is None else float((np.sign(a) != np.sign(b)).mean())
 
-def round_stats(log: list, pool: list[dict], show: list[int], update: str) -> list[dict]:
-    "Per selection round: selected share, corrupt/clash shares in S, coverage, sign changes, asymmetry, conflicts within and across domains, the alternatives' selections."
-    kind, dom = np.array([s['kind'] for s in pool]), np.array([s['domain'] for s in pool]); N = len(pool)
-    sd = dom[show]; same = sd[:, None] == sd[None, :]; off = ~np.eye(len(show), dtype=bool)
-    seen, prev_I, prev_Int, out = np.zeros(N, bool), None, None, []
-    for r in log:
-        S = np.array(r['S'], dtype=int); seen[S] = True
-        rec = dict(round=r['round'], step=r['step'], frac=len(S) / N, corrupt_in_S=float((kind[S] == 'corrupt').mean()), clash_in_S=float((kind[S] == 'clash').mean()),
-                   corrupt_kept=float(np.isin(np.flatnonzero(kind == 'corrupt'), S).mean()), clean_kept=float(np.isin(np.flatnonzero(kind == 'clean'), S).mean()),
-                   clash_kept=float(np.isin(np.flatnonzero(kind == 'clash'), S).mean()) if (kind == 'clash').any() else None, coverage=float(seen.mean()),
-                   **{f'kept_{d}': float(np.isin(np.flatnonzero(dom == d), S).mean()) for d in DOMAINS})
-        if 'I' not in r: out.append(rec); continue                                   # a random subset: selection statistics only
-        I, A = np.array(r['I']), np.array(r['Int'])
-        rec.update(flip_I=_flip(prev_I, I), flip_next=_flip(I, np.array(r['I_next'])) if 'I_next' in r else None,
-                   flip_Int=_flip(None if prev_Int is None else prev_Int[off], A[off]), asym=float((np.sign(A) != np.sign(A.T))[off].mean()),
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000066a
+def _selection_stats(r: dict, kind: np.ndarray, dom: np.ndarray, seen: np.ndarray) -> dict:
+    "One round's selection: selected share, the share of each kind and domain kept, the corrupted share of S, coverage."
+    S = np.array(r['S'], dtype=int)
+    seen[S] = True
+    kept = lambda mask: float(np.isin(np.flatnonzero(mask), S).mean()) if mask.any() else None
+    return dict(round=r['round'], step=r['step'], frac=len(S) / len(kind), coverage=float(seen.mean()),
+                corrupt_in_S=float((kind[S] == 'corrupt').mean()), **{f'{k}_kept': kept(kind == k) for k in KINDS},
+                **{f'kept_{d}': kept(dom == d) for d in DOMAINS})
+
+def _auc(I, kind: np.ndarray) -> float|None:
+    "The mechanism check: AUC of -I for corrupted against clean samples (clashing ones left out); None without both."
+    cc = kind != 'clash'
+    bad = kind[cc] == 'corrupt'
+    return auc_below(np.asarray(I, float)[cc], bad) if bad.any() and not bad.all() else None
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000066b
+def _estimate_stats(r: dict, kind: np.ndarray, update: str, prev: dict, same: np.ndarray) -> dict:
+    "One estimated round: AUC, momentum offset c_t, sign changes (since the last round, in one update), alternatives."
+    I = np.array(r['I'])
+    rec = dict(auc=_auc(I, kind), c_t=float(np.mean(np.array(r['adam_momentum']) - np.array(r['adam']))),
+               flip_I=_flip(prev.get('I'), I), flip_next=_flip(I, np.array(r['I_next'])) if 'I_next' in r else None)
+    if 'Int' in r:
+        A, off = np.array(r['Int']), ~np.eye(len(same), dtype=bool)
+        rec.update(flip_Int=_flip(prev['Int'][off] if 'Int' in prev else None, A[off]),
+                   asym=float((np.sign(A) != np.sign(A.T))[off].mean()),
                    neg_within=_share(A[same & off] < 0), neg_across=_share(A[~same] < 0))
-        for alt in UPDATES:
-            if alt == update: continue
-            Sa = np.array(r[alt]) >= 0
-            rec[f'{alt}_frac'], rec[f'{alt}_agree'] = float(Sa.mean()), float((Sa == (I >= 0)).mean())
-            rec[f'{alt}_corrupt_kept'] = float(Sa[kind == 'corrupt'].mean())
-        out.append(rec); prev_I, prev_Int = I, A
+    for alt in (u for u in UPDATES if u != update):
+        Sa = np.array(r[alt]) >= 0
+        rec.update({f'{alt}_frac': float(Sa.mean()), f'{alt}_agree': float((Sa == (I >= 0)).mean()),
+                    f'{alt}_corrupt_kept': float(Sa[kind == 'corrupt'].mean()), f'{alt}_auc': _auc(r[alt], kind)})
+    return rec
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000066c
+def round_stats(log: list, pool: list[dict], show: list[int], update: str) -> list[dict]:
+    "Per selection round: the selection statistics; for estimated rounds also the mechanism check and the dynamics."
+    kind, dom = np.array([s['kind'] for s in pool]), np.array([s['domain'] for s in pool])
+    sd = dom[show]
+    same, seen, prev, out = sd[:, None] == sd[None, :], np.zeros(len(pool), bool), {}, []
+    for r in log:
+        rec = _selection_stats(r, kind, dom, seen)
+        if 'I' in r:                                              # an estimated round (not a random subset)
+            rec.update(_estimate_stats(r, kind, update, prev, same))
+            prev = dict(I=np.array(r['I']), **({'Int': np.array(r['Int'])} if 'Int' in r else {}))
+        out.append(rec)
     return out
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000067
 def _r(x, sig: int=3):
     "Round floats (nested lists too) to `sig` significant digits for a compact JSON."
-    if isinstance(x, list): return [_r(v, sig) for v in x]
-    return float(f'{x:.{sig}g}')
+    return [_r(v, sig) for v in x] if isinstance(x, list) else float(f'{x:.{sig}g}')
 
+def _train_config(cfg: EVICConfig, seed: int) -> TrainConfig:
+    "The fine-tuning settings every method shares: constant learning rate after a linear warm-up, no weight decay."
+    return TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, min_lr=cfg.lr, betas=cfg.betas,
+                       warmup_steps=min(cfg.lr_warmup, cfg.steps), weight_decay=0.0, grad_clip=cfg.grad_clip, seed=seed,
+                       progress=False)
+
+def _start(cfg: EVICConfig) -> torch.nn.Module:
+    "A tiny Llama with the format-pre-trained weights: where every method of every seed starts."
+    model = make_model(0, cfg.n_layers, cfg.d_model)
+    model.load_state_dict(pretrained_state(cfg.pretrain_steps, cfg.seed, cfg.n_layers, cfg.d_model))
+    return model
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000067b
 def run_unit(cfg: EVICConfig, method: str, seed: int, sizes: list[int]|None=None) -> dict:
-    "One method on one seed: its evaluation curve, and for EVIC-like methods the per-round statistics (and snapshots on the first seed); `sizes` for 'random'."
+    "One method on one seed: its evaluation curve; for selecting methods the round statistics (first seed: snapshots)."
     if method == 'random' and not sizes: raise ValueError("the random control needs EVIC's selection sizes")
-    pool = make_domains(cfg.n_per_domain, cfg.corrupt, cfg.clash, seed=seed); rows = encode_rows(pool)
-    test = {d: encode_rows(v) for d, v in held_out(cfg.n_test, seed=seed).items()}
-    model = make_model(0, cfg.n_layers, cfg.d_model); model.load_state_dict(pretrained_state(cfg.pretrain_steps, cfg.seed, cfg.n_layers, cfg.d_model))
-    tc = TrainConfig(steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr, min_lr=cfg.lr, warmup_steps=min(cfg.lr_warmup, cfg.budget), betas=cfg.betas,
-                     weight_decay=0.0, grad_clip=cfg.grad_clip, seed=seed, progress=False)
-    g, log = torch.Generator().manual_seed(seed), []
-    with Timer() as t: h = train_curriculum(model, rows, _plan(cfg, method, pool, rows, g, log, sizes, probe=seed == cfg.seeds[0]), tc, test, cfg.eval_every)
-    out = dict(steps=h['steps'], curve=[{k: round(v, 4) for k, v in c.items()} for c in h['curve']], seconds=round(t.s, 1))
-    if log:
-        show = _show_indices(pool, cfg.n_show); upd = 'sgd' if method == 'evic_sgd' else 'adam'
-        out['rounds'] = round_stats(log, pool, show, upd)
-        if seed == cfg.seeds[0] and method != 'random': out['snapshots'] = [dict(round=r['round'], step=r['step'], Int=_r(r['Int']), I=_r(r['I'])) for r in log]
+    pool = make_domains(cfg.n_per_domain, cfg.corrupt, cfg.clash, seed=seed)
+    rows, test = encode_rows(pool), {d: encode_rows(v) for d, v in held_out(cfg.n_test, seed=seed).items()}
+    model, g, log = _start(cfg), torch.Generator().manual_seed(seed), []
+    plan = _plan(cfg, method, pool, rows, g, log, sizes, probe=seed == cfg.seeds[0])
+    with Timer() as t: h = train_curriculum(model, rows, plan, _train_config(cfg, seed), test, cfg.eval_every)
+    curve = [{k: round(v, 4) for k, v in c.items()} for c in h['curve']]
+    out = dict(steps=h['steps'], curve=curve, seconds=round(t.s, 1))
+    show, update = _show_indices(pool, cfg.n_show), UPDATE_OF.get(method, 'adam_momentum')
+    if log: out['rounds'] = round_stats(log, pool, show, update)
+    if log and seed == cfg.seeds[0] and method != 'random':
+        out['snapshots'] = [dict(round=r['round'], step=r['step'], Int=_r(r['Int']), I=_r(r['I'])) for r in log]
     return out
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000069
-CENSORED = 2.0
-def steps_to(curve: list[dict], target: float, key: str='acc') -> int|None:
-    "The first evaluated update whose `key` is >= target, or None."
-    return next((c['step'] for c in curve if c[key] >= target - 1e-12), None)
+def _window_mean(step, y, t: float, window: int) -> float:
+    "Mean of y over the evaluations at updates in (t - window, t]; the last one at or before t if none is inside."
+    step, y = np.asarray(step, float), np.asarray(y, float)
+    before = step <= t + 1e-9
+    if not before.any(): raise ValueError(f"no evaluation at or before update {t}")
+    inside = before & (step > t - window)
+    return float(y[inside].mean() if inside.any() else y[before][-1])
 
+def acc_at(curve: pd.DataFrame, t: float, window: int, key: str='acc') -> float:
+    "`curve[key]` at update t: the mean over the evaluations in the window (t - window, t]."
+    return _window_mean(curve.step, curve[key], t, window)
+
+def _selection_summary(rounds: list[dict]) -> dict:
+    "One unit's selection averaged over its rounds (coverage: after the last round)."
+    R = pd.DataFrame(rounds)
+    mean = lambda k: float(R[k].dropna().mean()) if k in R and R[k].notna().any() else None
+    keys = ('corrupt_in_S', 'corrupt_kept', 'clean_kept', 'flip_I', 'auc', 'c_t')
+    return dict(sel_frac=mean('frac'), coverage=float(R.coverage.iloc[-1]), **{k: mean(k) for k in keys})
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000069b
 def _rows(cfg: EVICConfig, units: dict) -> list[dict]:
-    "One record per (method, seed): final accuracies and losses, updates, steps to MTL's final accuracy, selection summaries."
-    out = []
+    "One record per (method, seed): accuracy at the end and at `step_frac` of the updates, per domain, loss, selection."
+    out, T = [], cfg.steps
     for (m, s), u in units.items():
-        fin, mtl = u['curve'][-1], units[('mtl', s)]
-        hit = steps_to(u['curve'], mtl['curve'][-1]['acc'])
-        rec = dict(method=m, seed=s, steps=u['steps'], acc=fin['acc'], loss=fin['loss'], worst_acc=min(fin[f'acc_{d}'] for d in DOMAINS),
-                   **{f'acc_{d}': fin[f'acc_{d}'] for d in DOMAINS}, **{f'loss_{d}': fin[f'loss_{d}'] for d in DOMAINS},
-                   step_frac=(hit / mtl['steps']) if hit is not None else CENSORED, reached=hit is not None, seconds=u['seconds'])
-        if 'rounds' in u:
-            R = pd.DataFrame(u['rounds'])
-            rec.update(sel_frac=float(R.frac.mean()), corrupt_in_S=float(R.corrupt_in_S.mean()), corrupt_kept=float(R.corrupt_kept.mean()),
-                       clean_kept=float(R.clean_kept.mean()), coverage=float(R.coverage.iloc[-1]),
-                       flip_I=float(R.flip_I.dropna().mean()) if 'flip_I' in R and R.flip_I.notna().any() else None)
-        out.append(rec)
+        c = pd.DataFrame(u['curve'])
+        at = lambda t, key='acc': acc_at(c, t, cfg.window, key)
+        rec = dict(method=m, seed=s, steps=u['steps'], acc=at(T), acc_frac=at(cfg.step_frac * T), loss=at(T, 'loss'),
+                   acc_last=float(c.acc.iloc[-1]), seconds=u['seconds'])
+        rec |= {f'acc_{d}': at(T, f'acc_{d}') for d in DOMAINS}
+        rec['worst_acc'] = min(rec[f'acc_{d}'] for d in DOMAINS)
+        out.append(rec | (_selection_summary(u['rounds']) if 'rounds' in u else {}))
     return out
 
-# %% ../../nbs/data_selection/71_evic.ipynb #ev000070
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000069c
 def _tables(cfg: EVICConfig, units: dict) -> dict:
-    "Curves per (method, seed); selection rounds; first-seed snapshots with the kinds and domains of the pool and of the shown subset."
-    s0 = cfg.seeds[0]; pool = make_domains(cfg.n_per_domain, cfg.corrupt, cfg.clash, seed=s0); show = _show_indices(pool, cfg.n_show)
-    curves = [dict(method=m, seed=s, **{k: [c[k] for c in u['curve']] for k in u['curve'][0]}) for (m, s), u in units.items()]
-    rounds = [dict(method=m, seed=s, **r) for (m, s), u in units.items() for r in u.get('rounds', [])]
-    snaps = [dict(method=m, seed=s, **r) for (m, s), u in units.items() for r in u.get('snapshots', [])]
-    meta = [dict(seed=s0, domain=[s['domain'] for s in pool], kind=[s['kind'] for s in pool], show=show)]
-    return dict(curves=curves, rounds=rounds, snapshots=snaps, pool=meta)
+    "Curves per (method, seed); selection rounds; first-seed snapshots, with the kinds and domains of its pool."
+    pool = make_domains(cfg.n_per_domain, cfg.corrupt, cfg.clash, seed=cfg.seeds[0])
+    per = lambda key: [dict(method=m, seed=s, **r) for (m, s), u in units.items() for r in u.get(key, [])]
+    curves = [dict(method=m, seed=s, **{k: [c[k] for c in u['curve']] for k in u['curve'][0]})
+              for (m, s), u in units.items()]
+    meta = dict(seed=cfg.seeds[0], domain=[s['domain'] for s in pool], kind=[s['kind'] for s in pool],
+                show=_show_indices(pool, cfg.n_show))
+    return dict(curves=curves, rounds=per('rounds'), snapshots=per('snapshots'), pool=[meta])
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000071
+def _run_units(cfg: EVICConfig) -> dict:
+    "Every (method, seed) unit, cached; per seed the random control runs after EVIC, whose selection sizes it copies."
+    grid = [(m, s) for s in cfg.seeds for m in sorted(cfg.methods, key=lambda m: m == 'random')]
+    units, N = {}, 3 * cfg.n_per_domain
+    for m, s in progress(grid, desc='evic units'):
+        sizes = [round(r['frac'] * N) for r in units[('evic', s)]['rounds']] if m == 'random' else None
+        run = lambda m=m, s=s, z=sizes: run_unit(cfg, m, s, z)
+        units[(m, s)] = cached_unit('evic', cfg, dict(method=m, seed=s), run)
+    return {(m, s): units[(m, s)] for s in cfg.seeds for m in cfg.methods}
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000071a
 def run_experiment(cfg: EVICConfig|None=None) -> Results:
-    "Every method on every seed (cached units); rows, tables, claims and the verdict."
+    "Every method on every seed (cached units); rows, tables, preconditions, claims and the verdict."
     cfg = cfg or EVICConfig()
     with Timer() as wall, torch_threads(1):
-        grid = [(m, s) for s in cfg.seeds for m in sorted(cfg.methods, key=lambda m: m == 'random')]   # the random control after EVIC
-        units = {}
-        for m, s in progress(grid, desc='evic units'):
-            sizes = [round(r['frac'] * 3 * cfg.n_per_domain) for r in units[('evic', s)]['rounds']] if m == 'random' else None
-            units[(m, s)] = cached_unit('evic', cfg, dict(method=m, seed=s), lambda m=m, s=s, z=sizes: run_unit(cfg, m, s, z))
-        units = {(m, s): units[(m, s)] for s in cfg.seeds for m in cfg.methods}
+        units = _run_units(cfg)
         rows, tables = _rows(cfg, units), _tables(cfg, units)
-    res = Results('evic', cfg, rows, seeds=cfg.seeds, tables=tables, wall_time_s=wall.s,
-                  notes=f"tiny Llama ({cfg.n_layers} layers, d={cfg.d_model}, {len(TOK)}-token character vocabulary), format-pre-trained for {cfg.pretrain_steps} updates; "
-                        f"pool {3 * cfg.n_per_domain} = 3 domains x {cfg.n_per_domain} ({cfg.corrupt:.0%} corrupted, {cfg.clash:.0%} of arithmetic clashing); "
-                        f"baselines {cfg.budget} updates of {cfg.batch_size}; EVIC: {cfg.warmup_frac:.0%} warm-up x {cfg.warmup_epochs} epochs, {cfg.iterations} rounds x {cfg.epochs_per_iteration} passes; "
-                        f"accuracy = exact match on {cfg.n_test} clean held-out samples per domain, averaged over domains; "
-                        "paper: +4 points over MTL on Mistral-7B with 77.7% of its steps; non-iterative ablation 33.1 vs 37.4")
+    res = Results('evic', cfg, rows, seeds=cfg.seeds, tables=tables, wall_time_s=wall.s, notes=_notes(cfg))
     return res.conclude(verdict, claims(res), headline(res))
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000071b
+def _notes(cfg: EVICConfig) -> str:
+    "What a reader needs to interpret the numbers, from the config."
+    return (f"tiny Llama ({cfg.n_layers} layers, d={cfg.d_model}, {len(TOK)}-token character vocabulary), "
+            f"format-pre-trained for {cfg.pretrain_steps} updates; pool {3 * cfg.n_per_domain} = 3 domains x "
+            f"{cfg.n_per_domain} ({cfg.corrupt:.0%} corrupted, {cfg.clash:.0%} of arithmetic clashing); every method "
+            f"{cfg.steps} updates of {cfg.batch_size} at a constant lr {cfg.lr:g}; EVIC: {cfg.warmup_frac:.0%} warm-up "
+            f"x {cfg.warmup_epochs} epochs, then {cfg.rounds} rounds; accuracy = exact match on {cfg.n_test} held-out "
+            f"samples per domain, averaged over domains and over the evaluations in a {cfg.window}-update window; "
+            "paper: +4 points over MTL on Mistral-7B with 77.7% of its steps; non-iterative ablation 33.1 vs 37.4")
+
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000073
-def _final(df: pd.DataFrame, method: str, col: str='acc') -> pd.Series: return df[df.method == method].set_index('seed')[col].sort_index()
+def _final(df: pd.DataFrame, method: str, col: str='acc') -> pd.Series:
+    return df[df.method == method].set_index('seed')[col].sort_index()
+
+def _legacy(results: Results) -> bool:
+    "A record of the earlier design (unequal updates, a censored steps-to-target claim), kept loadable."
+    return 'acc_frac' not in results.df
 
 def strongest_baseline(results: Results) -> str:
     "The baseline (of those run) with the highest mean final accuracy over seeds."
-    df = results.df; have = [b for b in BASELINES if b in set(df.method)]
-    return max(have, key=lambda b: _final(df, b).mean())
+    df = results.df
+    return max([b for b in BASELINES if b in set(df.method)], key=lambda b: _final(df, b).mean())
+
+def _diff(df: pd.DataFrame, a: str, b: str, col_a: str='acc', col_b: str='acc'):
+    "100 · (a − b), paired over the seeds of `a`, with its t-interval."
+    x = _final(df, a, col_a)
+    return paired_t(100 * x.values, 100 * _final(df, b, col_b).reindex(x.index).values)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000073b
+def _curve_matrix(results: Results, method: str) -> tuple:
+    "(updates (E,), accuracy in points (S, E)) of `method`'s curves, one row per seed."
+    c = results.table('curves')
+    c = c[c.method == method].sort_values('seed')
+    return np.asarray(c.step.iloc[0], float), 100 * np.array([list(a) for a in c.acc], float)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000073b2
+def preconditions(results: Results) -> list[Claim]:
+    "The oracle can do the task; corrupted samples cost MTL accuracy (headroom); the compared curves have flattened."
+    df, cfg, best = results.df, results.config, strongest_baseline(results)
+    upper = mean_ci(100 * _final(df, 'oracle').values)
+    out = [precondition("oracle (clean samples only) accuracy at the end (points)", upper, cfg, 'min_upper'),
+           precondition("oracle − MTL accuracy at equal updates (points)", _diff(df, 'oracle', 'mtl'), cfg,
+                        'min_headroom')]
+    for m in dict.fromkeys(('mtl', best, 'evic')):
+        x, Y = _curve_matrix(results, m)
+        frac = max(cfg['flat_frac'], 3 / len(x))                                  # a slope's interval needs 3 points
+        fl = flattened(Y, cfg['flat_tol'], x=x / 1000, frac=frac)
+        name = f"|slope| of {METHOD_NAMES[m]}'s accuracy, last {frac:.0%} of updates (points per 1000)"
+        out.append(precondition(name, fl, cfg, 'flat_tol', better='lower'))
+    return out
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000073c
+def comparisons(results: Results) -> list[Claim]:
+    "EVIC − strongest baseline at equal updates; EVIC at `step_frac` of the updates − it at all; − one-shot (points)."
+    df, best, f = results.df, strongest_baseline(results), results.config['step_frac']
+    name = METHOD_NAMES[best]
+    return [claim(f"EVIC − strongest baseline ({name}), accuracy at equal updates (points)", _diff(df, 'evic', best)),
+            claim(f"EVIC after {f:.1%} of the updates − {name} after all (points)",
+                  _diff(df, 'evic', best, 'acc_frac')),
+            claim("EVIC − one-shot selection, accuracy at equal updates (points)", _diff(df, 'evic', 'static'))]
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000073c2
+def _legacy_claims(results: Results) -> list[Claim]:
+    "The earlier design's claims from its rows: final accuracy vs the strongest baseline, censored steps, vs one-shot."
+    df, best = results.df, strongest_baseline(results)
+    steps = mean_ci(_final(df, 'evic', 'step_frac').values)
+    return [claim(f"EVIC − strongest baseline ({METHOD_NAMES[best]}), final accuracy (points)",
+                  _diff(df, 'evic', best)),
+            claim("EVIC steps to MTL's final accuracy ÷ MTL's steps", steps, better='lower', null=1.0),
+            claim("EVIC − one-shot selection, final accuracy (points)", _diff(df, 'evic', 'static'))]
 
 def claims(results: Results) -> list[Claim]:
-    "EVIC vs the strongest baseline (points), EVIC's steps to MTL's final accuracy (fraction of MTL's), EVIC vs one-shot selection (points)."
-    df, best = results.df, strongest_baseline(results); e = _final(df, 'evic')
-    return [claim(f"EVIC − strongest baseline ({METHOD_NAMES[best]}), final accuracy (points)", paired_t(100 * e.values, 100 * _final(df, best).reindex(e.index).values)),
-            claim("EVIC steps to MTL's final accuracy ÷ MTL's steps", mean_ci(_final(df, 'evic', 'step_frac').values), better='lower', null=1.0),
-            claim("EVIC − one-shot selection, final accuracy (points)", paired_t(100 * e.values, 100 * _final(df, 'static').reindex(e.index).values))]
+    "The preconditions, then the three parts of the paper's claim (the earlier design's claims for a record of it)."
+    return _legacy_claims(results) if _legacy(results) else preconditions(results) + comparisons(results)
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000073d
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when EVIC beats the strongest baseline's final accuracy, reaches MTL's final accuracy in fewer steps, and beats one-shot selection, each beyond its 95% CI over seeds; partly when some do; not reproduced when none does."
-    return judge(claims(results))
+    """Not reproduced when EVIC falls below the strongest baseline beyond the paired 95% CI over seeds, at equal
+    updates or after 77.7% of the updates against the baseline's all; otherwise reproduced when EVIC beats the
+    strongest baseline at equal updates, beats it after 77.7% of the updates and beats one-shot selection, each beyond
+    its CI, partly when some do, not reproduced when none does."""
+    cs = [c for c in claims(results) if not c.is_precondition]
+    if cs[0].opposite or cs[1].opposite: return 'not reproduced'
+    return judge(cs)
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000073d2
 def headline(results: Results) -> str:
-    "Our measured figure in words, from the claims."
-    c = claims(results); iv = lambda x, f: f"{x.estimate:{f}} [{x.lo:{f}}, {x.hi:{f}}]"
-    return (f"EVIC − {METHOD_NAMES[strongest_baseline(results)]}: {iv(c[0], '+.1f')} points; steps to MTL's final accuracy: {iv(c[1], '.2f')} of MTL's; "
-            f"EVIC − one-shot: {iv(c[2], '+.1f')} points (95% CI over {c[0].n} seeds)")
+    "Our measured figure in words, from the claims and the mechanism check."
+    cs, df, f = comparisons(results), results.df, results.config['step_frac']
+    iv = lambda x: f"{x.estimate:+.1f} [{x.lo:+.1f}, {x.hi:+.1f}]"
+    rnd = iv(_diff(df, 'evic', 'random')) if 'random' in set(df.method) else 'not run'
+    mech = mean_ci(df[df.method == 'evic'].auc.values)
+    best = METHOD_NAMES[strongest_baseline(results)]
+    return (f"EVIC − {best} at equal updates {iv(cs[0])} points; EVIC at {f:.1%} of the updates − it at all "
+            f"{iv(cs[1])}; EVIC − one-shot {iv(cs[2])}; EVIC − random subsets {rnd} (95% CI over {cs[0].n} seeds); "
+            f"mechanism: AUC of I_j (corrupted vs clean) {mech.estimate:.2f} [{mech.lo:.2f}, {mech.hi:.2f}]")
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000073e
+def mechanism(results: Results, method: str='evic') -> pd.DataFrame:
+    "Per round of `method`: the mechanism check's AUC (mean, 95% CI over seeds) for its estimate and the alternatives."
+    rd = results.table('rounds')
+    rd, chk = rd[rd.method == method], results.config['auc_check']
+    out = []
+    for r, g in rd.groupby('round'):
+        rec = dict(round=int(r), step=float(g.step.mean()), n=len(g))
+        for key in [k for k in ('auc', *(f'{u}_auc' for u in UPDATES)) if k in g and g[k].notna().all()]:
+            ci = mean_ci(g[key].values)
+            rec |= {key: ci.estimate, f'{key}_lo': ci.lo, f'{key}_hi': ci.hi}
+        rec['check'] = bool(rec['auc_lo'] >= chk) if 'auc_lo' in rec else None
+        out.append(rec)
+    return pd.DataFrame(out)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000080b
+def current_record(results: Results) -> bool:
+    "Whether a results record comes from this version's design (equal updates); the earlier design's record only loads."
+    return not _legacy(results)
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000081
 _KIND_COLOR = dict(clean=PALETTE[0], corrupt=PALETTE[1], clash=PALETTE[4])
@@ -617,24 +901,44 @@ def _order(domain, kind) -> np.ndarray:
     "Indices sorted by domain, then kind (clean, corrupt, clash), then position."
     return np.array(sorted(range(len(domain)), key=lambda i: (DOMAINS.index(domain[i]), KINDS.index(kind[i]), i)))
 
-def fig_interactions(Int, I, show, domain, kind, title: str='Interactions') -> go.Figure:
-    "Heatmap of Int on the `show` subset (scaled by its 95th percentile) and bars of the pool's net influence I_j, both sorted by domain and kind."
-    A = np.asarray(Int, float); I = np.asarray(I, float); domain, kind = list(domain), list(kind)
-    if A.shape != (len(show), len(show)) or len(I) != len(domain): raise ValueError(f"Int must be ({len(show)}, {len(show)}) and I of length {len(domain)}, got {A.shape} and {len(I)}")
+def _labels(show, domain, kind) -> list[str]: return [f"{domain[i][0]}{_MARK[kind[i]]}{i}" for i in show]
+
+def _heatmap(A, lab, **kw) -> go.Heatmap:
+    "Int scaled by its 95th percentile of |Int| and clipped to [-1, 1] (red: j hurts i, blue: j helps i)."
+    A = np.asarray(A, float)
     sc = np.quantile(np.abs(A), 0.95) or 1.0
-    lab = [f"{domain[i][0]}{_MARK[kind[i]]}{i}" for i in show]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], subplot_titles=('Int[j, i] (row j acts on column i)', 'net influence I_j of every sample'))
-    fig.add_trace(go.Heatmap(z=np.clip(A / sc, -1, 1), x=lab, y=lab, colorscale='RdBu', zmid=0, zmin=-1, zmax=1, customdata=A,
-                             colorbar=dict(x=0.43, len=0.9, title='scaled'), hovertemplate='source %{y}<br>target %{x}<br>Int %{customdata:.3g}<extra></extra>'), 1, 1)
+    return go.Heatmap(z=np.clip(A / sc, -1, 1), x=lab, y=lab, colorscale='RdBu', zmid=0, zmin=-1, zmax=1, **kw)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000081b
+def _influence_bars(fig, I, domain, kind, col: int):
+    "Bars of every sample's I_j, sorted by domain and kind and coloured by kind, with dotted lines between domains."
     o = _order(domain, kind)
     for k in KINDS:
         sel = [p for p, i in enumerate(o) if kind[i] == k]
         if sel: fig.add_trace(go.Bar(x=sel, y=I[o[sel]], name=k, marker_color=_KIND_COLOR[k], marker_line_width=0,
-                                     customdata=[f"{domain[o[p]]} #{o[p]}" for p in sel], hovertemplate='%{customdata}<br>I %{y:.3g}<extra>' + k + '</extra>'), 1, 2)
-    for d in DOMAINS[1:]: fig.add_vline(x=next(p for p, i in enumerate(o) if domain[i] == d) - 0.5, line_dash='dot', line_color='gray', row=1, col=2)
-    fig.update_yaxes(autorange='reversed', row=1, col=1); fig.update_xaxes(tickangle=90, tickfont_size=8, row=1, col=1); fig.update_yaxes(tickfont_size=8, row=1, col=1)
-    fig.update_xaxes(title_text='samples, sorted by domain (arith | strings | code), then kind', showticklabels=False, row=1, col=2)
-    return fig.update_layout(title=title, height=470, bargap=0, legend=dict(x=1.0, y=1.0), margin=dict(t=70, l=60, r=20, b=60))
+                                     customdata=[f"{domain[o[p]]} #{o[p]}" for p in sel],
+                                     hovertemplate='%{customdata}<br>I %{y:.3g}<extra>' + k + '</extra>'), 1, col)
+    for d in DOMAINS[1:]:
+        first = next(p for p, i in enumerate(o) if domain[i] == d)
+        fig.add_vline(x=first - 0.5, line_dash='dot', line_color='gray', row=1, col=col)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000081c
+def fig_interactions(Int, I, show, domain, kind, title: str='Interactions') -> go.Figure:
+    "Heatmap of Int on the `show` subset and bars of the pool's net influence I_j, both sorted by domain and kind."
+    A, I, domain, kind = np.asarray(Int, float), np.asarray(I, float), list(domain), list(kind)
+    if A.shape != (len(show), len(show)) or len(I) != len(domain):
+        raise ValueError(f"Int must be {(len(show),) * 2} and I of length {len(domain)}, got {A.shape} and {len(I)}")
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55],
+                        subplot_titles=('Int[j, i] (row j acts on column i)', 'net influence I_j of every sample'))
+    fig.add_trace(_heatmap(A, _labels(show, domain, kind), customdata=A, colorbar=dict(x=0.43, len=0.9, title='scaled'),
+                           hovertemplate='source %{y}<br>target %{x}<br>Int %{customdata:.3g}<extra></extra>'), 1, 1)
+    _influence_bars(fig, I, domain, kind, 2)
+    fig.update_yaxes(autorange='reversed', tickfont_size=8, row=1, col=1)
+    fig.update_xaxes(tickangle=90, tickfont_size=8, row=1, col=1)
+    fig.update_xaxes(title_text='samples, sorted by domain (arith | strings | code), then kind', showticklabels=False,
+                     row=1, col=2)
+    return fig.update_layout(title=title, height=470, bargap=0, legend=dict(x=1.0, y=1.0),
+                             margin=dict(t=70, l=60, r=20, b=60))
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000082
 class InteractionExplorer(Explorer):
@@ -642,108 +946,207 @@ class InteractionExplorer(Explorer):
     def __init__(self, snapshots: pd.DataFrame, pool: dict, title: str='EVIC interactions'):
         "snapshots: rows (method, round, step, Int, I); pool: {'domain', 'kind', 'show'} of the snapshots' seed."
         if snapshots.empty: raise ValueError("no snapshots to show")
-        self.s, self.pool, self.title = snapshots, pool, title
-        ms = list(dict.fromkeys(snapshots.method))
-        self.method = W.Dropdown(options=[(METHOD_NAMES[m], m) for m in ms], value='evic' if 'evic' in ms else ms[0], description='method')
-        self.round = W.IntSlider(min=1, max=int(snapshots['round'].max()), value=1, description='round', continuous_update=False)
+        self.s, self.pool, self.title, ms = snapshots, pool, title, list(dict.fromkeys(snapshots.method))
+        self.method = W.Dropdown(options=[(METHOD_NAMES[m], m) for m in ms], value='evic' if 'evic' in ms else ms[0],
+                                 description='method')
+        self.round = W.IntSlider(min=1, max=int(snapshots['round'].max()), value=1, description='round',
+                                 continuous_update=False)
         self.fig = go.FigureWidget(self.figure())
         for w in (self.method, self.round): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.method, self.round]), self.fig])
-    def figure(self) -> go.Figure:
-        d = self.s[self.s.method == self.method.value]; r = d[d['round'] == min(self.round.value, d['round'].max())].iloc[0]
-        sel = np.asarray(r.I) >= 0
-        return fig_interactions(r.Int, r.I, self.pool['show'], self.pool['domain'], self.pool['kind'],
-                                f"{self.title}: {METHOD_NAMES[self.method.value]}, round {r['round']} (update {r.step}), {sel.mean():.0%} of the pool selected")
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000082b
+@patch_to(InteractionExplorer)
+def figure(self) -> go.Figure:
+    d = self.s[self.s.method == self.method.value]
+    r = d[d['round'] == min(self.round.value, d['round'].max())].iloc[0]
+    what = f"round {r['round']} (update {r.step}), {(np.asarray(r.I) >= 0).mean():.0%} of the pool selected"
+    return fig_interactions(r.Int, r.I, self.pool['show'], self.pool['domain'], self.pool['kind'],
+                            f"{self.title}: {METHOD_NAMES[self.method.value]}, {what}")
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000086
 def fig_snapshots(snaps: pd.DataFrame, pool: dict, method: str='evic', rounds=None) -> go.Figure:
     "Int on the shown subset at a few rounds of one method, each scaled by its 95th percentile of |Int|."
-    d = snaps[snaps.method == method]; rounds = list(rounds or sorted({d['round'].min(), d['round'].median().__round__(), d['round'].max()}))
-    fig = make_subplots(rows=1, cols=len(rounds), subplot_titles=[f"round {r} (update {d[d['round'] == r].step.iloc[0]})" for r in rounds], horizontal_spacing=0.03)
-    lab = [f"{pool['domain'][i][0]}{_MARK[pool['kind'][i]]}{i}" for i in pool['show']]
+    d = snaps[snaps.method == method]
+    rounds = list(rounds or sorted({d['round'].min(), round(d['round'].median()), d['round'].max()}))
+    fig = make_subplots(rows=1, cols=len(rounds), horizontal_spacing=0.03,
+                        subplot_titles=[f"round {r} (update {d[d['round'] == r].step.iloc[0]})" for r in rounds])
+    lab = _labels(pool['show'], pool['domain'], pool['kind'])
     for c, r in enumerate(rounds, 1):
-        A = np.asarray(d[d['round'] == r].Int.iloc[0], float); sc = np.quantile(np.abs(A), 0.95) or 1.0
-        fig.add_trace(go.Heatmap(z=np.clip(A / sc, -1, 1), x=lab, y=lab, colorscale='RdBu', zmid=0, zmin=-1, zmax=1, showscale=c == len(rounds)), 1, c)
-        fig.update_yaxes(autorange='reversed', showticklabels=c == 1, tickfont_size=7, row=1, col=c); fig.update_xaxes(showticklabels=False, row=1, col=c)
-    return fig.update_layout(title=f"{METHOD_NAMES[method]}: Int[j, i] on the shown subset (red: j hurts i, blue: j helps i)", height=380, margin=dict(t=80, l=60, r=20, b=20))
+        fig.add_trace(_heatmap(d[d['round'] == r].Int.iloc[0], lab, showscale=c == len(rounds)), 1, c)
+        fig.update_yaxes(autorange='reversed', showticklabels=c == 1, tickfont_size=7, row=1, col=c)
+        fig.update_xaxes(showticklabels=False, row=1, col=c)
+    title = f"{METHOD_NAMES[method]}: Int[j, i] on the shown subset (red: j hurts i, blue: j helps i)"
+    return fig.update_layout(title=title, height=380, margin=dict(t=80, l=60, r=20, b=20))
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000089
-def _hex_rgba(h: str, a: float) -> str: return f"rgba({int(h[1:3], 16)}, {int(h[3:5], 16)}, {int(h[5:7], 16)}, {a})"
+def _rgba(h: str, a: float) -> str: return f"rgba({int(h[1:3], 16)}, {int(h[3:5], 16)}, {int(h[5:7], 16)}, {a})"
 
+def _color(m: str) -> str: return PALETTE[METHODS.index(m) % len(PALETTE)]
+
+def _band(fig, x, mid, lo, hi, name: str, color: str, row: int|None=None, col: int|None=None, show: bool=True,
+          group: str|None=None):
+    "A line with a shaded band between `lo` and `hi` (in subplot `row`, `col` of a figure that has them)."
+    x = np.asarray(x)
+    fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[hi, lo[::-1]], fill='toself', fillcolor=_rgba(color, 0.15),
+                             line_width=0, showlegend=False, hoverinfo='skip'), row, col)
+    fig.add_trace(go.Scatter(x=x, y=mid, name=name, line_color=color, legendgroup=group or name, showlegend=show,
+                             hovertemplate=f'{name}<br>update %{{x}}<br>%{{y:.3g}}<extra></extra>'), row, col)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000089b
+def _method_curves(fig, d: pd.DataFrame, m: str, metric: str, scale: float):
+    "One method's mean ± 1 s.e. band per domain panel and in the average panel."
+    L = min(len(s) for s in d.step)
+    for c, key in enumerate([f'{metric}_{dd}' for dd in DOMAINS] + [metric], 1):
+        Y = scale * np.array([v[:L] for v in d[key]], float)                       # (S, L)
+        mu, se = Y.mean(0), Y.std(0, ddof=1) / np.sqrt(len(Y)) if len(Y) > 1 else np.zeros(L)
+        _band(fig, d.step.iloc[0][:L], mu, mu - se, mu + se, METHOD_NAMES[m], _color(m), 1, c, c == 1, m)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000089b2
 def fig_domain_curves(curves: pd.DataFrame, methods=None, metric: str='acc', title: str|None=None) -> go.Figure:
-    "Mean (± 1 s.e. over seeds) of the held-out `metric` ('acc' or 'loss') per domain and averaged, against updates, one line per method."
-    check_choice('metric', metric, ('acc', 'loss')); ms = [m for m in (methods or METHODS) if m in set(curves.method)]
-    panels = [f'{metric}_{d}' for d in DOMAINS] + [metric]
-    fig = make_subplots(rows=1, cols=4, subplot_titles=[*DOMAINS, 'average over domains'], shared_yaxes=True, horizontal_spacing=0.03)
-    for k, m in enumerate(ms):
-        d = curves[curves.method == m]; col = PALETTE[METHODS.index(m) % len(PALETTE)]
-        L = min(len(s) for s in d.step); x = np.asarray(d.step.iloc[0][:L])
-        for c, key in enumerate(panels, 1):
-            Y = np.array([v[:L] for v in d[key]], float) * (100 if metric == 'acc' else 1); mu = Y.mean(0)
-            se = Y.std(0, ddof=1) / np.sqrt(len(Y)) if len(Y) > 1 else np.zeros_like(mu)
-            fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[mu + se, (mu - se)[::-1]], fill='toself', fillcolor=_hex_rgba(col, 0.15), line_width=0, showlegend=False, hoverinfo='skip'), 1, c)
-            fig.add_trace(go.Scatter(x=x, y=mu, name=METHOD_NAMES[m], line_color=col, legendgroup=m, showlegend=c == 1,
-                                     hovertemplate=f'{METHOD_NAMES[m]}<br>update %{{x}}<br>%{{y:.3g}}<extra></extra>'), 1, c)
-    fig.update_xaxes(title_text='update'); fig.update_yaxes(title_text='exact match (%)' if metric == 'acc' else 'answer loss (nats)', row=1, col=1)
-    return fig.update_layout(title=title or f"Held-out {'accuracy' if metric == 'acc' else 'loss'} per domain (mean ± 1 s.e. over {curves.seed.nunique()} seeds)",
-                             height=380, legend=dict(orientation='h', y=-0.25), margin=dict(t=70, l=60, r=20, b=90))
+    "Mean (± 1 s.e. over seeds) of the held-out `metric` ('acc' or 'loss') per domain and averaged, against updates."
+    check_choice('metric', metric, ('acc', 'loss'))
+    ms, scale = [m for m in (methods or METHODS) if m in set(curves.method)], 100 if metric == 'acc' else 1
+    fig = make_subplots(rows=1, cols=4, subplot_titles=[*DOMAINS, 'average over domains'], shared_yaxes=True,
+                        horizontal_spacing=0.03)
+    for m in ms: _method_curves(fig, curves[curves.method == m], m, metric, scale)
+    fig.update_xaxes(title_text='update')
+    fig.update_yaxes(title_text='exact match (%)' if metric == 'acc' else 'answer loss (nats)', row=1, col=1)
+    title = title or f"Held-out {metric} per domain (mean ± 1 s.e. over {curves.seed.nunique()} seeds)"
+    return fig.update_layout(title=title, height=380, legend=dict(orientation='h', y=-0.25),
+                             margin=dict(t=70, l=60, r=20, b=90))
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000089c
 class CurvesExplorer(Explorer):
     "Method checkboxes and a metric switch over `fig_domain_curves`."
     def __init__(self, curves: pd.DataFrame):
-        self.c = curves; ms = [m for m in METHODS if m in set(curves.method)]
-        self.boxes = {m: W.Checkbox(value=m in ('mtl', 'static', 'evic', 'random'), description=METHOD_NAMES[m], indent=False, layout=W.Layout(width='220px')) for m in ms}
+        self.c, ms = curves, [m for m in METHODS if m in set(curves.method)]
+        on = ('mtl', 'oracle', 'static', 'evic', 'random')
+        box = lambda m: W.Checkbox(value=m in on, description=METHOD_NAMES[m], indent=False, layout=dict(width='22em'))
+        self.boxes = {m: box(m) for m in ms}
         self.metric = W.ToggleButtons(options=[('accuracy', 'acc'), ('loss', 'loss')], value='acc')
         self.fig = go.FigureWidget(self.figure())
         for w in (*self.boxes.values(), self.metric): w.observe(self._update, names='value')
-        self.widget = W.VBox([W.HBox([self.metric]), W.HBox(list(self.boxes.values()), layout=W.Layout(flex_flow='row wrap')), self.fig])
-    def figure(self) -> go.Figure: return fig_domain_curves(self.c, [m for m, b in self.boxes.items() if b.value] or ['evic'], self.metric.value)
+        boxes = W.HBox(list(self.boxes.values()), layout=W.Layout(flex_flow='row wrap'))
+        self.widget = W.VBox([W.HBox([self.metric]), boxes, self.fig])
+
+    def figure(self) -> go.Figure:
+        return fig_domain_curves(self.c, [m for m, b in self.boxes.items() if b.value] or ['evic'], self.metric.value)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000091c
+def _windowed(curves: pd.DataFrame, method: str, window: int) -> tuple:
+    "(updates (E,), windowed accuracy in points (S, E)) of `method`, one row per seed in seed order."
+    d = curves[curves.method == method].sort_values('seed')
+    x = np.asarray(d.step.iloc[0], float)
+    Y = [[_window_mean(s, a, t, window) for t in x] for s, a in zip(d.step, d.acc)]
+    return x, 100 * np.array(Y)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000091c2
+def fig_equal_updates(curves: pd.DataFrame, window: int, others=('mtl', 'dmt', 'random', 'static', 'evic_nomom'),
+                      title: str="EVIC − other methods at equal updates") -> go.Figure:
+    "EVIC's windowed accuracy minus each other method's at every evaluated update: mean and paired 95% CI over seeds."
+    x, E = _windowed(curves, 'evic', window)
+    fig = go.Figure()
+    for m in [m for m in others if m in set(curves.method)]:
+        D = E - _windowed(curves, m, window)[1]                                    # (S, E) paired differences
+        ci = [paired_t(D[:, k], np.zeros(len(D))) for k in range(len(x))] if len(D) > 1 else None
+        lo, hi = (np.array([c.lo for c in ci]), np.array([c.hi for c in ci])) if ci else (D.mean(0), D.mean(0))
+        _band(fig, x, D.mean(0), lo, hi, f"EVIC − {METHOD_NAMES[m]}", _color(m))
+    fig.add_hline(y=0, line_dash='dot', line_color='gray')
+    return fig.update_layout(title=title, xaxis_title='update', yaxis_title='accuracy difference (points)', height=380,
+                             legend=dict(orientation='h', y=-0.25), margin=dict(t=50, l=60, r=20, b=90))
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000093
-def fig_rounds(rounds: pd.DataFrame, methods=('evic', 'evic_sgd', 'random')) -> go.Figure:
-    "Per selection round, mean ± 1 s.e. over seeds: selected share; corrupted and clean kept; coverage; sign changes of I_j."
-    panels = [('frac', 'selected share of the pool'), ('kept', 'kept: corrupted (solid) vs clean (dashed)'), ('coverage', 'coverage (selected at least once)'), ('flip_I', 'I_j sign changes since last round')]
-    fig = make_subplots(rows=1, cols=4, subplot_titles=[p[1] for p in panels], horizontal_spacing=0.06)
+_ROUND_PANELS = [('frac', 'selected share of the pool'), ('kept', 'kept: corrupted (solid) vs clean (dashed)'),
+                 ('coverage', 'coverage (selected at least once)'), ('flip_I', 'I_j sign changes since last round')]
+_ROUND_LINES = (('frac', 1, None, True), ('corrupt_kept', 2, None, False), ('clean_kept', 2, 'dash', False),
+                ('coverage', 3, None, False), ('flip_I', 4, None, False))        # key, panel, dash, in the legend
+
+def _round_line(fig, d: pd.DataFrame, key: str, col: int, color: str, group: str, name: str, dash=None, show=False):
+    "Mean ± 1 s.e. over seeds of `key` per round."
+    if key not in d or d[key].isna().all(): return
+    g = d.groupby('round')[key].agg(['mean', 'std', 'count']).dropna(subset=['mean'])
+    se = (g['std'] / np.sqrt(g['count'])).fillna(0)
+    fig.add_trace(go.Scatter(x=g.index, y=g['mean'], error_y=dict(type='data', array=se, thickness=1), name=name,
+                             line=dict(color=color, dash=dash), legendgroup=group, showlegend=show,
+                             mode='lines+markers'), 1, col)
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000093b
+def fig_rounds(rounds: pd.DataFrame, methods=('evic', 'evic_nomom', 'evic_sgd', 'random')) -> go.Figure:
+    "Per selection round, mean ± 1 s.e. over seeds: selected share; corrupted and clean kept; coverage; I_j sign flips."
+    fig = make_subplots(rows=1, cols=4, subplot_titles=[p[1] for p in _ROUND_PANELS], horizontal_spacing=0.06)
     for m in [m for m in methods if m in set(rounds.method)]:
-        d = rounds[rounds.method == m]; col = PALETTE[METHODS.index(m) % len(PALETTE)]
-        def line(key, c, dash=None, show=False, name=None):
-            if key not in d or d[key].isna().all(): return
-            g = d.groupby('round')[key].agg(['mean', 'std', 'count']).dropna(subset=['mean'])
-            se = (g['std'] / np.sqrt(g['count'])).fillna(0)
-            fig.add_trace(go.Scatter(x=g.index, y=g['mean'], error_y=dict(type='data', array=se, thickness=1), name=name or METHOD_NAMES[m], line=dict(color=col, dash=dash),
-                                     legendgroup=m, showlegend=show, mode='lines+markers'), 1, c)
-        line('frac', 1, show=True); line('corrupt_kept', 2); line('clean_kept', 2, 'dash'); line('coverage', 3); line('flip_I', 4)
-        if m == 'evic': line('flip_next', 4, 'dot', True, 'EVIC: change within one update (first seed)')
-    fig.update_xaxes(title_text='round'); fig.update_yaxes(rangemode='tozero')
-    return fig.update_layout(title='Selection statistics per round', height=360, legend=dict(orientation='h', y=-0.3), margin=dict(t=70, l=50, r=20, b=90))
+        d, c, name = rounds[rounds.method == m], _color(m), METHOD_NAMES[m]
+        for key, col, dash, show in _ROUND_LINES: _round_line(fig, d, key, col, c, m, name, dash, show)
+        if m == 'evic': _round_line(fig, d, 'flip_next', 4, c, m, 'EVIC: flips within one update (seed 1)', 'dot', True)
+    fig.update_xaxes(title_text='round')
+    fig.update_yaxes(rangemode='tozero')
+    return fig.update_layout(title='Selection statistics per round', height=360, legend=dict(orientation='h', y=-0.3),
+                             margin=dict(t=70, l=50, r=20, b=90))
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000094c
+def fig_mechanism(mech: pd.DataFrame, auc_check: float,
+                  title: str='Mechanism check: is I_j lower for corrupted samples?') -> go.Figure:
+    "AUC per round (mean and 95% CI over seeds) of EVIC's estimate and of plain gradients, with chance and the check."
+    fig = go.Figure()
+    for k, (key, name) in enumerate((('auc', 'EVIC (LESS = momentum-free)'), ('sgd_auc', 'plain gradients (SGD)'))):
+        if key not in mech: continue
+        lo, hi = mech[f'{key}_lo'].fillna(mech[key]), mech[f'{key}_hi'].fillna(mech[key])
+        _band(fig, mech['round'], mech[key].values, lo.values, hi.values, name, PALETTE[k])
+    fig.add_hline(y=0.5, line_dash='dot', line_color='gray', annotation_text='chance')
+    fig.add_hline(y=auc_check, line_dash='dash', line_color='gray', annotation_text='declared check')
+    return fig.update_layout(title=title, xaxis_title='round', yaxis_title='AUC', height=340,
+                             margin=dict(t=50, l=60, r=20, b=50))
 
 # %% ../../nbs/data_selection/71_evic.ipynb #ev000096
-def evic_trace(warmup_frac: float=0.05, iterations: int=3, tau: float=0.0, proj_dim: int=0, seed: int=0, n_per_domain: int=32, batch_size: int=16) -> pd.DataFrame:
+def evic_trace(warmup_frac: float=0.05, rounds: int=3, tau: float=0.0, proj_dim: int=0, seed: int=0,
+               n_per_domain: int=32, batch_size: int=16) -> pd.DataFrame:
     "Per-round selection statistics of one short EVIC run (quick sizes) with the given knobs; proj_dim 0 = exact."
-    cfg = EVICConfig(mode='quick', seed=seed, n_per_domain=n_per_domain, batch_size=batch_size, iterations=iterations, warmup_frac=warmup_frac, tau=tau, proj_dim=proj_dim or None)
-    pool = make_domains(cfg.n_per_domain, cfg.corrupt, cfg.clash, seed=seed); rows = encode_rows(pool); log = []
-    model = make_model(0, cfg.n_layers, cfg.d_model); model.load_state_dict(pretrained_state(cfg.pretrain_steps, cfg.seed, cfg.n_layers, cfg.d_model))
-    tc = TrainConfig(steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr, min_lr=cfg.lr, warmup_steps=min(cfg.lr_warmup, cfg.budget), betas=cfg.betas, weight_decay=0.0, progress=False)
-    with torch_threads(1): train_curriculum(model, rows, _plan(cfg, 'evic', pool, rows, torch.Generator().manual_seed(seed), log), tc)
-    return pd.DataFrame(round_stats(log, pool, _show_indices(pool, cfg.n_show), 'adam'))
+    cfg = EVICConfig(mode='quick', seed=seed, n_per_domain=n_per_domain, batch_size=batch_size, rounds=rounds,
+                     warmup_frac=warmup_frac, tau=tau, proj_dim=proj_dim or None)
+    pool, log = make_domains(cfg.n_per_domain, cfg.corrupt, cfg.clash, seed=seed), []
+    rows, model = encode_rows(pool), _start(cfg)
+    plan = _plan(cfg, 'evic', pool, rows, torch.Generator().manual_seed(seed), log)
+    with torch_threads(1): train_curriculum(model, rows, plan, _train_config(cfg, seed))
+    return pd.DataFrame(round_stats(log, pool, _show_indices(pool, cfg.n_show), 'adam_momentum'))
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000096a
+_TRACE = (('frac', 'selected share'), ('corrupt_kept', 'corrupted kept'), ('clean_kept', 'clean kept'),
+          ('coverage', 'coverage'), ('auc', 'AUC (corrupted vs clean)'))
 
 def fig_trace(tr: pd.DataFrame, title: str='EVIC trace') -> go.Figure:
-    "Selected share, corrupted and clean kept, and coverage per round of one trace."
+    "Selected share, corrupted and clean kept, coverage, and the mechanism check's AUC per round of one trace."
     fig = go.Figure()
-    for k, (key, name) in enumerate((('frac', 'selected share'), ('corrupt_kept', 'corrupted kept'), ('clean_kept', 'clean kept'), ('coverage', 'coverage'))):
-        fig.add_trace(go.Scatter(x=tr['round'], y=tr[key], name=name, mode='lines+markers', line_color=PALETTE[k]))
-    return fig.update_layout(title=title, xaxis_title='round', yaxis=dict(range=[0, 1.05]), height=320, margin=dict(t=50, l=50, r=20, b=40))
+    for k, (key, name) in enumerate(_TRACE):
+        if key in tr: fig.add_trace(go.Scatter(x=tr['round'], y=tr[key], name=name, mode='lines+markers',
+                                               line_color=PALETTE[k]))
+    return fig.update_layout(title=title, xaxis_title='round', yaxis=dict(range=[0, 1.05]), height=320,
+                             margin=dict(t=50, l=50, r=20, b=40))
 
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000096b
 class EVICTraceExplorer(Explorer):
     "Knobs for warm-up fraction, rounds, τ and projection size; 'run' reruns `evic_trace` and redraws."
     def __init__(self, trace: pd.DataFrame|None=None):
-        self.wf = W.FloatSlider(value=0.05, min=0.05, max=0.5, step=0.05, description='warm-up frac'); self.it = W.IntSlider(value=3, min=1, max=6, description='rounds')
-        self.tau = W.FloatText(value=0.0, description='τ'); self.k = W.Dropdown(options=[('exact', 0), ('k=256', 256), ('k=2048', 2048)], value=0, description='projection')
-        self.btn = W.Button(description='run', button_style='primary'); self.trace = evic_trace() if trace is None else trace
-        self.fig = go.FigureWidget(self.figure()); self.btn.on_click(self.run)
+        self.wf = W.FloatSlider(value=0.05, min=0.05, max=0.5, step=0.05, description='warm-up frac')
+        self.it = W.IntSlider(value=3, min=1, max=6, description='rounds')
+        self.tau = W.FloatText(value=0.0, description='τ')
+        self.k = W.Dropdown(options=[('exact', 0), ('k=256', 256), ('k=2048', 2048)], value=0, description='projection')
+        self.btn = W.Button(description='run', button_style='primary')
+        self.trace = evic_trace() if trace is None else trace
+        self.fig = go.FigureWidget(self.figure())
+        self.btn.on_click(self.run)
         self.widget = W.VBox([W.HBox([self.wf, self.it]), W.HBox([self.tau, self.k, self.btn]), self.fig])
-    def run(self, _=None):
-        self.btn.disabled = True
-        try: self.trace = evic_trace(self.wf.value, self.it.value, self.tau.value, self.k.value); self._update()
-        finally: self.btn.disabled = False
-    def figure(self) -> go.Figure: return fig_trace(self.trace, f"EVIC trace: warm-up {self.wf.value:.0%}, {self.it.value} rounds, τ={self.tau.value:g}, {'exact' if not self.k.value else f'k={self.k.value}'}")
+
+    def figure(self) -> go.Figure:
+        k = 'exact' if not self.k.value else f'k={self.k.value}'
+        knobs = f"warm-up {self.wf.value:.0%}, {self.it.value} rounds, τ={self.tau.value:g}, {k}"
+        return fig_trace(self.trace, f"EVIC trace: {knobs}")
+
+# %% ../../nbs/data_selection/71_evic.ipynb #ev000096c
+@patch_to(EVICTraceExplorer)
+def run(self, _=None):
+    "Rerun the trace with the knobs' values, then redraw."
+    self.btn.disabled = True
+    try: self.trace = evic_trace(self.wf.value, self.it.value, self.tau.value, self.k.value)
+    finally: self.btn.disabled = False
+    self._update()
