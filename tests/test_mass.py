@@ -1,20 +1,23 @@
-"Cross-checks of `workbench.data_selection.mass`: the skill graph's normalisations, the score forms and their reductions, merging, selection at a budget, equal-token training data, determinism, and the verdict rule on made-up rows, preconditions included (fast, CPU)."
-import random
+"Cross-checks of `workbench.data_selection.mass`: the world, the skill graph's normalisations, the score forms and their reductions, merging, dedup, selection at a budget, equal-token training data, determinism, and the verdict rule on made-up rows, preconditions included (fast, CPU)."
+import dataclasses, random
 import numpy as np
 import pytest
 import torch
-from workbench.core import Results, Claim, load_results
-from workbench.data_selection.mass import (SKILLS, SKILL_OF, MathDoc, SkillGraph, make_target_pool, make_problems, worked_problem, skill_popularity,
-    extract_skills, merge_skills, topk_sims, mass_scores, score_terms, centroid_scores, dsir_lite_scores, select_top, dedup, token_blocks,
-    tokens_to_reach, MASSConfig, run_experiment, claims, verdict, headline, strongest_baseline)
+from workbench.core import Results, load_results
+from workbench.data_selection.mass import (SKILLS, SKILL_OF, CATEGORIES, MathDoc, SkillGraph, make_task, holds_unseen,
+    make_target_pool, make_problems, make_base_corpus, extract_skills, merge_skills, topk_sims, mass_scores, score_terms,
+    dsir_lite_scores, oracle_scores, select_top, dedup, shingles, token_blocks, composition, MASSConfig, run_experiment,
+    claims, verdict, headline, strongest_baseline, best_ratio, stage_two, stage_three, current, lm_for)
 
 
 def unit_rows(n, d, seed):
-    x = np.random.default_rng(seed).normal(size=(n, d)); return x / np.linalg.norm(x, axis=1, keepdims=True)
+    x = np.random.default_rng(seed).normal(size=(n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
 def random_graph(m=6, seed=0):
-    r = random.Random(seed); names = [f"s{i}" for i in range(m)]
+    r = random.Random(seed)
+    names = [f"s{i}" for i in range(m)]
     return SkillGraph.from_annotations([r.sample(names, r.randint(1, 4)) for _ in range(30)])
 
 
@@ -31,17 +34,18 @@ def test_graph_normalisations():
 @pytest.mark.parametrize('form', ['linear', 'quadratic'])
 def test_scores_match_the_loop_and_reduce_to_node_only(form):
     g, D, S = random_graph(seed=1), unit_rows(9, 16, 0), unit_rows(6, 16, 1)
-    St = topk_sims(D, S, 3); lam = 0.6
-    loop = [sum(g.node_weight[k] * (s[k] if form == 'linear' else s[k] ** 2) + lam * sum(g.adj[k, l] * (s[k] if form == 'linear' else s[k] * s[l]) for l in range(6))
-                for k in range(6)) for s in St]
+    St, lam = topk_sims(D, S, 3), 0.6
+    def term(s, k, l): return s[k] if form == 'linear' else s[k] * s[l]
+    loop = [sum(g.node_weight[k] * term(s, k, k) + lam * sum(g.adj[k, l] * term(s, k, l) for l in range(6)) for k in range(6))
+            for s in St]
     assert np.allclose(mass_scores(D, S, g, 3, lam, form), loop)
     node_only = St @ g.node_weight if form == 'linear' else (St ** 2) @ g.node_weight
     assert np.allclose(mass_scores(D, S, g, 3, 0.0, form), node_only)
     perm = np.random.default_rng(2).permutation(6)
     gp = SkillGraph([g.names[i] for i in perm], g.node_weight[perm], g.adj[np.ix_(perm, perm)])
     assert np.allclose(mass_scores(D, S[perm], gp, 3, lam, form), mass_scores(D, S, g, 3, lam, form))
-    twins = np.vstack([D[:1], D[:1]])
-    a, b = mass_scores(twins, S, g, 3, lam, form); assert a == b
+    a, b = mass_scores(np.vstack([D[:1], D[:1]]), S, g, 3, lam, form)
+    assert a == b
 
 
 def test_score_terms_and_top_k():
@@ -69,7 +73,8 @@ def test_merge_skills():
 
 
 def test_select_top_budget_order_and_errors():
-    rng = np.random.default_rng(0); sc, ln = rng.normal(size=50), rng.integers(5, 50, size=50)
+    rng = np.random.default_rng(0)
+    sc, ln = rng.normal(size=50), rng.integers(5, 50, size=50)
     for b in (0, 37, 300, 1000, int(ln.sum())):
         ix = select_top(sc, ln, token_budget=b)
         assert ln[ix].sum() <= b and (np.diff(sc[ix]) <= 0).all()
@@ -79,100 +84,162 @@ def test_select_top_budget_order_and_errors():
     with pytest.raises(ValueError, match='ratio'): MASSConfig(mode='quick', ratio=1.2)
 
 
+def test_the_task_splits_and_the_pool():
+    "Held-out pairs never occur in 'seen' problems and always in 'unseen' ones; pool categories keep their skill sets."
+    task = make_task(n_relevant=5, n_unseen=3, seed=4)
+    assert len(task.relevant) == 5 and len(task.unseen) == 3 and np.isclose(sum(task.popularity), 1)
+    seen, unseen = make_problems(150, task, 'seen', seed=1), make_problems(60, task, 'unseen', seed=2)
+    assert not any(holds_unseen(p.skills, task) for p in seen) and all(holds_unseen(p.skills, task) for p in unseen)
+    assert all(set(p.skills) <= set(task.relevant) and p.text == p.prompt + p.steps + p.answer for p in seen + unseen)
+    pool, rel = make_target_pool(200, task, seed=3), set(task.relevant)
+    cats = {c: [set(d.skills) for d in pool if d.category == c] for c in CATEGORIES}
+    assert all(s <= rel for s in cats['relevant']) and all(not s & rel for s in cats['irrelevant'])
+    assert all(s & rel and s - rel for s in cats['mixed'])
+    assert any(holds_unseen(s, task) for s in cats['relevant'])                   # the pool holds the unseen combinations
+    assert [d.text for d in make_target_pool(60, task, seed=4)] == [d.text for d in make_target_pool(60, task, seed=4)]
+    assert [d.text for d in make_target_pool(60, task, seed=4)] != [d.text for d in make_target_pool(60, task, seed=5)]
+    assert len(make_base_corpus(30, seed=0)) == 30
+
+
+def test_dedup_matches_the_pairwise_definition():
+    pool = make_target_pool(150, make_task(seed=0), seed=2)
+    texts = [d.text for d in pool]
+    sh, want = [shingles(t) for t in texts], []
+    for i, s in enumerate(sh):
+        if all(len(s & sh[j]) <= 0.8 * len(s | sh[j]) for j in want): want.append(i)
+    assert dedup(texts).tolist() == want
+    assert sum(pool[i].category == 'dup' for i in want) < sum(d.category == 'dup' for d in pool)
+
+
 def test_equal_token_budgets_and_determinism():
     lists = [list(range(random.Random(i).randint(3, 30))) for i in range(40)]
-    a = token_blocks(lists, range(40), 10, 32, eos_id=99, seed=1); b = token_blocks(lists, [0, 1, 2], 10, 32, eos_id=99, seed=1)
+    a, b = token_blocks(lists, range(40), 10, 32, eos_id=99, seed=1), token_blocks(lists, [0, 1, 2], 10, 32, eos_id=99, seed=1)
     assert a.shape == b.shape == (10, 32)                                           # same tokens for a big and a tiny subset
     assert torch.equal(a, token_blocks(lists, range(40), 10, 32, eos_id=99, seed=1))
-    assert [d.text for d in make_target_pool(60, seed=4)] == [d.text for d in make_target_pool(60, seed=4)]
-    assert [d.text for d in make_target_pool(60, seed=4)] != [d.text for d in make_target_pool(60, seed=5)]
 
 
-def test_world_extraction_dedup_and_baselines():
-    probs = make_problems(40, seed=3)
-    for p in probs:
-        assert p.text == p.prompt + p.steps + p.answer
-        assert set(p.skills) <= {SKILL_OF[n] for n in extract_skills(p)}         # the rules never miss a skill of these problems
-    pool = make_target_pool(120, seed=2); keep = dedup([d.text for d in pool])
-    cats = [pool[i].category for i in keep]
-    assert cats.count('dup') < sum(d.category == 'dup' for d in pool)
-    ds = dsir_lite_scores([d.text for d in pool], [p.text for p in probs])
-    mean = lambda c: np.mean([s for s, d in zip(ds, pool) if d.category == c])
-    assert mean('multi') > mean('offtopic')
-    assert np.isclose(skill_popularity(0.0).sum(), 1) and np.allclose(skill_popularity(0.0), 1 / len(SKILLS))
-    assert tokens_to_reach([10, 20, 30], [3.0, 2.0, 1.0], 1.5) == 25.0 and tokens_to_reach([10, 20], [3.0, 2.0], 1.0) is None
+def test_extraction_baselines_oracle_and_composition():
+    task = make_task(seed=1)
+    probs = make_problems(40, task, seed=3)
+    assert all(set(p.skills) <= {SKILL_OF[n] for n in extract_skills(p)} for p in probs)   # the rules miss no skill here
+    pool = make_target_pool(140, task, seed=2)
+    cat = np.array([d.category for d in pool])
+    ds, orc = dsir_lite_scores([d.text for d in pool], [p.text for p in probs]), oracle_scores(pool, task)
+    assert ds[cat == 'relevant'].mean() > ds[cat == 'offtopic'].mean()
+    assert orc[cat == 'relevant'].min() > orc[cat == 'mixed'].max() > orc[cat == 'irrelevant'].max() >= orc[cat == 'noisy'].max()
+    world = dict(pool=pool, lengths=np.array([len(d.text) for d in pool]), task=task)
+    c = composition(world, list(range(len(pool))))
+    assert np.isclose(sum(c[f'share_{k}'] for k in CATEGORIES), 1) and np.isclose(sum(c[f'skill_{k}'] for k in SKILLS), 1)
+    assert composition(world, list(np.nonzero(cat == 'relevant')[0]))['share_all_relevant'] == 1.0
 
 
 def test_tiny_end_to_end_run():
-    cfg = MASSConfig(mode='quick', pool_size=60, n_ref=12, n_eval=4, steps=4, n_evals=2, batch_size=2, seq_len=64, methods=('full', 'mass', 'centroid'))
+    "The three stages run: every method at ρ, MASS and the strongest selector over the grid, MASS at T/2 at its best ρ."
+    cfg = MASSConfig(mode='quick', pool_size=60, n_ref=12, n_eval=4, steps=4, n_evals=2, batch_size=2, seq_len=64, base_docs=40,
+                     base_steps=4, ratios=(0.25, 0.5, 0.75), methods=('full', 'oracle', 'random', 'mass', 'centroid'))
     res = run_experiment(cfg)
     df = res.df
-    assert set(df.method) == {'full', 'mass', 'centroid'} and (df.tokens == cfg.tokens).all()
-    assert df[df.method == 'mass'].share_offtopic.iloc[0] <= df[df.method == 'full'].share_offtopic.iloc[0]
-    assert len(res.claims) == 3                                                # full, half the tokens, and the one baseline that ran
-    assert 'MASS' in headline(res)
+    b = strongest_baseline(df, cfg.steps, cfg.ratio)
+    assert b in ('random', 'centroid') and set(df[df.method == b].ratio) == set(df[df.method == 'mass'].ratio) == {0.25, 0.5, 0.75}
+    half = df[df.steps == cfg.steps // 2]
+    assert set(half.method) == {'mass'} and half.ratio.iloc[0] == best_ratio(df, 'mass', cfg.steps).knob
+    assert (df[df.steps == cfg.steps].tokens == cfg.tokens).all() and (half.tokens == cfg.tokens // 2).all()
+    assert len([c for c in res.claims if not c.is_precondition]) == 6 and 'MASS' in headline(res) and current(res)
+    assert res.tables['base'] and 'state' not in res.tables['base'][0]
 
 
-def _fake(mass, half, full=2.2, baselines=None, n=5, noise=0.005, pre=()):
-    """Held-out losses per (method, seed): MASS `mass` at T and `half` at T/2, the full pool `full`, each simple selector its value in
-    `baselines` (default: 2.3 for random, centroid and DSIR-lite); `pre`: precondition claims."""
-    rng, rows = np.random.default_rng(0), []
-    baselines = dict(random=2.3, centroid=2.3, dsir_lite=2.3) if baselines is None else baselines
+# ---- the verdict rule on made-up rows ---------------------------------------------------------------------------------
+
+GRID = (0.25, 0.375, 0.5, 0.75)
+
+
+def _fake(mass=2.0, half=2.1, full=2.2, base=None, oracle=1.8, slope=0.0, n=5, noise=0.005, chance=4.0):
+    """Made-up rows of a full run: each method's held-out loss on every split (a seed effect common to all, plus noise);
+    MASS and the centroid over the ρ grid, best at 0.375 (0.05 worse elsewhere); MASS at T/2 at its best ρ; the full pool's
+    validation curve falling by `slope` (relative, per T) over its run; the chance level."""
+    base = dict(random=2.3, centroid=2.3, dsir_lite=2.3) if base is None else base
+    rng, rows, T = np.random.default_rng(0), [], 100
+    arms = [('full', 1.0, T, full), ('oracle', 0.5, T, oracle), ('mass', 0.375, T // 2, half)]
+    arms += [(m, r, T, v + 0.05 * (r != 0.375)) for m, v in [('mass', mass), *base.items()]
+             for r in (GRID if m in ('mass', 'centroid') else (0.5,))]
     for s in range(n):
-        shared = 0.05 * rng.standard_normal()                                        # a seed effect common to every method
-        for m, loss in (('full', full), ('mass', mass), *baselines.items()):
-            rows.append(dict(method=m, seed=s, loss=loss + shared + noise * rng.standard_normal(),
-                             loss_half=(half if m == 'mass' else loss) + shared + noise * rng.standard_normal()))
-    return Results('mass', dict(mode='quick', seed=0, ratio=0.5), rows, seeds=list(range(n)), claims=list(pre))
+        shared = 0.05 * rng.standard_normal()
+        for m, r, steps, v in arms:
+            rows.append(dict(method=m, ratio=r, seed=s, steps=steps, **{f'loss_{k}': v + shared + noise * rng.standard_normal()
+                                                                       for k in ('val', 'seen', 'unseen')}))
+    x = np.arange(1, 21) / 20
+    curves = [dict(method='full', ratio=1.0, seed=s, steps=T, step=(x * T).tolist(),
+                   eval_loss=(full * (1 - slope * (x - 1)) + 0.002 * rng.standard_normal(20)).tolist()) for s in range(n)]
+    cfg = dict(mode='full', seed=0, steps=T, ratio=0.5, slope_tol=0.25, min_headroom=0.05, min_learned=1.0)
+    chance_t = [dict(split=k, loss=chance) for k in ('val', 'seen', 'unseen')]
+    return Results('mass', cfg, rows, seeds=list(range(n)), tables=dict(curves=curves, chance=chance_t))
 
 
-def _precondition(holds: bool) -> Claim:
-    "A made-up precondition (the problem exists: the pool holds at least the declared 20% off-topic or noisy documents)."
-    est = 0.4 if holds else 0.05
-    return Claim('share of off-topic or noisy documents in the pool (made up)', est, est, est, null=0.2, role='precondition', threshold_from='min_bad_share')
+def _judged(r): return r.conclude(verdict, claims(r), headline(r)).verdict
 
 
-# (MASS at T, MASS at T/2, simple selectors or None for the default): what the rule must say
-CASES = {'reproduced': (2.0, 2.1, None, 'reproduced'),                         # beats full at T and at T/2, and every selector
-         'partly': (2.0, 2.3, None, 'partly'),                                 # at T/2 it is worse than the full pool at T
-         'no effect': (2.2, 2.2, dict(random=2.2, centroid=2.2, dsir_lite=2.2), 'not reproduced'),
-         'other way': (2.4, 2.5, dict(random=2.3, centroid=2.2, dsir_lite=2.3), 'not reproduced'),
-         'strongest baseline': (2.2, 2.3, dict(random=2.4, centroid=2.0, dsir_lite=2.4), 'not reproduced')}   # beats random, not the centroid
+CASES = {   # keyword arguments of _fake: the verdict the rule must give
+    'reproduced': (dict(), 'reproduced'),                                                  # every part, on both splits
+    'partly': (dict(half=2.3), 'partly'),                                                  # at T/2 it is worse than full at T
+    'no effect': (dict(mass=2.2, half=2.3, base=dict(random=2.2, centroid=2.2, dsir_lite=2.2)), 'not reproduced'),
+    'worse than the strongest selector': (dict(base=dict(random=2.3, centroid=1.9, dsir_lite=2.3)), 'not reproduced'),
+    'not flat': (dict(slope=2.0), 'untestable here'),                                      # full's loss still falling
+    'no headroom': (dict(oracle=2.15), 'untestable here'),                                 # the oracle barely beats full
+    'not learned': (dict(chance=2.5), 'untestable here'),                                  # full's loss near chance
+}
 
 
 @pytest.mark.parametrize('case', list(CASES))
 def test_verdict_rule_on_made_up_rows(case):
-    mass, half, base, want = CASES[case]
-    assert verdict(_fake(mass, half, baselines=base)) == want
+    kw, want = CASES[case]
+    assert _judged(_fake(**kw)) == want
 
 
-def test_claims_judge_against_the_strongest_selector():
-    mass, half, base, _ = CASES['strongest baseline']
-    r = _fake(mass, half, baselines=base)
-    cs = claims(r)
-    assert strongest_baseline(r) == 'centroid' and 'reference centroid' in cs[2].name and cs[2].opposite
-    assert not any(c.shows for c in cs)
-    r = _fake(2.2, 2.3, baselines=dict(random=2.4))                                 # against random alone, the third part would show
-    assert strongest_baseline(r) == 'random' and claims(r)[2].shows and verdict(r) == 'partly'
-    assert len(claims(_fake(2.0, 2.1, baselines={}))) == 2                           # no selector ran: two parts
+def test_all_four_verdicts_are_reachable():
+    assert {want for _, want in CASES.values()} == {'reproduced', 'partly', 'not reproduced', 'untestable here'}
 
 
-@pytest.mark.parametrize('case', list(CASES))
-def test_failed_precondition_makes_it_untestable(case):
-    mass, half, base, want = CASES[case]
-    assert verdict(_fake(mass, half, baselines=base, pre=[_precondition(False)])) == 'untestable here'
-    assert verdict(_fake(mass, half, baselines=base, pre=[_precondition(True)])) == want   # one that holds leaves the rule's verdict
+def test_preconditions_are_declared_and_recorded():
+    r = _fake()
+    pre = [c for c in claims(r) if c.is_precondition]
+    assert {c.threshold_from for c in pre} == {'slope_tol', 'min_headroom', 'min_learned'} and all(c.holds for c in pre)
+    assert len([c for c in pre if c.threshold_from == 'min_headroom']) == 4                  # (full, random) x (seen, unseen)
+    r.conclude(verdict, claims(r), headline(r))
+    assert r.verdict == verdict(r) and 'preconditions: all hold' in r.headline
 
 
-def test_recorded_run_is_full_with_three_seeds():
+def test_the_strongest_selector_and_best_rho_are_chosen_on_validation():
+    "Changing only the seen/unseen losses (the evaluation splits) never changes which baseline or which ρ is compared."
+    r = _fake(base=dict(random=2.3, centroid=2.25, dsir_lite=2.3))
+    assert strongest_baseline(r.df, 100, 0.5) == 'centroid' and best_ratio(r.df, 'mass', 100).knob == 0.375
+    rows = [dict(x, loss_seen=x['loss_seen'] + (1.0 if x['method'] == 'centroid' else 0.0) - (1.0 if x['ratio'] == 0.75 else 0))
+            for x in r.rows]
+    r2 = dataclasses.replace(r, rows=rows)
+    assert strongest_baseline(r2.df, 100, 0.5) == 'centroid' and best_ratio(r2.df, 'mass', 100).knob == 0.375
+    cfg = MASSConfig(mode='quick', n_seeds=5, ratios=GRID, steps=100)
+    assert {k[0] for k in stage_two(cfg, r.df)} == {'mass', 'centroid'} and len(stage_two(cfg, r.df)) == 2 * 3 * 5
+    assert {(k[1], k[3]) for k in stage_three(cfg, r.df)} == {(0.375, 50)}
+    name = [c.name for c in claims(r) if 'best ρ' in c.name][0]
+    assert 'reference centroid' in name and '(0.375 vs 0.375)' in name
+
+
+def test_the_first_versions_record_still_recomputes():
+    "The committed run of the first version (one held-out set, no splits) keeps its three claims and its verdict."
+    try: R = load_results('mass')
+    except FileNotFoundError: pytest.skip('no full run recorded')
+    if current(R): pytest.skip('the recorded run is of this version')
+    assert len(claims(R)) == 3 and verdict(R) == R.verdict
+
+
+def test_recorded_run_is_full_with_five_seeds_and_its_preconditions():
     try: R = load_results('mass')
     except FileNotFoundError: pytest.skip('no full run recorded yet')
-    assert R.mode == 'full' and len(R.seeds) >= 3 and len(R.claims) == 3
+    if not current(R): pytest.skip('the recorded run is of the first version; rerun: workbench run mass --full')
+    assert R.mode == 'full' and len(R.seeds) >= 5 and any(c.is_precondition for c in R.claims) and verdict(R) == R.verdict
 
 
 def test_the_lm_comes_from_the_model_field():
-    "The default is the registry's scratch model: the same seeded tiny Llama as before; a pretrained model is a fresh, trainable copy."
-    from workbench.data_selection.mass import lm_for
+    "The default is the registry's scratch model, with the base unit's weights when given; a pretrained model is a fresh copy."
     from workbench.models import tiny_llama, load_model
     from workbench.testing import tiny_folder
     class Tok:
@@ -181,10 +248,14 @@ def test_the_lm_comes_from_the_model_field():
     assert cfg.model == 'tiny-llama' and cfg.from_scratch
     a, b = lm_for(cfg, Tok(), 3), tiny_llama(300, cfg.n_layers, cfg.d_model, 4, max_len=cfg.seq_len, seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values())) and a.training
-    folder = tiny_folder('qwen2'); c = MASSConfig(mode='quick', model=folder)
-    assert not c.from_scratch
-    m = lm_for(c, None, 0)
-    assert m.training and all(p.requires_grad for p in m.parameters())
-    assert all(torch.equal(x, y) for x, y in zip(m.state_dict().values(), load_model(folder).state_dict().values()))   # pretrained weights
+    base = dict(state={k: v.tolist() for k, v in lm_for(cfg, Tok(), 9).state_dict().items()})
+    c = lm_for(cfg, Tok(), 3, base)
+    assert all(torch.equal(torch.tensor(base['state'][k]), v) for k, v in c.state_dict().items())
+    folder = tiny_folder('qwen2')
+    p = MASSConfig(mode='quick', model=folder)
+    assert not p.from_scratch
+    m = lm_for(p, None, 0)
+    assert m.training and all(q.requires_grad for q in m.parameters())
+    assert all(torch.equal(x, y) for x, y in zip(m.state_dict().values(), load_model(folder).state_dict().values()))
     with pytest.raises(ValueError, match='exceeds'): lm_for(MASSConfig(mode='quick', model=folder, seq_len=4096), None, 0)
     with pytest.raises(ValueError, match='unknown model'): MASSConfig(mode='quick', model='no-such-model')

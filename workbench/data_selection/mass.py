@@ -6,56 +6,108 @@ Docs: https://workbench-dev.github.io/workbench/data_selection/mass.html.md"""
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000003
 from __future__ import annotations
-import math, random, re, zlib
-from dataclasses import dataclass, field
+import itertools, math, random, re, zlib
+from dataclasses import dataclass
 from typing import ClassVar
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 import torch
 import networkx as nx
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer, get_device
-from ..measure import check_int, check_num, check_choice, mean_ci, paired_t, claim
+from ..core import (ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer,
+                            get_device)
+from ..measure import (check_int, check_num, check_choice, mean_ci, paired_t, claim, precondition, flattened,
+                               best_setting, best_vs_best, Interval)
 from ..models import load_model, load_tokenizer, load_embedder, model_source
 from ..data import train_bpe, load_corpus
 from ..train import TrainConfig, train, collate, model_device
 from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
-__all__ = ['SKILLS', 'CATEGORIES', 'POOL_MIX', 'SKILL_RULES', 'SKILL_OF', 'METHODS', 'BASELINES', 'METHOD_NAMES', 'MathDoc',
-           'skill_popularity', 'worked_problem', 'make_target_pool', 'make_problems', 'shingles', 'dedup',
+__all__ = ['SKILLS', 'STEP_OF', 'CATEGORIES', 'POOL_MIX', 'SKILL_RULES', 'SKILL_OF', 'METHODS', 'BASELINES', 'SPLITS',
+           'METHOD_NAMES', 'MathDoc', 'chain_problem', 'draw_problem', 'Task', 'make_task', 'holds_unseen',
+           'make_problems', 'make_target_pool', 'make_base_corpus', 'shingles', 'shingle_matrix', 'near_pairs', 'dedup',
            'extract_skills', 'merge_skills', 'SkillGraph', 'topk_sims', 'mass_scores', 'score_terms', 'centroid_scores',
-           'dsir_lite_scores', 'select_top', 'token_blocks', 'answer_rows', 'answer_metrics', 'MASSConfig',
-           'build_world', 'skill_text', 'build_graph', 'method_scores', 'selection_unit', 'lm_for', 'train_unit',
-           'tokens_to_reach', 'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'headline', 'graph_of',
-           'fig_skill_graph', 'SkillGraphExplorer', 'fig_selection', 'SelectionExplorer', 'fig_training',
-           'TrainingExplorer', 'summary_table']
+           'dsir_lite_scores', 'oracle_scores', 'select_top', 'token_blocks', 'answer_rows', 'answer_metrics',
+           'MASSWorld', 'MASSTraining', 'MASSPreconditions', 'MASSConfig', 'build_world', 'chance_loss', 'lm_for',
+           'base_unit', 'train_unit', 'embed', 'skill_text', 'build_graph', 'method_scores', 'selection_unit',
+           'subset_of', 'composition', 'unit_row', 'strongest_baseline', 'best_ratio', 'stage_one', 'stage_two',
+           'stage_three', 'run_tables', 'run_notes', 'run_experiment', 'training_preconditions',
+           'headroom_preconditions', 'task_preconditions', 'comparison_claims', 'claims', 'verdict', 'headline',
+           'current', 'graph_of', 'kept_docs', 'fig_skill_graph', 'SkillGraphExplorer', 'fig_selection',
+           'SelectionExplorer', 'fig_training', 'TrainingExplorer', 'composition_table', 'fig_composition',
+           'summary_table', 'ablations']
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000008
 SKILLS = ('addition', 'subtraction', 'multiplication', 'division', 'percentages', 'squares', 'modular arithmetic',
           'rounding', 'averages', 'gcd', 'unit conversion')
-CATEGORIES = ('multi', 'drill', 'noisy', 'offtopic', 'dup')          # hidden pool categories
-POOL_MIX = dict(multi=0.30, drill=0.25, noisy=0.20, offtopic=0.15, dup=0.10)
+
+def _add(x, r):
+    a = r.randint(2, 60)
+    return f"add {a}", f"{x} + {a} = {x + a}", x + a
+
+def _subtract(x, r):
+    if x <= 2: return None
+    a = r.randint(1, x - 1)
+    return f"subtract {a}", f"{x} - {a} = {x - a}", x - a
+
+def _multiply(x, r):
+    if x > 150: return None
+    a = r.randint(2, 9)
+    return f"multiply by {a}", f"{x} * {a} = {x * a}", x * a
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000008b
+def _divide(x, r):
+    ds = [a for a in range(2, 13) if x % a == 0 and x // a > 1]
+    if not ds: return None
+    a = r.choice(ds)
+    return f"divide by {a}", f"{x} / {a} = {x // a}", x // a
+
+def _percent(x, r):
+    ps = [p for p in (10, 20, 25, 50) if x * p % 100 == 0 and x * p // 100 > 1]
+    if not ps: return None
+    p = r.choice(ps)
+    return f"take {p}% of it", f"{p}% of {x} = {x} * {p} / 100 = {x * p // 100}", x * p // 100
+
+def _square(x, r):
+    return ("square it", f"{x}^2 = {x} * {x} = {x * x}", x * x) if x <= 40 else None
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000008c
+def _mod(x, r):
+    a = r.randint(3, 11)
+    return (f"take the remainder mod {a}", f"{x} mod {a} = {x % a}", x % a) if x % a > 1 else None
+
+def _round(x, r):
+    if x < 15 or x % 10 == 0: return None
+    y = (x + 5) // 10 * 10
+    return "round it to the nearest ten", f"{x} rounds to {y}", y
+
+def _average(x, r):
+    a = r.randint(1, 99)
+    a += (a + x) % 2                                        # an even sum: the average is an integer
+    return f"average it with {a}", f"({x} + {a}) / 2 = {(x + a) // 2}", (x + a) // 2
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000008cx0
+def _gcd(x, r):
+    ds = [d for d in range(2, min(x, 30) + 1) if x % d == 0]
+    if not ds: return None
+    a = r.choice(ds) * r.randint(1, 5)
+    return f"take the gcd with {a}", f"gcd({x}, {a}) = {math.gcd(x, a)}", math.gcd(x, a)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000008d
+def _to_cm(x, r):
+    if x > 60: return None
+    return "convert it from meters to centimeters", f"{x} m = {x} * 100 cm = {x * 100} cm", x * 100
+
+STEP_OF = dict(zip(SKILLS, (_add, _subtract, _multiply, _divide, _percent, _square, _mod, _round, _average, _gcd,
+                            _to_cm)))
 
 def _step(skill: str, x: int, r: random.Random):
     "(instruction, worked step, result) of `skill` applied to `x`, or None where it does not apply."
-    if skill == 'addition': a = r.randint(2, 60); return f"add {a}", f"{x} + {a} = {x + a}", x + a
-    if skill == 'subtraction' and x > 2: a = r.randint(1, x - 1); return f"subtract {a}", f"{x} - {a} = {x - a}", x - a
-    if skill == 'multiplication' and x <= 150: a = r.randint(2, 9); return f"multiply by {a}", f"{x} * {a} = {x * a}", x * a
-    if skill == 'division' and (ds := [a for a in range(2, 13) if x % a == 0 and x // a > 1]):
-        a = r.choice(ds); return f"divide by {a}", f"{x} / {a} = {x // a}", x // a
-    if skill == 'percentages' and (ps := [p for p in (10, 20, 25, 50) if x * p % 100 == 0 and x * p // 100 > 1]):
-        p = r.choice(ps); return f"take {p}% of it", f"{p}% of {x} = {x} * {p} / 100 = {x * p // 100}", x * p // 100
-    if skill == 'squares' and x <= 40: return "square it", f"{x}^2 = {x} * {x} = {x * x}", x * x
-    if skill == 'modular arithmetic' and x % (a := r.randint(3, 11)) > 1: return f"take the remainder mod {a}", f"{x} mod {a} = {x % a}", x % a
-    if skill == 'rounding' and x >= 15 and x % 10: y = (x + 5) // 10 * 10; return "round it to the nearest ten", f"{x} rounds to {y}", y
-    if skill == 'averages': a = r.randint(1, 99); a += (a + x) % 2; return f"average it with {a}", f"({x} + {a}) / 2 = {(x + a) // 2}", (x + a) // 2
-    if skill == 'gcd' and (ds := [d for d in range(2, min(x, 30) + 1) if x % d == 0]):
-        a = r.choice(ds) * r.randint(1, 5); return f"take the gcd with {a}", f"gcd({x}, {a}) = {math.gcd(x, a)}", math.gcd(x, a)
-    if skill == 'unit conversion' and x <= 60: return "convert it from meters to centimeters", f"{x} m = {x} * 100 cm = {x * 100} cm", x * 100
-    return None
+    return STEP_OF[skill](x, r)
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000011
 @dataclass
@@ -68,41 +120,101 @@ class MathDoc:
     steps: str = ''    # ' 12 + 7 = 19. ... The answer is'
     answer: str = ''   # ' 19.'
 
-def skill_popularity(skew: float=1.0, seed: int=0) -> np.ndarray:
-    "Zipf popularity over `SKILLS` in a seeded order: $p_k \\propto 1/\\mathrm{rank}_k^{\\,skew}$ (skew 0: uniform)."
-    ranks = np.random.default_rng(seed).permutation(len(SKILLS)) + 1
-    p = 1.0 / ranks ** check_num('skew', skew, lo=0); return p / p.sum()
+def _worked(x0: int, ins: list, st: list, x: int, skills, category: str) -> MathDoc:
+    then = ''.join(f"then {i}, " for i in ins[1:-1])
+    prompt = f"Problem: Start with {x0}. First {ins[0]}, {then}and then {ins[-1]}. What is the result?\nSolution:"
+    steps = ' ' + '. '.join(st) + '. The answer is'
+    return MathDoc(prompt + steps + f" {x}.", category, tuple(skills), prompt, steps, f" {x}.")
 
-def worked_problem(r: random.Random, popularity, n_skills: int) -> MathDoc:
-    "A problem chaining `n_skills` distinct skills drawn by `popularity`, with its worked solution."
-    while True:
-        ks, pool = [], list(range(len(SKILLS)))
-        while len(ks) < n_skills: k = r.choices(pool, [popularity[j] for j in pool])[0]; pool.remove(k); ks.append(SKILLS[k])
-        x0 = x = r.randint(2, 99); ins, st = [], []
-        for k in ks:
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000011b
+def chain_problem(r: random.Random, skills, category: str='multi', tries: int=50) -> MathDoc|None:
+    "A worked problem applying `skills` in order to a random start; None if no start in `tries` lets every step apply."
+    for _ in range(tries):
+        x0 = x = r.randint(2, 99)
+        ins, st = [], []
+        for k in skills:
             out = _step(k, x, r)
             if out is None or out[2] > 9999: break
-            ins.append(out[0]); st.append(out[1]); x = out[2]
-        else: break
-    prompt = f"Problem: Start with {x0}. First {ins[0]}, " + ''.join(f"then {i}, " for i in ins[1:-1]) + f"and then {ins[-1]}. What is the result?\nSolution:"
-    steps = ' ' + '. '.join(st) + '. The answer is'
-    return MathDoc(prompt + steps + f" {x}.", 'multi', tuple(ks), prompt, steps, f" {x}.")
+            ins.append(out[0])
+            st.append(out[1])
+            x = out[2]
+        else: return _worked(x0, ins, st, x, skills, category)
+    return None
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000011c
+def draw_problem(r: random.Random, skills, weights, n_skills: int, category: str='multi') -> MathDoc:
+    "A worked problem chaining `n_skills` distinct skills of `skills`, drawn without replacement by `weights`."
+    if not 2 <= n_skills <= len(skills): raise ValueError(f"n_skills must be in [2, {len(skills)}], got {n_skills}")
+    while True:
+        pool, w, ks = list(skills), list(weights), []
+        while len(ks) < n_skills:
+            j = r.choices(range(len(pool)), w)[0]
+            ks.append(pool.pop(j))
+            w.pop(j)
+        if (d := chain_problem(r, ks, category)) is not None: return d
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000014
-def _drill(r):
-    k = r.choice(SKILLS); st = []
+@dataclass(frozen=True)
+class Task:
+    "The target task: its relevant skills, their popularity, and the pairs the reference set never combines."
+    relevant: tuple     # skills the reference and held-out problems use (a subset of `SKILLS`)
+    popularity: tuple   # Zipf popularity over `relevant`, summing to 1
+    unseen: tuple       # pairs of relevant skills held out of the reference set
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000014x0
+def make_task(n_relevant: int=5, n_unseen: int=3, skew: float=1.0, seed: int=0) -> Task:
+    "A seeded task: `n_relevant` of the 11 skills, Zipf(`skew`) popularity over them, `n_unseen` held-out pairs."
+    check_int('n_relevant', n_relevant, lo=3, hi=len(SKILLS))
+    g, pairs = np.random.default_rng(seed), math.comb(n_relevant, 2)
+    rel = tuple(SKILLS[i] for i in sorted(g.choice(len(SKILLS), n_relevant, replace=False)))
+    k = check_int("n_unseen", n_unseen, lo=1, hi=pairs - 2)
+    unseen = [list(itertools.combinations(rel, 2))[i] for i in g.choice(pairs, k, replace=False)]
+    p = 1.0 / (g.permutation(n_relevant) + 1.0) ** check_num('skew', skew, lo=0)
+    return Task(rel, tuple(p / p.sum()), tuple(sorted(unseen)))
+
+def holds_unseen(skills, task: Task) -> bool:
+    "Whether `skills` holds a pair that the reference set never combines."
+    return any(a in skills and b in skills for a, b in task.unseen)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000014b
+def _seen_problem(r: random.Random, task: Task) -> MathDoc:
+    while True:
+        d = draw_problem(r, task.relevant, task.popularity, r.randint(2, 3))
+        if not holds_unseen(d.skills, task): return d
+
+def _unseen_problem(r: random.Random, task: Task) -> MathDoc:
+    while True:
+        ks = list(task.unseen[r.randrange(len(task.unseen))])
+        if r.random() < 0.5: ks.append(r.choice([k for k in task.relevant if k not in ks]))
+        r.shuffle(ks)
+        if (d := chain_problem(r, ks)) is not None: return d
+
+def make_problems(n: int, task: Task, split: str='seen', seed: int=0) -> list[MathDoc]:
+    "`n` problems of the task: 'seen' combinations (like the reference set) or 'unseen' ones (a held-out pair each)."
+    make = dict(seen=_seen_problem, unseen=_unseen_problem)[check_choice('split', split, ('seen', 'unseen'))]
+    r = random.Random(seed)
+    return [make(r, task) for _ in range(check_int('n', n, lo=1))]
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000015
+CATEGORIES = ('relevant', 'mixed', 'irrelevant', 'drill', 'noisy', 'offtopic', 'dup')   # hidden pool categories
+POOL_MIX = dict(relevant=0.15, mixed=0.2, irrelevant=0.3, drill=0.15, noisy=0.1, offtopic=0.05, dup=0.05)
+
+def _drill(r: random.Random, skills=SKILLS) -> MathDoc:
+    k, st = r.choice(skills), []
     while len(st) < 3:
         if (out := _step(k, r.randint(2, 99), r)) is not None: st.append(out[1])
     return MathDoc('; '.join(st) + '.', 'drill', (k,))
 
-def _noisy(r):
-    kind, d = r.choice(('wrong', 'shuffle', 'soup')), worked_problem(r, np.ones(len(SKILLS)), r.randint(2, 4))
-    if kind == 'wrong': text = re.sub(r'= (\d+)', lambda m: f"= {int(m[1]) + r.choice((-1, 1)) * r.randint(1, 40)}", d.text)
-    elif kind == 'shuffle': parts = d.text.split('. '); r.shuffle(parts); text = '. '.join(parts)
+def _noisy(r: random.Random) -> MathDoc:
+    kind, d = r.choice(('wrong', 'shuffle', 'soup')), draw_problem(r, SKILLS, [1] * len(SKILLS), r.randint(2, 4))
+    if kind == 'wrong': text = re.sub(r'= (\d+)', lambda m: f"= {int(m[1]) + r.choice((-1, 1)) * r.randint(1, 40)}",
+                                      d.text)
+    elif kind == 'shuffle': text = '. '.join(r.sample(d.text.split('. '), len(d.text.split('. '))))
     else: text = ' '.join(r.choice((str(r.randint(0, 999)), r.choice('+-*/=%'))) for _ in range(r.randint(20, 45)))
     return MathDoc(text, 'noisy')
 
-def _offtopic_texts(min_chars=150, max_chars=400) -> list[str]:
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000015b
+def _offtopic_texts(min_chars: int=150, max_chars: int=400) -> list[str]:
     "Chunks of local licence texts and stdlib docstrings (off-topic prose)."
     out = []
     for name in ('licenses', 'docstrings'):
@@ -111,52 +223,104 @@ def _offtopic_texts(min_chars=150, max_chars=400) -> list[str]:
             out += [t[i:i + max_chars] for i in range(0, len(t) - min_chars, max_chars)][:3]
     return out
 
-# %% ../../nbs/data_selection/70_mass.ipynb #ms000015
-def make_target_pool(n: int, mix: dict|None=None, n_dup_sources: int=5, seed: int=0) -> list[MathDoc]:
-    "A shuffled pool of `n` documents in the category shares `mix` (default `POOL_MIX`); categories are hidden from selectors."
-    mix = dict(POOL_MIX if mix is None else mix); check_int('n', n, lo=len(CATEGORIES))
-    if set(mix) - set(CATEGORIES) or abs(sum(mix.values()) - 1) > 1e-6: raise ValueError(f"mix needs keys in {CATEGORIES} summing to 1, got {mix}")
-    r, uniform = random.Random(seed), np.ones(len(SKILLS))
-    counts = {c: int(round(n * mix.get(c, 0))) for c in CATEGORIES}; counts['multi'] += n - sum(counts.values())
-    multi = [worked_problem(r, uniform, r.randint(2, 4)) for _ in range(counts['multi'])]
-    off = _offtopic_texts(); r.shuffle(off)
-    docs = multi + [_drill(r) for _ in range(counts['drill'])] + [_noisy(r) for _ in range(counts['noisy'])]
+def _mixed(r: random.Random, task: Task) -> MathDoc:
+    while True:
+        d = draw_problem(r, SKILLS, [1] * len(SKILLS), r.randint(2, 4), 'mixed')
+        if set(d.skills) & set(task.relevant) and set(d.skills) - set(task.relevant): return d
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000015c
+def _solutions(r: random.Random, task: Task, counts: dict) -> list[MathDoc]:
+    "The worked solutions of the pool: relevant, mixed and irrelevant, by `counts`."
+    rel, irr = task.relevant, [k for k in SKILLS if k not in task.relevant]
+    def some(skills, cat): return draw_problem(r, skills, [1] * len(skills), r.randint(2, min(4, len(skills))), cat)
+    docs = [some(rel, 'relevant') for _ in range(counts['relevant'])]
+    docs += [_mixed(r, task) for _ in range(counts['mixed'])]
+    return docs + [some(irr, 'irrelevant') for _ in range(counts['irrelevant'])]
+
+def _counts(n: int, mix: dict) -> dict:
+    if set(mix) - set(CATEGORIES) or abs(sum(mix.values()) - 1) > 1e-6:
+        raise ValueError(f"mix needs keys in {CATEGORIES} summing to 1, got {mix}")
+    counts = {c: int(round(n * mix.get(c, 0))) for c in CATEGORIES}
+    counts['relevant'] += n - sum(counts.values())
+    return counts
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000015d
+def make_target_pool(n: int, task: Task, mix: dict|None=None, n_dup_sources: int=5, seed: int=0) -> list[MathDoc]:
+    "A shuffled pool of `n` documents in the category shares `mix` (default `POOL_MIX`), hidden from selectors."
+    counts = _counts(check_int('n', n, lo=len(CATEGORIES)), dict(POOL_MIX if mix is None else mix))
+    r = random.Random(seed)
+    sol = _solutions(r, task, counts)
+    docs = sol + [_drill(r) for _ in range(counts['drill'])] + [_noisy(r) for _ in range(counts['noisy'])]
+    off = _offtopic_texts()
+    r.shuffle(off)
     docs += [MathDoc(off[i % len(off)], 'offtopic') for i in range(counts['offtopic'])]
-    src = multi[:n_dup_sources]
+    src = sol[:max(1, min(n_dup_sources, counts['relevant']))]
     docs += [MathDoc(s.text.replace('Start with', r.choice(('Begin with', 'Take', 'Start from'))), 'dup', s.skills)
              for s in (src[i % len(src)] for i in range(counts['dup']))]
-    r.shuffle(docs); return docs
+    r.shuffle(docs)
+    return docs
 
-def make_problems(n: int, skew: float=1.0, seed: int=0, pop_seed: int=0) -> list[MathDoc]:
-    "`n` multi-skill worked problems with skills drawn by the skewed popularity (reference and evaluation sets)."
-    r, p = random.Random(seed), skill_popularity(skew, pop_seed)
-    return [worked_problem(r, p, r.randint(2, 4)) for _ in range(check_int('n', n, lo=1))]
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000015dx0
+def make_base_corpus(n: int, drill_share: float=0.3, seed: int=0) -> list[MathDoc]:
+    "Generic math for the base model: worked solutions over all skills (uniform, 2–4 skills) and single-skill drills."
+    n_drill = int(round(check_int('n', n, lo=1) * check_num('drill_share', drill_share, lo=0, hi=1)))
+    r = random.Random(seed)
+    docs = [draw_problem(r, SKILLS, [1] * len(SKILLS), r.randint(2, 4), 'base') for _ in range(n - n_drill)]
+    return docs + [_drill(r) for _ in range(n_drill)]
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000018
 def shingles(text: str, n: int=3) -> frozenset:
     "The set of word n-grams of `text`."
-    w = text.split(); return frozenset(tuple(w[i:i + n]) for i in range(max(1, len(w) - n + 1)))
+    w = text.split()
+    return frozenset(tuple(w[i:i + n]) for i in range(max(1, len(w) - n + 1)))
 
+def shingle_matrix(texts: list[str], n: int=3) -> sp.csr_matrix:
+    "(N, V) 0/1 matrix: row i marks the distinct word n-grams of text i."
+    ids, rows, cols = {}, [], []
+    for i, t in enumerate(texts):
+        for s in shingles(t, n):
+            rows.append(i)
+            cols.append(ids.setdefault(s, len(ids)))
+    return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(texts), len(ids)))
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000018b
+def near_pairs(texts: list[str], threshold: float=0.8, n: int=3, block: int=512) -> list[tuple]:
+    "Pairs (i, j), j < i, whose shingle Jaccard similarity exceeds `threshold`."
+    X = shingle_matrix(texts, n)
+    size, out = np.asarray(X.sum(1)).ravel(), []
+    for a in range(0, X.shape[0], block):
+        I = (X[a:a + block] @ X.T).tocoo()                                     # (block, N) |S_i ∩ S_j|
+        i, j = I.row + a, I.col
+        # $J(a,b) = |S_a \cap S_b| / |S_a \cup S_b|$
+        near = (j < i) & (I.data > threshold * (size[i] + size[j] - I.data))
+        out += list(zip(i[near].tolist(), j[near].tolist()))
+    return out
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000018bx0
 def dedup(texts: list[str], threshold: float=0.8, n: int=3) -> np.ndarray:
     "Indices of the documents kept: each one's Jaccard similarity with every earlier kept one is ≤ `threshold`."
-    check_num('threshold', threshold, lo=0, hi=1); sh, kept = [shingles(t, n) for t in texts], []
-    for i, s in enumerate(sh):
-        # $J(a,b) = |S_a \cap S_b| / |S_a \cup S_b|$ (a size ratio below the threshold rules a pair out early)
-        if all(min(len(s), len(sh[j])) < threshold * max(len(s), len(sh[j])) or len(s & sh[j]) <= threshold * len(s | sh[j]) for j in kept): kept.append(i)
-    return np.array(kept, dtype=int)
+    near = {}
+    for i, j in near_pairs(texts, check_num('threshold', threshold, lo=0, hi=1), n): near.setdefault(i, []).append(j)
+    kept = set()
+    for i in range(len(texts)):
+        if not any(j in kept for j in near.get(i, ())): kept.add(i)
+    return np.array(sorted(kept), dtype=int)
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000021
 SKILL_RULES = (  # (regex cue in a problem statement or its steps, emitted skill name, the skill it stands for)
     (r'\badd \d', 'addition', 'addition'), (r'\d \+ \d+ =', 'addition of numbers', 'addition'),
     (r'\bsubtract \d', 'subtraction', 'subtraction'), (r'\bmultiply by', 'multiplication', 'multiplication'),
-    (r'\bdivide by', 'division', 'division'), (r'% of it', 'percentages', 'percentages'), (r'\d% of \d', 'percentage', 'percentages'),
-    (r'\bsquare it', 'squares', 'squares'), (r'\bremainder mod', 'modular arithmetic', 'modular arithmetic'),
+    (r'\bdivide by', 'division', 'division'), (r'% of it', 'percentages', 'percentages'),
+    (r'\d% of \d', 'percentage', 'percentages'), (r'\bsquare it', 'squares', 'squares'),
+    (r'\bremainder mod', 'modular arithmetic', 'modular arithmetic'),
     (r'\d mod \d', 'modular arithmetic remainder', 'modular arithmetic'), (r'nearest ten', 'rounding', 'rounding'),
-    (r'\d rounds to', 'rounding numbers', 'rounding'), (r'\baverage it', 'averages', 'averages'), (r'\) / 2 =', 'average', 'averages'),
-    (r'\bgcd with', 'gcd', 'gcd'), (r'gcd\(\d', 'greatest common divisor', 'gcd'), (r'meters to centimeters', 'unit conversion', 'unit conversion'),
+    (r'\d rounds to', 'rounding numbers', 'rounding'), (r'\baverage it', 'averages', 'averages'),
+    (r'\) / 2 =', 'average', 'averages'), (r'\bgcd with', 'gcd', 'gcd'), (r'gcd\(\d', 'greatest common divisor', 'gcd'),
+    (r'meters to centimeters', 'unit conversion', 'unit conversion'),
     (r'\d m = \d', 'unit conversions', 'unit conversion'))
 SKILL_OF = {name: skill for _, name, skill in SKILL_RULES}
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000021x0
 def extract_skills(doc: MathDoc|str, method: str='rules') -> list[str]:
     "Skill names of a reference problem: 'rules' (cue table, paraphrased names) or 'oracle' (the generator's tags)."
     check_choice('method', method, ('rules', 'oracle'))
@@ -169,10 +333,13 @@ def extract_skills(doc: MathDoc|str, method: str='rules') -> list[str]:
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000024
 def merge_skills(names: list[str], encoder, threshold: float=0.9) -> dict[str, str]:
     "Map each skill name to the canonical (most frequent) name of its group of names with cosine > `threshold`."
-    check_num('threshold', threshold, lo=-1); counts = pd.Series(list(names)).value_counts()
+    check_num('threshold', threshold, lo=-1)
+    counts = pd.Series(list(names)).value_counts()
     uniq = sorted(counts.index, key=lambda n: (-counts[n], n))
-    E = torch.as_tensor(encoder.encode(uniq)).float(); S = (E @ E.T).numpy()       # (u, u) cosines of unit vectors
-    G = nx.Graph(); G.add_nodes_from(range(len(uniq)))
+    E = torch.as_tensor(encoder.encode(uniq)).float()
+    S = (E @ E.T).numpy()                                                           # (u, u) cosines of unit vectors
+    G = nx.Graph()
+    G.add_nodes_from(range(len(uniq)))
     G.add_edges_from((i, j) for i in range(len(uniq)) for j in range(i + 1, len(uniq)) if S[i, j] > threshold)
     return {uniq[i]: uniq[min(c)] for c in nx.connected_components(G) for i in c}   # min index = most frequent name
 
@@ -186,71 +353,103 @@ class SkillGraph:
     @classmethod
     def from_annotations(cls, skill_lists: list[list[str]], min_cooc: int=1) -> "SkillGraph":
         "Graph of the skill lists of the reference problems; edges need at least `min_cooc` co-occurrences."
-        check_int('min_cooc', min_cooc, lo=1); sets = [sorted(set(s)) for s in skill_lists if s]
+        sets = [sorted(set(s)) for s in skill_lists if s]
         if not sets: raise ValueError("skill_lists has no skills")
-        names = sorted({k for s in sets for k in s}); ix = {k: i for i, k in enumerate(names)}
-        X = np.zeros((len(sets), len(names)))                              # (R, m) problem-skill incidence
-        for r, s in enumerate(sets): X[r, [ix[k] for k in s]] = 1
-        c, n = X.sum(0), X.T @ X                                           # c_k, n_kl
-        np.fill_diagonal(n, 0); n[n < min_cooc] = 0
+        names = sorted({k for s in sets for k in s})
+        X = np.array([[k in s for k in names] for s in sets], dtype=float)          # (R, m) problem-skill incidence
+        c, n = X.sum(0), X.T @ X                                                    # c_k, n_kl
+        np.fill_diagonal(n, 0)
+        n[n < check_int('min_cooc', min_cooc, lo=1)] = 0
         # $w_k = c_k / \sum_j c_j$, $A_{kl} = n_{kl} / \sum_{i<j} n_{ij}$
         return cls(names, c / c.sum(), n / n[np.triu_indices(len(names), 1)].sum() if n.any() else n)
-    def to_networkx(self) -> nx.Graph:
-        G = nx.Graph(); G.add_nodes_from((k, dict(weight=float(w))) for k, w in zip(self.names, self.node_weight))
-        G.add_edges_from((self.names[i], self.names[j], dict(weight=float(self.adj[i, j]))) for i, j in zip(*np.nonzero(np.triu(self.adj)))); return G
-    def pagerank(self, alpha: float=0.85) -> np.ndarray:
-        "PageRank of the edge-weighted graph (sums to 1), in `names` order."
-        pr = nx.pagerank(self.to_networkx(), alpha=check_num('alpha', alpha, lo=0, hi=1), weight='weight'); return np.array([pr[k] for k in self.names])
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000027b
+def _to_networkx(self: SkillGraph) -> nx.Graph:
+    G = nx.Graph()
+    G.add_nodes_from((k, dict(weight=float(w))) for k, w in zip(self.names, self.node_weight))
+    G.add_edges_from((self.names[i], self.names[j], dict(weight=float(self.adj[i, j])))
+                     for i, j in zip(*np.nonzero(np.triu(self.adj))))
+    return G
+
+def _pagerank(self: SkillGraph, alpha: float=0.85) -> np.ndarray:
+    "PageRank of the edge-weighted graph (sums to 1), in `names` order."
+    pr = nx.pagerank(self.to_networkx(), alpha=check_num('alpha', alpha, lo=0, hi=1), weight='weight')
+    return np.array([pr[k] for k in self.names])
+
+SkillGraph.to_networkx, SkillGraph.pagerank = _to_networkx, _pagerank
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000030
 def topk_sims(doc_embs, skill_embs, top_k: int=3) -> np.ndarray:
     "$\\tilde s$: (n, m) cosine similarities with all but each document's `top_k` largest set to 0."
     S = np.asarray(doc_embs, dtype=np.float64) @ np.asarray(skill_embs, dtype=np.float64).T     # (n, m)
-    top_k = check_int('top_k', top_k, lo=1); keep = np.argsort(-S, axis=1, kind='stable')[:, :min(top_k, S.shape[1])]
-    M = np.zeros_like(S); np.put_along_axis(M, keep, 1.0, axis=1); return S * M
+    keep = np.argsort(-S, axis=1, kind='stable')[:, :min(check_int('top_k', top_k, lo=1), S.shape[1])]
+    M = np.zeros_like(S)
+    np.put_along_axis(M, keep, 1.0, axis=1)
+    return S * M
 
-def mass_scores(doc_embs, skill_embs, graph: SkillGraph, top_k: int=3, lam: float=1.0, form: str='linear') -> np.ndarray:
-    "MASS quality score of each document: $\\tilde s^\\top \\hat A \\mathbf 1$ ('linear') or $\\tilde s^\\top \\hat A \\tilde s$ ('quadratic'), $\\hat A = \\mathrm{diag}(w) + \\lambda A$."
-    check_choice('form', form, ('linear', 'quadratic')); check_num('lam', lam, lo=0)
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000030x0
+def mass_scores(doc_embs, skill_embs, graph: SkillGraph, top_k: int=3, lam: float=1.0,
+                form: str='linear') -> np.ndarray:
+    "MASS score per document: $q_{lin}$ or $q_{quad}$, with $\\hat A = \\mathrm{diag}(w) + \\lambda A$."
+    check_choice('form', form, ('linear', 'quadratic'))
     S = topk_sims(doc_embs, skill_embs, top_k)                                        # (n, m)
-    if S.shape[1] != len(graph.names): raise ValueError(f"{S.shape[1]} skill embeddings for a graph of {len(graph.names)} skills")
-    Ahat = np.diag(graph.node_weight) + lam * graph.adj                               # (m, m)
+    if S.shape[1] != len(graph.names):
+        raise ValueError(f"{S.shape[1]} skill embeddings for a graph of {len(graph.names)} skills")
+    # $\hat A = \mathrm{diag}(w) + \lambda A$
+    Ahat = np.diag(graph.node_weight) + check_num('lam', lam, lo=0) * graph.adj        # (m, m)
     return S @ Ahat.sum(1) if form == 'linear' else ((S @ Ahat) * S).sum(1)
 
 def score_terms(doc_embs, skill_embs, graph: SkillGraph, top_k: int=3, lam: float=1.0) -> tuple:
-    "(node term $w^\\top\\tilde s$, edge term $\\lambda\\,\\tilde s^\\top A\\mathbf 1$) of the linear score; they sum to `mass_scores`."
-    S = topk_sims(doc_embs, skill_embs, top_k); return S @ graph.node_weight, lam * S @ graph.adj.sum(1)
+    "(node term $w^\\top\\tilde s$, edge term $\\lambda\\,\\tilde s^\\top A\\mathbf 1$) of the linear score."
+    S = topk_sims(doc_embs, skill_embs, top_k)
+    return S @ graph.node_weight, lam * S @ graph.adj.sum(1)
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000033
 def centroid_scores(doc_embs, ref_embs) -> np.ndarray:
     "Cosine similarity of each document to the normalised mean of the reference embeddings."
-    c = np.asarray(ref_embs, dtype=np.float64).mean(0); return np.asarray(doc_embs, dtype=np.float64) @ (c / np.linalg.norm(c))
+    c = np.asarray(ref_embs, dtype=np.float64).mean(0)
+    return np.asarray(doc_embs, dtype=np.float64) @ (c / np.linalg.norm(c))
 
 def _ngram_ids(text: str, buckets: int) -> list[int]:
-    w = text.lower().split(); return [zlib.crc32(' '.join(g).encode()) % buckets for g in [*((x,) for x in w), *zip(w, w[1:])]]
+    w = text.lower().split()
+    return [zlib.crc32(' '.join(g).encode()) % buckets for g in [*((x,) for x in w), *zip(w, w[1:])]]
 
+def _log_freqs(texts: list[str], buckets: int) -> np.ndarray:
+    c = np.ones(buckets)                                                    # add-one smoothing
+    for t in texts: np.add.at(c, _ngram_ids(t, buckets), 1)
+    return np.log(c / c.sum())
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000033x0
 def dsir_lite_scores(docs: list[str], ref_docs: list[str], buckets: int=4096) -> np.ndarray:
-    "Importance log-weight of each document: $\\sum_{h \\in d} \\log p_{ref}(h) - \\log p_{pool}(h)$ over hashed 1/2-grams."
-    def freqs(texts):
-        c = np.ones(buckets)                                                # add-one smoothing
-        for t in texts: np.add.at(c, _ngram_ids(t, buckets), 1)
-        return np.log(c / c.sum())
-    lr = freqs(ref_docs) - freqs(docs); return np.array([lr[_ngram_ids(t, buckets)].sum() for t in docs])
+    "Importance log-weight per document: $\\sum_{h \\in d} \\log p_{ref}(h) - \\log p_{pool}(h)$, hashed 1/2-grams."
+    lr = _log_freqs(ref_docs, buckets) - _log_freqs(docs, buckets)
+    return np.array([lr[_ngram_ids(t, buckets)].sum() for t in docs])
+
+def oracle_scores(docs: list[MathDoc], task: Task) -> np.ndarray:
+    "Hidden-label upper bound: share of a document's skills that are relevant, + ½ for a worked solution; 0 for noise."
+    worked = ('relevant', 'mixed', 'irrelevant', 'dup')
+    return np.array([0.0 if not d.skills or d.category == 'noisy' else
+                     np.mean([k in task.relevant for k in d.skills]) + 0.5 * (d.category in worked) for d in docs])
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000036
+def _check_ratio(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+    return v
+
 def select_top(scores, lengths, ratio: float|None=None, token_budget: int|None=None) -> np.ndarray:
     "Indices of the top-scoring documents (descending score) whose total length fits the budget."
     scores, lengths = np.asarray(scores, dtype=np.float64), np.asarray(lengths)
     if scores.shape != lengths.shape: raise ValueError(f"scores {scores.shape} and lengths {lengths.shape} differ")
     if (ratio is None) == (token_budget is None): raise ValueError("give exactly one of ratio and token_budget")
     if ratio is not None:
-        if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1: raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
-        token_budget = ratio * lengths.sum()
+        token_budget = _check_ratio('ratio', ratio) * lengths.sum()
     order = np.argsort(-scores, kind='stable')                                # ties: lower index first
     return order[np.cumsum(lengths[order]) <= check_num('token_budget', token_budget, lo=0) + 1e-9]
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000039
-def token_blocks(token_lists: list[list[int]], idx, n_blocks: int, seq_len: int, eos_id: int, seed: int=0) -> torch.Tensor:
+def token_blocks(token_lists: list[list[int]], idx, n_blocks: int, seq_len: int, eos_id: int,
+                 seed: int=0) -> torch.Tensor:
     "(n_blocks, seq_len) token ids from documents `idx`, reshuffled each epoch and repeated as needed, EOS-separated."
     idx, g, need, buf = np.asarray(idx), np.random.default_rng(seed), n_blocks * seq_len, []
     if idx.size == 0: raise ValueError("the subset is empty: raise the ratio")
@@ -258,311 +457,663 @@ def token_blocks(token_lists: list[list[int]], idx, n_blocks: int, seq_len: int,
         for i in g.permutation(idx): buf += list(token_lists[i]) + [eos_id]
     return torch.tensor(buf[:need]).view(n_blocks, seq_len)
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000039x0
 def answer_rows(tok, problems: list[MathDoc], max_len: int) -> list[dict]:
-    "Held-out rows: `labels` keep only the solution tokens; `final` marks the tokens of the final answer."
+    "Held-out rows (the last `max_len` tokens): `labels` keep only the solution tokens; `final` marks the answer's."
     rows = []
     for p in problems:
         a, b, c = (tok(t, add_special_tokens=False)['input_ids'] for t in (p.prompt, p.steps, p.answer))
-        ids = (a + b + c)[:max_len]; lab = ([-100] * len(a) + b + c)[:max_len]; fin = ([0] * (len(a) + len(b)) + [1] * len(c))[:max_len]
-        rows.append(dict(input_ids=torch.tensor(ids), labels=torch.tensor(lab), final=torch.tensor(fin)))
+        lab, fin = [-100] * len(a) + b + c, [0] * (len(a) + len(b)) + [1] * len(c)
+        rows.append(dict(input_ids=torch.tensor((a + b + c)[-max_len:]), labels=torch.tensor(lab[-max_len:]),
+                         final=torch.tensor(fin[-max_len:])))
     return rows
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000039b
 @torch.no_grad()
+def _batch_metrics(model, b: dict) -> tuple:
+    "Per row of a collated batch: mean NLL of the solution tokens, and whether every final-answer token is the argmax."
+    logits = model(input_ids=b['input_ids'], attention_mask=b.get('attention_mask')).logits[:, :-1]   # (B, T-1, V)
+    y = b['labels'][:, 1:]                                                                             # (B, T-1)
+    fin = b['final'][:, 1:].bool() & (y != -100)
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), y, ignore_index=-100, reduction='none')
+    m = (y != -100).float()
+    return (nll * m).sum(1).div(m.sum(1)).tolist(), ((logits.argmax(-1) == y) | ~fin).all(1).float().tolist()
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000039bx0
 def answer_metrics(model, rows: list[dict], batch_size: int=32) -> tuple[np.ndarray, np.ndarray]:
     "Per problem: mean NLL of the solution tokens, and 1 if every final-answer token is the argmax (teacher-forced)."
-    model.eval(); loss, acc, dev = [], [], model_device(model)
+    model.eval()
+    loss, acc, dev = [], [], model_device(model)
     for i in range(0, len(rows), batch_size):
-        b = {k: v.to(dev) for k, v in collate(rows[i:i + batch_size], pad_id=0).items()}; logits = model(input_ids=b['input_ids'], attention_mask=b.get('attention_mask')).logits
-        y, fin = b['labels'][:, 1:], b['final'][:, 1:].bool() & (b['labels'][:, 1:] != -100)       # (B, T-1)
-        nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), y, ignore_index=-100, reduction='none')
-        m = (y != -100).float(); loss += (nll * m).sum(1).div(m.sum(1)).tolist()
-        acc += ((logits[:, :-1].argmax(-1) == y) | ~fin).all(1).float().tolist()
-    model.train(); return np.array(loss), np.array(acc)
+        l, a = _batch_metrics(model, {k: v.to(dev) for k, v in collate(rows[i:i + batch_size], pad_id=0).items()})
+        loss += l
+        acc += a
+    model.train()
+    return np.array(loss), np.array(acc)
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000042
-METHODS = ('full', 'random', 'mass', 'mass_node', 'mass_quadratic', 'pagerank', 'centroid', 'dsir_lite')
-BASELINES = ('random', 'centroid', 'dsir_lite')     # simple selectors the claims compare MASS with
-METHOD_NAMES = dict(full='full pool', random='random (dedup)', mass='MASS (linear)', mass_node='MASS node-only (λ=0)',
-                    mass_quadratic='MASS (quadratic)', pagerank='PageRank weights', centroid='reference centroid', dsir_lite='DSIR-lite')
+METHODS = ('full', 'random', 'oracle', 'mass', 'mass_node', 'mass_quadratic', 'pagerank', 'centroid', 'dsir_lite')
+BASELINES = ('random', 'centroid', 'dsir_lite')     # the simple selectors; the strongest is MASS's opponent
+SPLITS = ('val', 'seen', 'unseen')                   # held-out splits: knob choice, seen and unseen skill combinations
+METHOD_NAMES = dict(full='full pool', random='random (dedup)', oracle='oracle (hidden labels)', mass='MASS (linear)',
+                    mass_node='MASS node-only (λ=0)', mass_quadratic='MASS (quadratic)', pagerank='PageRank weights',
+                    centroid='reference centroid', dsir_lite='DSIR-lite')
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000042b
 @dataclass
-class MASSConfig(ExperimentConfig):
-    "A MASS run: the synthetic world, the selectors' knobs, the LM the selections train and its token budget."
-    model: str = 'tiny-llama'                          # the LM: 'tiny-llama' (from scratch, pool BPE) or a pretrained one (continual pretraining)
-    pool_size: int = size(quick=240, full=2000)        # target-pool documents
-    n_ref: int = size(quick=80, full=300)              # reference problems (the skill graph's source)
-    n_eval: int = size(quick=48, full=200)             # held-out multi-skill problems
-    skew: float = 1.0                                  # Zipf exponent of skill popularity in the reference/eval sets
+class MASSWorld:
+    "The task, the pool and the selectors' knobs."
+    pool_size: int = size(quick=160, full=4000)        # target-pool documents
+    n_ref: int = size(quick=40, full=300)              # reference problems (the skill graph's source)
+    n_eval: int = size(quick=24, full=200)             # held-out problems per split (validation, seen, unseen)
+    n_relevant: int = 5                                # skills of the target task (of the 11)
+    n_unseen: int = 3                                  # pairs of relevant skills the reference set never combines
+    skew: float = 1.0                                  # Zipf exponent of skill popularity in the task
     extractor: str = 'rules'                           # 'rules' or 'oracle' skill extraction
     merge_threshold: float = 0.9                       # cosine above which skill names merge (paper: 0.9)
     min_cooc: int = 1                                  # τ_c: co-occurrences an edge needs
     top_k: int = 3                                     # skills per document kept in s̃
     lam: float = 1.0                                   # λ: weight of the edge term in Â
-    ratio: float = 0.5                                 # ρ: subset size as a share of the pool's tokens
-    methods: tuple = size(quick=('full', 'mass', 'centroid'), full=('full', 'random', 'mass', 'mass_node', 'centroid', 'dsir_lite'))  # which runs
-    n_seeds: int = size(quick=1, full=5)               # training seeds per method
-    steps: int = size(quick=24, full=96)               # optimizer updates (T = steps * batch_size * seq_len tokens)
+    ratio: float = 0.5                                 # ρ of every selector's first arm (and of the oracle)
+    ratios: tuple = size(quick=(0.5,), full=(0.25, 0.375, 0.5, 0.75))   # ρ grid of MASS and the strongest selector
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000042c
+@dataclass
+class MASSTraining:
+    "The LM the selections train and its budget."
+    methods: tuple = size(quick=('full', 'random', 'oracle', 'mass', 'centroid'), full=METHODS)   # the selections
+    n_seeds: int = size(quick=1, full=5)               # training seeds (data order) per arm
+    base_docs: int = size(quick=300, full=12000)       # documents of the generic base corpus (tiny-llama only)
+    base_steps: int = size(quick=30, full=2000)        # updates of base pretraining (tiny-llama only)
+    base_lr: float = 1e-2                              # its peak learning rate
+    steps: int = size(quick=16, full=300)              # continual-pretraining updates: T = steps * batch_size * seq_len
     batch_size: int = 8                                # sequences per update
-    seq_len: int = 256                                 # tokens per sequence
-    n_evals: int = 6                                   # evaluations along training (even: one falls at T/2)
+    seq_len: int = 128                                 # tokens per sequence
+    n_evals: int = size(quick=4, full=20)              # validation evaluations along each run (the curves)
     vocab_size: int = 512                              # BPE vocabulary trained on the pool (tiny-llama only)
     d_model: int = 64                                  # tiny Llama width (tiny-llama only)
     n_layers: int = 2                                  # tiny Llama depth (tiny-llama only)
-    lr: float = 3e-3                                   # AdamW peak learning rate (warm-up 10%, cosine)
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'methods')
-    cache_version: ClassVar[int] = 1
+    lr: float = 1e-3                                   # continual pretraining's peak lr (warm-up 10%, cosine)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000042cx
+@dataclass
+class MASSPreconditions:
+    "The preconditions' thresholds, declared before the full run (quick: loose, so that one seed reaches a verdict)."
+    slope_tol: float = size(quick=10.0, full=0.25)     # precondition: |relative slope| of full's curve, last fifth
+    min_headroom: float = size(quick=-1.0, full=0.05)  # precondition: oracle's relative loss gain over full and random
+    min_learned: float = size(quick=-1.0, full=1.0)    # precondition: nats the full pool's loss lies below chance
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000042d
+@dataclass
+class MASSConfig(MASSPreconditions, MASSTraining, MASSWorld, ExperimentConfig):
+    "A MASS run: the world (`MASSWorld`), the training (`MASSTraining`), the thresholds (`MASSPreconditions`)."
+    model: str = 'tiny-llama'                          # the base LM: 'tiny-llama' (pretrained here) or a pretrained one
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'methods', 'ratios', 'slope_tol', 'min_headroom', 'min_learned')
+    cache_version: ClassVar[int] = 2
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
     @property
     def tokens(self) -> int: return self.steps * self.batch_size * self.seq_len
     @property
     def from_scratch(self) -> bool:
-        "True when `model` is the registry's scratch model (trained from scratch on the pool's BPE), False for a pretrained one."
-        kind, src = model_source(self.model); return kind == 'registry' and src.kind == 'scratch'
+        "True when `model` is the registry's scratch model (pretrained here on the base corpus)."
+        kind, src = model_source(self.model)
+        return kind == 'registry' and src.kind == 'scratch'
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000043
-def _validate(self: MASSConfig):
-    if not isinstance(self.model, str): raise TypeError(f"model must be a str (registry name, folder or hub id), got {self.model!r}")
-    model_source(self.model)                                                   # ValueError: not a registry name, folder or hub id
-    for k, lo in dict(pool_size=40, n_ref=4, n_eval=2, min_cooc=1, top_k=1, n_seeds=1, steps=2, batch_size=1, seq_len=16, n_evals=2,
-                      vocab_size=300, d_model=8, n_layers=1).items(): check_int(k, getattr(self, k), lo=lo)
-    check_num('skew', self.skew, lo=0); check_num('merge_threshold', self.merge_threshold, lo=-1); check_num('lam', self.lam, lo=0)
-    check_num('lr', self.lr, lo=0, lo_open=True); check_choice('extractor', self.extractor, ('rules', 'oracle'))
-    if not isinstance(self.ratio, (int, float)) or not 0 < self.ratio <= 1: raise ValueError(f"ratio must be in (0, 1], got {self.ratio!r}")
-    if self.n_evals % 2 or self.steps % self.n_evals: raise ValueError(f"n_evals must be even and divide steps, got n_evals={self.n_evals}, steps={self.steps}")
+_LOWER = dict(pool_size=40, n_ref=4, n_eval=2, n_relevant=3, n_unseen=1, min_cooc=1, top_k=1, n_seeds=1, base_docs=10,
+              base_steps=1, steps=2, batch_size=1, seq_len=16, n_evals=2, vocab_size=300, d_model=8, n_layers=1)
+
+def _check_methods(self: MASSConfig):
     bad = [m for m in self.methods if m not in METHODS]
-    if bad or 'full' not in self.methods or 'mass' not in self.methods: raise ValueError(f"methods must include 'full' and 'mass' and come from {METHODS}, got {self.methods}")
+    need = ('full', 'mass') + (('random', 'oracle') if self.mode == 'full' else ())
+    if bad or not set(need) <= set(self.methods):
+        raise ValueError(f"methods must include {need} and come from {METHODS}, got {self.methods}")
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000043b
+def _validate(self: MASSConfig):
+    if not isinstance(self.model, str):
+        raise TypeError(f"model must be a str (registry name, folder or hub id), got {self.model!r}")
+    model_source(self.model)                                         # ValueError: not a registry name, folder or hub id
+    for k, lo in _LOWER.items(): check_int(k, getattr(self, k), lo=lo)
+    for k in ('skew', 'lam'): check_num(k, getattr(self, k), lo=0)
+    for k in ('base_lr', 'lr', 'slope_tol'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    check_num('merge_threshold', self.merge_threshold, lo=-1)
+    check_choice('extractor', self.extractor, ('rules', 'oracle'))
+    _check_ratio('ratio', self.ratio)
+    if not isinstance(self.ratios, tuple) or not self.ratios or list(self.ratios) != sorted(set(self.ratios)):
+        raise ValueError(f"ratios must be a non-empty tuple of increasing values, got {self.ratios!r}")
+    for r in self.ratios: _check_ratio('ratios', r)
+    _check_methods(self)
+
 MASSConfig.validate = _validate
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000046
 def build_world(cfg: MASSConfig) -> dict:
-    "Pool, reference and held-out problems (all from `cfg.seed`), and a BPE tokenizer trained on the pool (or the pretrained model's tokenizer)."
-    pool = make_target_pool(cfg.pool_size, seed=cfg.seed)
-    ref = make_problems(cfg.n_ref, cfg.skew, seed=cfg.seed + 1, pop_seed=cfg.seed)
-    held = make_problems(cfg.n_eval, cfg.skew, seed=cfg.seed + 2, pop_seed=cfg.seed)
-    tok = train_bpe([d.text for d in pool], cfg.vocab_size, cache=False) if cfg.from_scratch else load_tokenizer(cfg.model)
+    "Task, pool, reference set and held-out splits (all from `cfg.seed`), the tokenizer, token ids and held-out rows."
+    task = make_task(cfg.n_relevant, cfg.n_unseen, cfg.skew, cfg.seed)
+    pool = make_target_pool(cfg.pool_size, task, seed=cfg.seed)
+    ref = make_problems(cfg.n_ref, task, 'seen', seed=cfg.seed + 1)
+    held = {s: make_problems(cfg.n_eval, task, 'unseen' if s == 'unseen' else 'seen', seed=cfg.seed + 2 + i)
+            for i, s in enumerate(SPLITS)}
+    tok = (train_bpe([d.text for d in pool], cfg.vocab_size, cache=False) if cfg.from_scratch
+           else load_tokenizer(cfg.model))
     ids = [tok(d.text, add_special_tokens=False)['input_ids'] for d in pool]
-    return dict(pool=pool, ref=ref, held=held, tok=tok, ids=ids, lengths=np.array([len(x) for x in ids]))
+    rows = {s: answer_rows(tok, ps, cfg.seq_len) for s, ps in held.items()}
+    return dict(task=task, pool=pool, ref=ref, held=held, tok=tok, ids=ids, rows=rows,
+                lengths=np.array([len(x) for x in ids]))
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000046x0
+def chance_loss(world: dict, split: str) -> float:
+    "Mean over problems of the solution tokens' cross-entropy under the pool's add-one unigram frequencies."
+    c = np.bincount(np.concatenate(world['ids']), minlength=len(world['tok'])) + 1.0
+    logp = np.log(c / c.sum())
+    return float(np.mean([-logp[r['labels'][r['labels'] != -100].numpy()].mean() for r in world['rows'][split]]))
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000047b
+def lm_for(cfg: MASSConfig, tok, seed: int, base: dict|None=None):
+    "A fresh LM on the device setting's device: a seeded tiny Llama (`base`'s weights if given), or `cfg.model`."
+    if cfg.from_scratch:
+        kw = dict(vocab_size=len(tok), n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=4, max_len=cfg.seq_len,
+                  seed=seed)
+        model = load_model(cfg.model, **kw)                          # the registry's scratch model: `tiny_llama(**kw)`
+        if base is not None: model.load_state_dict({k: torch.tensor(v) for k, v in base['state'].items()})
+        return model.to(get_device())
+    model = load_model(cfg.model).requires_grad_(True).train()                         # pretrained: it is its own base
+    n = model.config.max_position_embeddings
+    if cfg.seq_len > n: raise ValueError(f"seq_len={cfg.seq_len} exceeds {cfg.model}'s {n} positions")
+    return model
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000047bx0
+def _train(cfg: MASSConfig, world: dict, model, X: torch.Tensor, steps: int, lr: float, seed: int):
+    "Train `model` on the (n, seq_len) blocks `X` with the platform's loop; the validation rows make its curve."
+    tc = TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, eval_every=max(1, steps // cfg.n_evals),
+                     eval_batch_size=64, seed=seed, progress=False, pad_id=world['tok'].eos_token_id)
+    ev = [dict(input_ids=r['input_ids'], labels=r['labels']) for r in world['rows']['val']]
+    return train(model, [dict(input_ids=x) for x in X], tc, eval_data=ev)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000047c
+def base_unit(cfg: MASSConfig, world: dict) -> dict:
+    "Pretrain the tiny Llama on the generic base corpus: its weights (as lists), validation curve and held-out losses."
+    tok = world['tok']
+    docs = make_base_corpus(cfg.base_docs, seed=cfg.seed + 7)
+    ids = [tok(d.text, add_special_tokens=False)['input_ids'] for d in docs]
+    X = token_blocks(ids, range(len(ids)), cfg.base_steps * cfg.batch_size, cfg.seq_len, tok.eos_token_id, cfg.seed)
+    model = lm_for(cfg, tok, cfg.seed)
+    with Timer() as t: h = _train(cfg, world, model, X, cfg.base_steps, cfg.base_lr, cfg.seed)
+    state = {k: v.cpu().tolist() for k, v in model.state_dict().items()}
+    losses = {f'loss_{s}': float(answer_metrics(model, world['rows'][s])[0].mean()) for s in SPLITS}
+    return dict(state=state, steps=h.eval_step, eval_loss=h.eval_loss, train_s=t.s, tokens=int(X.numel()), **losses)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000047d
+def train_unit(cfg: MASSConfig, world: dict, subset: list[int], seed: int, steps: int, base: dict|None) -> dict:
+    "Continually pretrain a copy of the base on `steps` updates of `subset`: validation curve and every split's metrics"
+    tok = world['tok']
+    X = token_blocks(world['ids'], subset, steps * cfg.batch_size, cfg.seq_len, tok.eos_token_id, seed)
+    model = lm_for(cfg, tok, seed, base)
+    with Timer() as t: h = _train(cfg, world, model, X, steps, cfg.lr, seed)
+    out = dict(steps=h.eval_step, eval_loss=[round(float(v), 5) for v in h.eval_loss], train_s=t.s,
+               subset_tokens=int(world['lengths'][subset].sum()), tokens=int(X.numel()))
+    for s in SPLITS:
+        loss, acc = answer_metrics(model, world['rows'][s])
+        out |= {f'loss_{s}': float(loss.mean()), f'acc_{s}': float(acc.mean())}
+    return out
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000048b
+def _r(x, nd: int=4) -> list: return [round(float(v), nd) for v in np.asarray(x).ravel()]
+
+def embed(encoder, texts: list[str]) -> np.ndarray:
+    "(n, d) unit embeddings of `texts`, encoded in order of length (less padding), returned in the given order."
+    order = np.argsort([len(t) for t in texts], kind='stable')
+    E = np.asarray(encoder.encode([texts[i] for i in order]))
+    out = np.empty_like(E)
+    out[order] = E
+    return out
 
 def skill_text(name: str) -> str:
     "How a skill is embedded: its name and one exemplar step of the skill it stands for."
     k, r = SKILL_OF.get(name, name), random.Random(0)
     return f"{name}: " + next(o[1] for x in range(24, 200) if (o := _step(k, x, r)) is not None)
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000048c
 def build_graph(ref: list[MathDoc], encoder, cfg: MASSConfig) -> tuple[SkillGraph, dict]:
-    "The skill graph of the reference set (extracted, merged), and the merged skill lists with the extractor's precision/recall against the oracle tags."
+    "The reference set's skill graph (extracted, merged), the merged skill lists, and the extractor's precision/recall."
     raw = [extract_skills(d, cfg.extractor) for d in ref]
     canon = merge_skills([n for s in raw for n in s], encoder, cfg.merge_threshold)
     lists = [list(dict.fromkeys(canon[n] for n in s)) for s in raw]
-    hit = [(len({SKILL_OF.get(n, n) for n in s} & set(d.skills)), len(set(SKILL_OF.get(n, n) for n in s)), len(d.skills)) for s, d in zip(lists, ref)]
-    h, p, t = np.array(hit).sum(0)
-    ext = dict(precision=h / max(p, 1), recall=h / t, raw_names=len(set(canon)), merged_names=len(set(canon.values())), skill_lists=lists)
+    found = [{SKILL_OF.get(n, n) for n in s} for s in lists]
+    hit = sum(len(f & set(d.skills)) for f, d in zip(found, ref))
+    ext = dict(precision=hit / max(1, sum(map(len, found))), recall=hit / sum(len(d.skills) for d in ref),
+               raw_names=len(set(canon)), merged_names=len(set(canon.values())), skill_lists=lists)
     return SkillGraph.from_annotations(lists, cfg.min_cooc), ext
 
-# %% ../../nbs/data_selection/70_mass.ipynb #ms000047
-def _r(x, nd: int=4): return [round(float(v), nd) for v in np.asarray(x).ravel()]
-
-def method_scores(cfg: MASSConfig, world: dict, keep: np.ndarray, doc_embs, ref_embs, graph: SkillGraph, skill_embs) -> dict:
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000048d
+def method_scores(cfg: MASSConfig, world: dict, keep: np.ndarray, doc_embs, ref_embs, graph: SkillGraph,
+                  skill_embs) -> dict:
     "Each selector's scores of the deduplicated pool documents `keep`."
-    texts = [world['pool'][i].text for i in keep]; S = dict(random=np.random.default_rng(cfg.seed).random(len(keep)))
+    S = dict(random=np.random.default_rng(cfg.seed).random(len(keep)))
+    S['oracle'] = oracle_scores([world['pool'][i] for i in keep], world['task']) + 1e-3 * S['random']   # tie-break
     S['mass'] = mass_scores(doc_embs, skill_embs, graph, cfg.top_k, cfg.lam)
     S['mass_node'] = mass_scores(doc_embs, skill_embs, graph, cfg.top_k, 0.0)
     S['mass_quadratic'] = mass_scores(doc_embs, skill_embs, graph, cfg.top_k, cfg.lam, 'quadratic')
-    S['pagerank'] = mass_scores(doc_embs, skill_embs, SkillGraph(graph.names, graph.pagerank(), graph.adj), cfg.top_k, 0.0)
+    pr = SkillGraph(graph.names, graph.pagerank(), graph.adj)
+    S['pagerank'] = mass_scores(doc_embs, skill_embs, pr, cfg.top_k, 0.0)
     S['centroid'] = centroid_scores(doc_embs, ref_embs)
-    S['dsir_lite'] = dsir_lite_scores(texts, [d.text for d in world['ref']])
+    S['dsir_lite'] = dsir_lite_scores([world['pool'][i].text for i in keep], [d.text for d in world['ref']])
     return S
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000048e
 def selection_unit(cfg: MASSConfig, world: dict) -> dict:
-    "Dedup, embeddings, skill graph, scores and every method's subset (indices into the pool), as a JSON-able dict."
-    pool, L = world['pool'], world['lengths']
-    keep = dedup([d.text for d in pool]); enc = load_embedder()
-    doc_embs = enc.encode([pool[i].text for i in keep]).numpy(); ref_embs = enc.encode([d.text for d in world['ref']]).numpy()
-    graph, ext = build_graph(world['ref'], enc, cfg); skill_embs = enc.encode([skill_text(n) for n in graph.names]).numpy()
+    "Dedup, embeddings, skill graph and every selector's scores of the kept documents, as a JSON-able dict."
+    pool, enc = world['pool'], load_embedder()
+    keep = dedup([d.text for d in pool])
+    with Timer() as t: doc_embs = embed(enc, [pool[i].text for i in keep])
+    ref_embs = embed(enc, [d.text for d in world['ref']])
+    graph, ext = build_graph(world['ref'], enc, cfg)
+    skill_embs = embed(enc, [skill_text(n) for n in graph.names])
     S = method_scores(cfg, world, keep, doc_embs, ref_embs, graph, skill_embs)
-    subsets = {m: keep[select_top(s, L[keep], token_budget=cfg.ratio * L.sum())].tolist() for m, s in S.items()}
-    subsets['full'] = list(range(len(pool)))
-    sets = {m: set(ix) for m, ix in subsets.items()}
-    sims = topk_sims(doc_embs, skill_embs, cfg.top_k); node, edge = score_terms(doc_embs, skill_embs, graph, cfg.top_k, cfg.lam)
-    docs = [dict(doc=int(i), category=pool[i].category, length=int(L[i]), text=pool[i].text[:100], node=round(float(a), 5), edge=round(float(b), 5),
-                 sims=_r(s, 3), **{m: round(float(S[m][j]), 5) for m in S}, **{f"in_{m}": int(i in sets[m]) for m in S})
+    node, edge = score_terms(doc_embs, skill_embs, graph, cfg.top_k, cfg.lam)
+    sims = topk_sims(doc_embs, skill_embs, cfg.top_k)
+    docs = [dict(doc=int(i), node=round(float(a), 5), edge=round(float(b), 5), sims=_r(s, 3),
+                 **{m: round(float(S[m][j]), 6) for m in S})
             for j, (i, a, b, s) in enumerate(zip(keep, node, edge, sims))]
-    return dict(subsets=subsets, docs=docs, names=graph.names, node_weight=_r(graph.node_weight, 5), adj=[_r(a, 5) for a in graph.adj],
-                n_kept=len(keep), **ext)
+    return dict(docs=docs, names=graph.names, node_weight=_r(graph.node_weight, 5), adj=[_r(a, 5) for a in graph.adj],
+                n_kept=len(keep), embed_s=t.s, **ext)
 
-# %% ../../nbs/data_selection/70_mass.ipynb #ms000048
-def lm_for(cfg: MASSConfig, tok, seed: int):
-    "The LM a training unit starts from, on the device setting's device: a fresh seeded tiny Llama, or a fresh copy of `cfg.model`."
-    if cfg.from_scratch:
-        kw = dict(vocab_size=len(tok), n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=4, max_len=cfg.seq_len, seed=seed)
-        return load_model(cfg.model, **kw).to(get_device())                           # the registry's scratch model: `tiny_llama(**kw)`
-    model = load_model(cfg.model).requires_grad_(True).train()                         # pretrained: continual pretraining
-    n = model.config.max_position_embeddings
-    if cfg.seq_len > n: raise ValueError(f"seq_len={cfg.seq_len} exceeds {cfg.model}'s {n} positions")
-    return model
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000048f
+def subset_of(sel: dict, world: dict, method: str, ratio: float) -> list[int]:
+    "Pool indices of `method`'s subset at `ratio` of the pool's tokens ('full': the whole pool, duplicates included)."
+    if method == 'full': return list(range(len(world['pool'])))
+    idx = np.array([d['doc'] for d in sel['docs']])
+    scores = np.array([d[method] for d in sel['docs']])
+    return idx[select_top(scores, world['lengths'][idx], token_budget=ratio * world['lengths'].sum())].tolist()
 
-def train_unit(cfg: MASSConfig, world: dict, subset: list[int], seed: int) -> dict:
-    "Train a fresh LM (`lm_for`) on T tokens of `subset`; the held-out solution loss along training and at the end."
-    tok = world['tok']; ev = answer_rows(tok, world['held'], cfg.seq_len)
-    X = token_blocks(world['ids'], subset, cfg.steps * cfg.batch_size, cfg.seq_len, tok.eos_token_id, seed)
-    model = lm_for(cfg, tok, seed)
-    tc = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, eval_every=cfg.steps // cfg.n_evals, eval_batch_size=32,
-                     seed=seed, progress=False, pad_id=tok.eos_token_id)                # the device setting picks the device
-    with Timer() as t: h = train(model, [dict(input_ids=x) for x in X], tc, eval_data=[dict(input_ids=r['input_ids'], labels=r['labels']) for r in ev])
-    loss, acc = answer_metrics(model, ev)
-    sub_tokens = int(world['lengths'][subset].sum())
-    return dict(tokens=[s * cfg.batch_size * cfg.seq_len for s in h.eval_step], eval_loss=_r(h.eval_loss), train_loss=_r(h.train_loss[::max(1, cfg.steps // 40)]),
-                loss=float(h.eval_loss[-1]), loss_half=float(h.eval_loss[cfg.n_evals // 2 - 1]), item_loss=float(loss.mean()), acc=float(acc.mean()),
-                subset_tokens=sub_tokens, epochs=cfg.tokens / sub_tokens, train_s=t.s)
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000049b
+def composition(world: dict, subset: list[int]) -> dict:
+    "Token shares of `subset`: per hidden category (`share_*`), per skill (`skill_*`), all-relevant documents."
+    docs, L = [world['pool'][i] for i in subset], world['lengths'][subset].astype(float)
+    out = {f'share_{c}': float(L[[d.category == c for d in docs]].sum() / L.sum()) for c in CATEGORIES}
+    per_skill = dict.fromkeys(SKILLS, 0.0)
+    for d, n in zip(docs, L):
+        for k in d.skills: per_skill[k] += n / len(d.skills)
+    tagged = sum(per_skill.values()) or 1.0
+    rel = [bool(d.skills) and set(d.skills) <= set(world['task'].relevant) and d.category != 'noisy' for d in docs]
+    skills = {f'skill_{k}': v / tagged for k, v in per_skill.items()}
+    return out | skills | dict(share_all_relevant=float(L[rel].sum() / L.sum()))
 
-# %% ../../nbs/data_selection/70_mass.ipynb #ms000049
-def tokens_to_reach(tokens, losses, target: float) -> float|None:
-    "The first token count (linearly interpolated between evaluations) at which `losses` reaches `target`; None if never."
-    for k, (t, l) in enumerate(zip(tokens, losses)):
-        if l <= target:
-            if k == 0: return float(t)
-            t0, l0 = tokens[k - 1], losses[k - 1]; return float(t0 + (t - t0) * (l0 - target) / (l0 - l))
-    return None
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000049e
+def unit_row(cfg: MASSConfig, world: dict, key: tuple, u: dict, subset: list[int]) -> dict:
+    "One row per unit: method, ρ, seed, budget, the held-out losses and accuracies, epochs and subset composition."
+    m, rho, seed, steps = key
+    met = {k: u[k] for s in SPLITS for k in (f'loss_{s}', f'acc_{s}')}
+    return dict(method=m, ratio=rho, seed=seed, steps=steps, tokens=u['tokens'], **met,
+                subset_tokens=u['subset_tokens'], epochs=u['tokens'] / u['subset_tokens'], train_s=u['train_s'],
+                **composition(world, subset))
 
-def _composition(world: dict, subset: list[int]) -> dict:
-    cats = pd.Series([world['pool'][i].category for i in subset]); return {f"share_{c}": float((cats == c).mean()) for c in CATEGORIES}
+def strongest_baseline(df: pd.DataFrame, steps: int, ratio: float) -> str|None:
+    "The simple selector with the lowest mean validation loss at `ratio` and `steps` updates (None if none ran)."
+    d = df[(df.steps == steps) & np.isclose(df.ratio, ratio)]
+    ran = [m for m in BASELINES if m in set(d.method)]
+    return min(ran, key=lambda m: d[d.method == m].loss_val.mean()) if ran else None
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000049f
+def _grid(df: pd.DataFrame, method: str, steps: int, col: str) -> tuple:
+    "(ratios (K,), values (K, n_seeds)): `method`'s `col` at every ρ it ran at `steps` updates, seeds in order."
+    d = df[(df.method == method) & (df.steps == steps)]
+    ratios = sorted(set(d.ratio))
+    return ratios, np.array([d[np.isclose(d.ratio, r)].sort_values('seed')[col].to_numpy(float) for r in ratios])
+
+def best_ratio(df: pd.DataFrame, method: str, steps: int):
+    "`method`'s best ρ at `steps` updates by mean validation loss (`workbench.measure.Best`, ties flagged)."
+    ratios, val = _grid(df, method, steps, 'loss_val')
+    return best_setting(ratios, val, better='lower', ties='flag')
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000050b
+def stage_one(cfg: MASSConfig) -> list[tuple]:
+    "Every method at ρ = `ratio` (the full pool whole) and T updates, every seed."
+    return [(m, 1.0 if m == 'full' else cfg.ratio, s, cfg.steps) for s in cfg.seeds for m in cfg.methods]
+
+def stage_two(cfg: MASSConfig, df: pd.DataFrame) -> list[tuple]:
+    "MASS and the strongest simple selector (by validation loss) at the grid's other ρ."
+    arms = ['mass'] + [b for b in [strongest_baseline(df, cfg.steps, cfg.ratio)] if b]
+    return [(m, r, s, cfg.steps) for m in arms for r in cfg.ratios if not math.isclose(r, cfg.ratio) for s in cfg.seeds]
+
+def stage_three(cfg: MASSConfig, df: pd.DataFrame) -> list[tuple]:
+    "MASS at T/2 updates (a run of its own) at its best ρ by validation loss."
+    return [('mass', best_ratio(df, 'mass', cfg.steps).knob, s, max(1, cfg.steps // 2)) for s in cfg.seeds]
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000050c
+def _run_units(cfg: MASSConfig, world: dict, sel: dict, base: dict|None, keys: list[tuple]) -> tuple[list, list]:
+    "Rows and curves of the units `keys` = (method, ρ, seed, steps), each cached in full mode."
+    rows, curves = [], []
+    for key in progress(keys, 'mass units'):
+        m, rho, seed, steps = key
+        sub = subset_of(sel, world, m, rho)
+        k = dict(unit='train', method=m, ratio=rho, seed=seed, steps=steps)
+        u = cached_unit('mass', cfg, k, lambda: train_unit(cfg, world, sub, seed, steps, base))
+        rows.append(unit_row(cfg, world, key, u, sub))
+        curves.append(dict(method=m, ratio=rho, seed=seed, steps=steps, step=u['steps'], eval_loss=u['eval_loss']))
+    return rows, curves
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000050d
+def run_tables(cfg: MASSConfig, world: dict, sel: dict, base: dict|None, curves: list) -> dict:
+    "The run's tables: curves, scored documents, the graph, the extraction, the task, chance levels, the base model."
+    t, pool = world['task'], world['pool']
+    docs = [d | dict(category=pool[d['doc']].category, length=int(world['lengths'][d['doc']]),
+                     text=pool[d['doc']].text[:100]) for d in sel['docs']]
+    ext = {k: sel[k] for k in ('n_kept', 'precision', 'recall', 'raw_names', 'merged_names', 'embed_s')}
+    graph = dict(names=sel['names'], node_weight=sel['node_weight'], adj=sel['adj'])
+    tsk = dict(relevant=list(t.relevant), popularity=list(t.popularity), unseen=[list(p) for p in t.unseen])
+    out = dict(curves=curves, docs=docs, graph=[graph], skill_lists=[dict(skills=s) for s in sel['skill_lists']],
+               selection=[ext], task=[tsk], chance=[dict(split=s, loss=chance_loss(world, s)) for s in SPLITS])
+    return out if base is None else out | dict(base=[{k: v for k, v in base.items() if k != 'state'}])
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000050dx0
+def run_notes(cfg: MASSConfig, world: dict, sel: dict) -> str:
+    "What a reader needs to read the numbers: the LM, the budget in epochs of the pool, dedup, the loss."
+    lm = (f"tiny Llama ({cfg.n_layers} layers, d={cfg.d_model}) pretrained for {cfg.base_steps} updates on generic "
+          f"math, then continually pretrained, with a {len(world['tok'])}-token BPE of the pool" if cfg.from_scratch
+          else f"{cfg.model} continually pretrained, with its own tokenizer")
+    n = int(world['lengths'].sum())
+    return (f"LM: {lm}; T = {cfg.tokens} training tokens per method ({cfg.tokens / n:.2f} epochs of the pool's {n} "
+            f"tokens); subsets hold ρ of them after dedup ({sel['n_kept']} of {cfg.pool_size} documents kept); loss = "
+            f"mean NLL of the solution tokens of {cfg.n_eval} held-out problems per split.")
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000050e
 def run_experiment(cfg: MASSConfig|None=None) -> Results:
-    "Selection, then one training unit per (method, seed); rows per (method, seed), curves and selection data as tables."
-    cfg = cfg or MASSConfig(); world = build_world(cfg)
+    "Base and selection units, then the three stages of training units; rows per unit, curves and the rest as tables."
+    cfg = cfg or MASSConfig()
+    world = build_world(cfg)
     with Timer() as tt:
+        base = cached_unit('mass', cfg, dict(unit='base'), lambda: base_unit(cfg, world)) if cfg.from_scratch else None
         sel = cached_unit('mass', cfg, dict(unit='selection'), lambda: selection_unit(cfg, world))
-        units = {(m, s): cached_unit('mass', cfg, dict(unit='train', method=m, seed=s), lambda m=m, s=s: train_unit(cfg, world, sel['subsets'][m], s))
-                 for m, s in progress([(m, s) for s in cfg.seeds for m in cfg.methods], 'mass runs')}
-    rows = []
-    for (m, s), u in units.items():
-        ref = units[('full', s)]; reach = tokens_to_reach(u['tokens'], u['eval_loss'], ref['loss'])
-        rows.append(dict(method=m, seed=s, loss=u['loss'], loss_half=u['loss_half'], item_loss=u['item_loss'], acc=u['acc'], epochs=u['epochs'],
-                         subset_tokens=u['subset_tokens'], tokens=cfg.tokens, tokens_to_full=reach, saving=None if reach is None else 1 - reach / cfg.tokens,
-                         train_s=u['train_s'], **_composition(world, sel['subsets'][m])))
-    tables = dict(curves=[dict(method=m, seed=s, tokens=u['tokens'], eval_loss=u['eval_loss']) for (m, s), u in units.items()],
-                  docs=sel['docs'], graph=[dict(names=sel['names'], node_weight=sel['node_weight'], adj=sel['adj'])],
-                  skill_lists=[dict(skills=s) for s in sel['skill_lists']],
-                  selection=[dict(method=m, n_docs=len(ix), kept=sel['n_kept'], precision=sel['precision'], recall=sel['recall'],
-                                  raw_names=sel['raw_names'], merged_names=sel['merged_names']) for m, ix in sel['subsets'].items()])
-    lm = (f"tiny Llama ({cfg.n_layers} layers, d={cfg.d_model}) from scratch with a {len(world['tok'])}-token BPE of the pool"
-          if cfg.from_scratch else f"{cfg.model} continually pretrained, with its own tokenizer")
-    notes = (f"LM: {lm}; T = {cfg.tokens} training tokens for every method; subsets hold ρ = {cfg.ratio} of the pool's {int(world['lengths'].sum())} tokens after "
-             f"dedup ({sel['n_kept']} of {cfg.pool_size} documents kept); loss = mean NLL of the solution tokens of {cfg.n_eval} held-out problems.")
-    res = Results('mass', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=tt.s)
+        rows, curves = _run_units(cfg, world, sel, base, stage_one(cfg))
+        for stage in (stage_two, stage_three):
+            r, c = _run_units(cfg, world, sel, base, stage(cfg, pd.DataFrame(rows)))
+            rows, curves = rows + r, curves + c
+    res = Results('mass', cfg, rows, seeds=cfg.seeds, tables=run_tables(cfg, world, sel, base, curves),
+                  notes=run_notes(cfg, world, sel), wall_time_s=tt.s)
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000051
-def _by_seed(df: pd.DataFrame, method: str, col: str='loss') -> np.ndarray: return df[df.method == method].sort_values('seed')[col].to_numpy(dtype=float)
+def _at(df: pd.DataFrame, method: str, col: str, steps: int, ratio: float|None=None) -> np.ndarray:
+    "`col` of `method` at `steps` updates (and `ratio`), one value per seed in seed order."
+    d = df[(df.method == method) & (df.steps == steps)]
+    d = d if ratio is None else d[np.isclose(d.ratio, ratio)]
+    return d.sort_values('seed')[col].to_numpy(float)
 
-def strongest_baseline(results: Results) -> str|None:
-    "The simple selector with the lowest mean held-out loss at equal tokens (None if none ran)."
-    df = results.df; ran = [m for m in BASELINES if m in set(df.method)]
-    return min(ran, key=lambda m: df[df.method == m].loss.mean()) if ran else None
+def _ref_ratio(method: str, c: dict) -> float: return 1.0 if method == 'full' else c['ratio']
 
-def claims(results: Results) -> list[Claim]:
-    "The paper's headline, part by part, as paired differences of held-out loss over seeds."
-    df = results.df; mass = _by_seed(df, 'mass'); full = _by_seed(df, 'full')
-    out = [claim(f"full − MASS held-out loss at equal tokens (ρ={results.config['ratio']})", paired_t(full, mass)),
-           claim("full at T − MASS at T/2 held-out loss (≥50% fewer tokens)", paired_t(full, _by_seed(df, 'mass', 'loss_half')))]
-    if (b := strongest_baseline(results)) is not None:
-        out.append(claim(f"{METHOD_NAMES[b]} − MASS held-out loss at equal tokens (strongest simple selector)", paired_t(_by_seed(df, b), mass)))
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051x0
+def training_preconditions(results: Results) -> list[Claim]:
+    "The full pool's validation curve is flat over its last fifth (none when a quick run's curve is too short)."
+    c = results.config
+    C = sorted((r for r in results.tables.get('curves', []) if r['method'] == 'full' and r['steps'] == c['steps']),
+               key=lambda r: r['seed'])
+    L = np.array([r['eval_loss'] for r in C], dtype=float)                            # (S, n_points)
+    if not C or L.shape[1] < 3: return []
+    flat = flattened(L, c['slope_tol'], x=np.asarray(C[0]['step'], float) / c['steps'], frac=max(0.2, 3 / L.shape[1]),
+                     relative=True)
+    return [precondition("training ran its course: |relative slope| of the full pool's validation loss, last fifth",
+                         flat, c, 'slope_tol', 'lower')]
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051b
+def headroom_preconditions(results: Results) -> list[Claim]:
+    "Per split: the oracle subset's relative loss gain over the full pool and over random (none without an oracle)."
+    c, df, out = results.config, results.df, []
+    if 'oracle' not in set(df.method): return out
+    for s in ('seen', 'unseen'):
+        o = _at(df, 'oracle', f'loss_{s}', c['steps'], c['ratio'])
+        for ref in [m for m in ('full', 'random') if m in set(df.method)]:
+            r = _at(df, ref, f'loss_{s}', c['steps'], _ref_ratio(ref, c))
+            # $(L_{\text{ref}} - L_{\text{oracle}}) / L_{\text{ref}}$ per seed
+            name = f"headroom, {s}: ({ref} − oracle) / {ref} loss"
+            out.append(precondition(name, mean_ci((r - o) / r), c, 'min_headroom'))
     return out
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051bx0
+def task_preconditions(results: Results) -> list[Claim]:
+    "Per split: the unigram chance level minus the full pool's loss, in nats."
+    c, df = results.config, results.df
+    chance = {r['split']: r['loss'] for r in results.tables.get('chance', [])}
+    return [precondition(f"the model learns the task, {s}: chance − full pool loss (nats)",
+                         mean_ci(chance[s] - _at(df, 'full', f'loss_{s}', c['steps'])), c, 'min_learned')
+            for s in ('seen', 'unseen') if s in chance]
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051c
+def _vs_baseline(df: pd.DataFrame, b: str, steps: int, split: str) -> Claim:
+    "MASS − baseline `b` loss on `split`, each at its best ρ chosen on the validation split."
+    (ra, A), (rb, B) = _grid(df, 'mass', steps, f'loss_{split}'), _grid(df, b, steps, f'loss_{split}')
+    bvb = best_vs_best(ra, A, rb, B, better='lower', select_a=_grid(df, 'mass', steps, 'loss_val')[1],
+                       select_b=_grid(df, b, steps, 'loss_val')[1], how='t', unit='seeds', ties='flag')
+    edge = ' (an optimum at its grid edge)' if bvb.edge and len(ra) > 1 else ''
+    return bvb.claim(f"{split}: MASS − {METHOD_NAMES[b]} loss, each at its best ρ ({bvb.a.knob:g} vs "
+                     f"{bvb.b.knob:g}){edge}")
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051cx0
+def comparison_claims(results: Results) -> list[Claim]:
+    "Per split: full − MASS at T, full at T − MASS at T/2, and MASS − the strongest simple selector (best ρ each)."
+    c, df, T = results.config, results.df, results.config['steps']
+    rho, b, out = best_ratio(df, 'mass', T).knob, strongest_baseline(df, T, c['ratio']), []
+    for s in ('seen', 'unseen'):
+        col, full = f'loss_{s}', _at(df, 'full', f'loss_{s}', T)
+        mass, half = _at(df, 'mass', col, T, rho), _at(df, 'mass', col, max(1, T // 2), rho)
+        out.append(claim(f"{s}: full − MASS loss at equal tokens (MASS at ρ={rho:g})", paired_t(full, mass)))
+        out.append(claim(f"{s}: full at T − MASS at T/2 loss", paired_t(full, half)))
+        if b: out.append(_vs_baseline(df, b, T, s))
+    return out
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051d
+def _legacy_claims(results: Results) -> list[Claim]:
+    "The three parts of the first version's records (one held-out set, no preconditions), so that they still recompute."
+    df = results.df
+    def by(m, col='loss'): return df[df.method == m].sort_values('seed')[col].to_numpy(float)
+    name = f"full − MASS held-out loss at equal tokens (ρ={results.config['ratio']})"
+    out = [claim(name, paired_t(by('full'), by('mass'))),
+           claim("full at T − MASS at T/2 held-out loss (≥50% fewer tokens)",
+                 paired_t(by('full'), by('mass', 'loss_half')))]
+    ran = [m for m in BASELINES if m in set(df.method)]
+    b = min(ran, key=lambda m: by(m).mean()) if ran else None
+    name = f"{METHOD_NAMES.get(b)} − MASS held-out loss at equal tokens (strongest simple selector)"
+    return out + ([claim(name, paired_t(by(b), by('mass')))] if b else [])
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051dx0
+def claims(results: Results) -> list[Claim]:
+    "The preconditions (training, headroom, task), then the claims."
+    if 'loss_seen' not in results.df: return _legacy_claims(results)
+    pre = training_preconditions(results) + headroom_preconditions(results) + task_preconditions(results)
+    return pre + comparison_claims(results)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051e
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced if MASS beats the full pool at equal tokens, beats it with half the tokens, and beats the strongest simple selector, each beyond its 95% CI over seeds; partly if some do."
-    return judge(claims(results))
+    ("Reproduced when, on seen and on unseen skill combinations, MASS at its best ρ beats the full pool at equal "
+     "tokens, beats it with half the tokens, and beats the strongest simple selector at that selector's best ρ, each "
+     "beyond its paired 95% CI over seeds; not reproduced when no part shows or MASS is worse than the strongest "
+     "selector beyond its CI on either split; partly otherwise.")
+    parts = [x for x in claims(results) if not x.is_precondition]
+    if any(x.opposite for x in parts if 'best ρ' in x.name): return 'not reproduced'   # worse than the best selector
+    return judge(parts)
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000051f
 def headline(results: Results) -> str:
-    "Our measured figure in words."
-    df = results.df; g = df.groupby('method').loss.mean(); b = strongest_baseline(results)
-    s = (f"held-out solution loss at equal tokens: MASS {g['mass']:.3f} vs full pool {g['full']:.3f} ({(g['mass'] / g['full'] - 1):+.1%}); "
-         f"MASS at half the tokens {df[df.method == 'mass'].loss_half.mean():.3f}")
-    return s + (f"; strongest simple selector ({METHOD_NAMES[b]}) {g[b]:.3f}" if b else '')
+    "Our figure in words: MASS, the strongest simple selector and the full pool per split; parts shown; preconditions."
+    c, df, T, cs = results.config, results.df, results.config['steps'], claims(results)
+    rho, b = best_ratio(df, 'mass', T).knob, strongest_baseline(df, T, c['ratio'])
+    def lo(m, r, steps=T): return ' / '.join(f"{_at(df, m, f'loss_{s}', steps, r).mean():.3f}" for s in SPLITS[1:])
+    parts, failed = [x for x in cs if not x.is_precondition], [x.name for x in cs if x.is_precondition and not x.holds]
+    opp = f"{METHOD_NAMES[b]} {lo(b, best_ratio(df, b, T).knob)} at its best ρ; " if b else ''
+    shown = f"{sum(x.shows for x in parts)}/{len(parts)} parts beyond the paired 95% CI over {len(results.seeds)} seeds"
+    return (f"held-out solution loss, seen / unseen skill combinations: MASS {lo('mass', rho)} at ρ={rho:g}; {opp}"
+            f"full pool {lo('full', 1.0)}; MASS at T/2 {lo('mass', rho, max(1, T // 2))}; {shown}, "
+            f"{sum(x.opposite for x in parts)} the other way; preconditions: "
+            + ('all hold' if not failed else 'failed: ' + '; '.join(failed)))
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000061
+def current(R: Results) -> bool:
+    "Whether `R` was recorded by this version of the experiment (held-out splits), not the first one."
+    return 'n_relevant' in R.config
+
 def graph_of(R: Results, min_cooc: int|None=None) -> SkillGraph:
     "The run's skill graph, or the one rebuilt from its merged skill lists at another co-occurrence threshold."
-    if min_cooc is None: g = R.tables['graph'][0]; return SkillGraph(g['names'], np.array(g['node_weight']), np.array(g['adj']))
+    if min_cooc is None:
+        g = R.tables['graph'][0]
+        return SkillGraph(g['names'], np.array(g['node_weight']), np.array(g['adj']))
     return SkillGraph.from_annotations([r['skills'] for r in R.tables['skill_lists']], min_cooc)
 
+def kept_docs(R: Results, method: str, ratio: float|None=None) -> np.ndarray:
+    "Positions in the docs table of `method`'s subset at `ratio` (default: the run's ρ)."
+    D, ratio = R.table('docs'), R.config['ratio'] if ratio is None else ratio
+    total = R.df[R.df.method == 'full'].subset_tokens.iloc[0]
+    return select_top(D[method].to_numpy(), D.length.to_numpy(), token_budget=ratio * total)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000061b
+def _graph_traces(g: SkillGraph, col: np.ndarray) -> list:
+    m = len(g.names)
+    pos = np.array([[math.cos(2 * math.pi * i / m), math.sin(2 * math.pi * i / m)] for i in range(m)])
+    amax = g.adj.max() or 1
+    edges = [go.Scatter(x=pos[[i, j], 0], y=pos[[i, j], 1], mode='lines', hoverinfo='skip', showlegend=False,
+                        line=dict(width=0.5 + 8 * g.adj[i, j] / amax, color='rgba(120,120,120,0.5)'))
+             for i, j in zip(*np.nonzero(np.triu(g.adj)))]
+    hover = [f"{n}: w={w:.3f}, s̃={c:.3f}" for n, w, c in zip(g.names, g.node_weight, col)]
+    marker = dict(size=12 + 250 * g.node_weight, color=col, colorscale='Viridis', showscale=True,
+                  colorbar=dict(title='s̃'))
+    return edges + [go.Scatter(x=pos[:, 0], y=pos[:, 1], mode='markers+text', text=g.names, textposition='top center',
+                               showlegend=False, marker=marker, hovertext=hover, hoverinfo='text')]
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000061bx0
 def fig_skill_graph(R: Results, doc: int|None=None, min_cooc: int|None=None, method: str='mass') -> go.Figure:
     "The skill graph coloured by a subset's mean s̃ (`doc` None) or by one document's s̃."
-    g, D = graph_of(R, min_cooc), R.table('docs'); m = len(g.names); sims = np.array(D.sims.tolist())     # (n_kept, m)
-    pos = np.array([[math.cos(2 * math.pi * i / m), math.sin(2 * math.pi * i / m)] for i in range(m)])
-    if doc is None: col, what = sims[D[f"in_{method}"].to_numpy() == 1].mean(0), f"{METHOD_NAMES[method]} subset: mean s̃ per skill"
-    else: row = D[D.doc == doc].iloc[0]; col = np.array(row.sims); what = f"doc {doc} ({row.category}): node term {row.node:.3f} + edge term {row.edge:.3f}"
-    fig, amax = go.Figure(), g.adj.max() or 1
-    for i, j in zip(*np.nonzero(np.triu(g.adj))):
-        fig.add_trace(go.Scatter(x=pos[[i, j], 0], y=pos[[i, j], 1], mode='lines', hoverinfo='skip', showlegend=False,
-                                 line=dict(width=0.5 + 8 * g.adj[i, j] / amax, color='rgba(120,120,120,0.5)')))
-    fig.add_trace(go.Scatter(x=pos[:, 0], y=pos[:, 1], mode='markers+text', text=g.names, textposition='top center', showlegend=False,
-                             marker=dict(size=12 + 250 * g.node_weight, color=col, colorscale='Viridis', showscale=True, colorbar=dict(title='s̃')),
-                             hovertext=[f"{n}: w={w:.3f}, s̃={c:.3f}" for n, w, c in zip(g.names, g.node_weight, col)], hoverinfo='text'))
-    fig.update_layout(title=f"{what} (τ_c={min_cooc or 'run'})", height=520, xaxis=dict(visible=False), yaxis=dict(visible=False, scaleanchor='x'), margin=dict(t=50, l=10, r=10))
-    return fig
+    D = R.table('docs')
+    sims = np.array(D.sims.tolist())                                                        # (n_kept, m)
+    if doc is None: col, what = sims[kept_docs(R, method)].mean(0), f"{METHOD_NAMES[method]} subset: mean s̃ per skill"
+    else:
+        row = D[D.doc == doc].iloc[0]
+        col = np.array(row.sims)
+        what = f"doc {doc} ({row.category}): node term {row.node:.3f} + edge term {row.edge:.3f}"
+    fig = go.Figure(_graph_traces(graph_of(R, min_cooc), col))
+    return fig.update_layout(title=f"{what} (τ_c={min_cooc or 'run'})", height=520, xaxis=dict(visible=False),
+                             yaxis=dict(visible=False, scaleanchor='x'), margin=dict(t=50, l=10, r=10))
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000061c
 class SkillGraphExplorer(Explorer):
     "Pick a subset's coverage or one document, and the co-occurrence threshold τ_c."
     def __init__(self, R: Results, n_docs: int=40):
-        D = R.table('docs').head(n_docs); self.R = R
-        opts = [(f"subset: {METHOD_NAMES[m]}", ('subset', m)) for m in ('mass', 'centroid', 'dsir_lite', 'random') if f"in_{m}" in D]
-        self.pick = W.Dropdown(options=opts + [(f"doc {d} ({c})", ('doc', d)) for d, c in zip(D.doc, D.category)], description='colour')
+        D, self.R = R.table('docs').head(n_docs), R
+        ms = [m for m in ('mass', 'centroid', 'dsir_lite', 'oracle') if m in D]
+        opts = [(f"subset: {METHOD_NAMES[m]}", ('subset', m)) for m in ms]
+        self.pick = W.Dropdown(options=opts + [(f"doc {d} ({c})", ('doc', d)) for d, c in zip(D.doc, D.category)],
+                               description='colour')
         self.tau = W.IntSlider(value=1, min=1, max=10, description='τ_c')
-        self.fig = go.FigureWidget(self.figure()); self.widget = W.VBox([W.HBox([self.pick, self.tau]), self.fig])
+        self.fig = go.FigureWidget(self.figure())
+        self.widget = W.VBox([W.HBox([self.pick, self.tau]), self.fig])
         for w in (self.pick, self.tau): w.observe(self._update, 'value')
     def figure(self):
         kind, v = self.pick.value
-        return fig_skill_graph(self.R, None if kind == 'subset' else v, self.tau.value, v if kind == 'subset' else 'mass')
+        if kind == 'subset': return fig_skill_graph(self.R, None, self.tau.value, v)
+        return fig_skill_graph(self.R, v, self.tau.value)
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000065
 def fig_selection(R: Results, method: str='mass', ratio: float|None=None) -> go.Figure:
     "Histogram of `method`'s scores per hidden category, the cut at `ratio`, and the composition of what it keeps."
-    D = R.table('docs'); ratio = R.config['ratio'] if ratio is None else ratio
-    total = R.df.subset_tokens[R.df.method == 'full'].iloc[0]
-    keep = select_top(D[method].to_numpy(), D.length.to_numpy(), token_budget=ratio * total); cut = D[method].to_numpy()[keep].min() if len(keep) else np.nan
+    D, ratio = R.table('docs'), R.config['ratio'] if ratio is None else ratio
+    keep = kept_docs(R, method, ratio)
     fig = make_subplots(1, 2, column_widths=[0.65, 0.35], specs=[[{'type': 'xy'}, {'type': 'domain'}]])
     for k, c in enumerate(CATEGORIES):
-        fig.add_trace(go.Histogram(x=D[D.category == c][method], name=c, opacity=0.6, marker_color=PALETTE[k], nbinsx=40), 1, 1)
-    fig.add_vline(x=cut, line_dash='dash', row=1, col=1)
+        fig.add_trace(go.Histogram(x=D[D.category == c][method], name=c, opacity=0.6, nbinsx=40,
+                                   marker_color=PALETTE[k % len(PALETTE)]), 1, 1)
+    if len(keep): fig.add_vline(x=D[method].to_numpy()[keep].min(), line_dash='dash', row=1, col=1)
     comp = D.iloc[keep].category.value_counts()
-    fig.add_trace(go.Pie(labels=comp.index.tolist(), values=comp.values.tolist(), sort=False, marker=dict(colors=[PALETTE[CATEGORIES.index(c)] for c in comp.index]), showlegend=False), 1, 2)
-    fig.update_layout(barmode='overlay', height=380, title=f"{METHOD_NAMES[method]}: scores by hidden category, cut at ρ={ratio:g} ({len(keep)} docs kept)")
-    return fig
+    colors = [PALETTE[CATEGORIES.index(c) % len(PALETTE)] for c in comp.index]
+    fig.add_trace(go.Pie(labels=comp.index.tolist(), values=comp.values.tolist(), sort=False,
+                         marker=dict(colors=colors), showlegend=False), 1, 2)
+    title = f"{METHOD_NAMES[method]}: scores by hidden category, cut at ρ={ratio:g} ({len(keep)} docs kept)"
+    return fig.update_layout(barmode='overlay', height=380, title=title)
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000065b
 class SelectionExplorer(Explorer):
     "A selector and the ratio ρ."
     def __init__(self, R: Results):
-        self.R = R; ms = [m for m in METHODS if m in R.table('docs')]
+        self.R, ms = R, [m for m in METHODS if m in R.table('docs')]
         self.m = W.Dropdown(options=[(METHOD_NAMES[m], m) for m in ms], value='mass', description='selector')
         self.rho = W.FloatSlider(value=R.config['ratio'], min=0.1, max=1.0, step=0.05, description='ρ')
-        self.fig = go.FigureWidget(self.figure()); self.widget = W.VBox([W.HBox([self.m, self.rho]), self.fig])
+        self.fig = go.FigureWidget(self.figure())
+        self.widget = W.VBox([W.HBox([self.m, self.rho]), self.fig])
         for w in (self.m, self.rho): w.observe(self._update, 'value')
     def figure(self): return fig_selection(self.R, self.m.value, self.rho.value)
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000069
-def fig_training(R: Results, seed: int|None=None) -> go.Figure:
-    "Held-out loss vs tokens per method (mean over seeds, or one `seed`), with the full pool's final loss as a line."
-    C = R.table('curves'); C = C if seed is None else C[C.seed == seed]
-    series = {METHOD_NAMES[m]: (g.tokens.iloc[0], np.mean(g.eval_loss.tolist(), axis=0)) for m in METHODS if len(g := C[C.method == m])}
-    fig = fig_curves(series, title=f"Held-out solution loss ({'mean over seeds' if seed is None else f'seed {seed}'})", y_title='loss', x_title='training tokens')
-    fig.add_hline(y=series[METHOD_NAMES['full']][1][-1], line_dash='dash', annotation_text='full pool, final'); return fig
+def _curve_series(R: Results, seed: int|None=None) -> dict:
+    "{label: (tokens, mean validation loss)} of each method at the run's ρ and of MASS at T/2."
+    C, c = R.table('curves'), R.config
+    C = C if seed is None else C[C.seed == seed]
+    per_token = c['batch_size'] * c['seq_len']
+    out = {}
+    for (m, rho, steps), g in C.groupby(['method', 'ratio', 'steps'], sort=False):
+        if m == 'full' or math.isclose(rho, c['ratio']) or steps < c['steps']:
+            label = METHOD_NAMES[m] + (f' at T/2 (ρ={rho:g})' if steps < c['steps'] else '')
+            out[label] = (np.asarray(g.step.iloc[0]) * per_token, np.mean(g.eval_loss.tolist(), axis=0))
+    return out
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000069x0
+def fig_training(R: Results, seed: int|None=None) -> go.Figure:
+    "Validation loss vs tokens per method (mean over seeds, or one `seed`), with full's final loss and the base's."
+    series = _curve_series(R, seed)
+    what = 'mean over seeds' if seed is None else f'seed {seed}'
+    fig = fig_curves(series, title=f"Validation solution loss ({what})", y_title='loss', x_title='training tokens')
+    fig.add_hline(y=series[METHOD_NAMES['full']][1][-1], line_dash='dash', annotation_text='full pool, final')
+    if R.tables.get('base'):
+        fig.add_hline(y=R.tables['base'][0]['loss_val'], line_dash='dot', annotation_text='base model')
+    return fig
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000069b
 class TrainingExplorer(Explorer):
+    "The curves, averaged over seeds or of one seed."
     def __init__(self, R: Results):
-        self.R = R; self.s = W.Dropdown(options=[('mean', None)] + [(str(s), s) for s in R.seeds], description='seed')
-        self.fig = go.FigureWidget(self.figure()); self.widget = W.VBox([self.s, self.fig]); self.s.observe(self._update, 'value')
+        self.R, self.s = R, W.Dropdown(options=[('mean', None)] + [(str(s), s) for s in R.seeds], description='seed')
+        self.fig = go.FigureWidget(self.figure())
+        self.widget = W.VBox([self.s, self.fig])
+        self.s.observe(self._update, 'value')
     def figure(self): return fig_training(self.R, self.s.value)
 
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000073
+def composition_table(R: Results) -> pd.DataFrame:
+    "Mean over seeds of each method's subset composition at the run's ρ: skill shares and the all-relevant share."
+    c, df = R.config, R.df
+    d = df[(df.steps == c['steps']) & ((df.method == 'full') | np.isclose(df.ratio, c['ratio']))]
+    rel = set(R.tables['task'][0]['relevant'])
+    cols = {f'skill_{k}': k + ('*' if k in rel else '') for k in SKILLS}
+    out = d.groupby('method', sort=False)[[*cols, 'share_all_relevant']].mean().rename(columns=cols)
+    return out.rename(index=METHOD_NAMES)
+
+def fig_composition(R: Results) -> go.Figure:
+    "Heat map of `composition_table`: methods × skills, and the all-relevant share."
+    T = composition_table(R)
+    fig = go.Figure(go.Heatmap(z=T.to_numpy(), x=T.columns.tolist(), y=T.index.tolist(), colorscale='Viridis',
+                               text=T.round(2).to_numpy(), texttemplate='%{text}', colorbar=dict(title='share')))
+    return fig.update_layout(title=f"Subset composition at ρ={R.config['ratio']:g} (* = relevant skill)", height=420,
+                             margin=dict(t=50, l=160))
+
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000081
+def _mean_pm(x) -> str:
+    i = mean_ci(np.asarray(x, dtype=float))
+    return f"{i.estimate:.3f}" + (f" ± {i.half_width:.3f}" if not math.isnan(i.lo) else '')
+
 def summary_table(R: Results) -> pd.DataFrame:
-    "Per method: mean (95% CI half-width) over seeds of the losses and accuracy, subset composition, epochs and token saving."
+    "Per arm (method, ρ, updates): mean (95% CI half-width) over seeds of the losses, accuracy, epochs and relevance."
     out = []
-    for m in [m for m in METHODS if m in set(R.df.method)]:
-        d = R.df[R.df.method == m]; ci = lambda c: mean_ci(d[c].to_numpy(dtype=float))
-        f = lambda i: f"{i.estimate:.3f}" + (f" ± {i.half_width:.3f}" if not math.isnan(i.lo) else '')
-        out.append({'method': METHOD_NAMES[m], 'loss at T': f(ci('loss')), 'loss at T/2': f(ci('loss_half')), 'answer acc': f(ci('acc')),
-                    'epochs': round(d.epochs.mean(), 2), **{c: round(d[f'share_{c}'].mean(), 2) for c in CATEGORIES},
-                    'saving vs full': '—' if m == 'full' else f"{d.saving.mean():.2f} ({d.saving.notna().sum()}/{len(d)} seeds)" if d.saving.notna().any() else 'never'})
+    for (m, rho, steps), d in R.df.groupby(['method', 'ratio', 'steps'], sort=False):
+        out.append({'method': METHOD_NAMES[m], 'ρ': rho, 'updates': steps,
+                    **{f'loss {s}': _mean_pm(d[f'loss_{s}']) for s in SPLITS}, 'acc seen': _mean_pm(d.acc_seen),
+                    'epochs': round(d.epochs.mean(), 2), 'all-relevant share': round(d.share_all_relevant.mean(), 2)})
+    return pd.DataFrame(out)
+
+# %% ../../nbs/data_selection/70_mass.ipynb #ms000081x0
+def ablations(R: Results) -> pd.DataFrame:
+    "Each MASS variant minus MASS (linear), at the run's ρ and T, per split: paired mean difference and its 95% CI."
+    c, df, out = R.config, R.df, []
+    for m in [m for m in ('mass_node', 'mass_quadratic', 'pagerank') if m in set(df.method)]:
+        for s in ('seen', 'unseen'):
+            i = paired_t(*(_at(df, k, f'loss_{s}', c['steps'], c['ratio']) for k in (m, 'mass')))
+            out.append(dict(variant=METHOD_NAMES[m], split=s, diff=i.estimate, lo=i.lo, hi=i.hi))
     return pd.DataFrame(out)
