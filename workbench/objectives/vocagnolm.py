@@ -15,59 +15,104 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.data import Dataset
 import plotly.graph_objects as go
 import ipywidgets as W
+from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, judge, size, cached, cached_unit, progress, Timer, verdict_rule
 from ..core import get_device
 from ..models import model_source
-from ..train import model_device
-from ..measure import check_int, check_num, check_choice, paired_t, mean_ci, claim
+from ..train import TrainConfig, train, model_device
+from ..measure import check_int, check_num, check_choice, paired_t, mean_ci, bootstrap, claim, precondition
+from ..measure import Interval, best_setting
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['TEACHERS', 'METRICS', 'math_corpus', 'token_spans', 'Alignment', 'align_spans', 'teacher_token_losses',
-           'teacher_tokenizer', 'scored_texts', 'aggregate_teacher_loss', 'teacher_guided_loss', 'shared_vocab_map',
-           'exact_match_kd_targets', 'exact_match_kd_loss', 'build_stream', 'shuffle_mapped', 'train_student',
-           'answer_spans', 'score_heldout', 'bits_per_char', 'vocab_overlap', 'check_teacher', 'VocAgnoLMConfig',
-           'teacher_label', 'setting_label', 'run_experiment', 'strongest_baseline', 'claims', 'verdict', 'headline',
-           'example_selection', 'fig_alignment', 'AlignmentExplorer', 'metric_table', 'fig_metric']
+__all__ = ['TOKEN_CLASSES', 'TEACHERS', 'REFERENCE', 'METRICS', 'copy_corpus', 'copy_items', 'copy_lists', 'char_classes',
+           'token_classes', 'token_spans', 'Alignment', 'align_spans', 'teacher_token_losses', 'teacher_tokenizer',
+           'scored_texts', 'aggregate_teacher_loss', 'kept_mask', 'teacher_guided_loss', 'shared_vocab_map',
+           'exact_match_kd_targets', 'exact_match_kd_loss', 'build_stream', 'shuffle_mapped', 'stream_classes',
+           'StreamWindows', 'window_starts', 'selection_loss_fn', 'train_student', 'doc_token_losses', 'score_heldout',
+           'stream_token_losses', 'vocab_overlap', 'kept_share_by_class', 'teacher_copy_accuracy', 'check_teacher',
+           'VocAgnoLMConfig', 'teacher_label', 'setting_label', 'heldout_overlap', 'run_experiment', 'arm_best',
+           'strongest_baseline', 'preconditions', 'comparison_claims', 'claims', 'verdict', 'headline',
+           'example_selection', 'fig_alignment', 'AlignmentExplorer', 'fig_kept', 'metric_table', 'fig_sweep',
+           'fig_metric']
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000008
-_FACTS = ["A prime number has exactly two divisors.", "The sum of two even numbers is even.", "A triangle has three sides.",
-          "A square has four equal sides.", "The product of two odd numbers is odd.", "Zero is neither positive nor negative.",
-          "A right angle measures ninety degrees.", "The angles of a triangle add up to one hundred and eighty degrees.",
-          "Multiplication is repeated addition.", "Every integer is a rational number.", "The square of a number is that number times itself.",
-          "An even number is divisible by two."]
 _WORDS = "number answer the sum of is a and we get so triangle prime even odd equal side angle product square".split()
-_OPS = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b}
 
-def _problem(r):
-    op = r.choice(list(_OPS)); a, b = r.randint(1, 12), r.randint(1, 12)
-    if op == '-' and b > a: a, b = b, a
-    return f"Compute {a} {op} {b}. We get {a} {op} {b} = {_OPS[op](a, b)}, so the answer is {_OPS[op](a, b)}."
+def _copy_segment(r: random.Random, wrong: bool) -> str:
+    "`Copy a b c: a b c.` with 3-5 distinct two-digit values; if `wrong`, the copy is the list in another order."
+    xs = r.sample(range(10, 100), r.randint(3, 5))
+    ys = list(xs)
+    while wrong and ys == xs:
+        ys = r.sample(xs, len(xs))
+    return f"Copy {' '.join(map(str, xs))}: {' '.join(map(str, ys))}."
 
-# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000009
-def _noise(r):
+def _noise(r: random.Random) -> str:
+    "An unlearnable segment: a random hex reference, a random digit code or shuffled words."
     k = r.randrange(3)
     if k == 0: return 'ref ' + ''.join(r.choice('0123456789abcdef') for _ in range(10)) + '.'
     if k == 1: return 'code ' + ''.join(r.choice('0123456789') for _ in range(9)) + '.'
     return ' '.join(r.sample(_WORDS, 7)) + '.'
 
-def math_corpus(n_docs: int,         # documents
-                seed: int=0,         # the same seed gives the same documents
-                noise: float=0.3,    # share of unlearnable segments
-                n_segments: int=8,   # segments per document
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000009
+def copy_corpus(n_docs: int,        # documents
+                seed: int=0,        # the same seed gives the same documents
+                noise: float=0.3,   # share of unlearnable segments
+                wrong: float=0.4,   # share of copy segments copied in another order (harmful noise)
+                n_segments: int=5,  # segments per document
                ) -> list[str]:
-    "OpenWebMath-like toy documents: worked arithmetic and facts (60/40) mixed with a share `noise` of unlearnable segments."
-    check_int('n_docs', n_docs, lo=1); check_num('noise', noise, lo=0, hi=1); check_int('n_segments', n_segments, lo=1)
+    "Toy documents of copy segments mixed with unlearnable segments and wrong copies."
+    check_int('n_docs', n_docs, lo=1)
+    check_num('noise', noise, lo=0, hi=1)
+    check_num('wrong', wrong, lo=0, hi=1)
+    check_int('n_segments', n_segments, lo=1)
     r = random.Random(seed)
-    seg = lambda: _noise(r) if r.random() < noise else _problem(r) if r.random() < 0.6 else r.choice(_FACTS)
-    return [' '.join(seg() for _ in range(n_segments)) for _ in range(n_docs)]
+    def segment(): return _noise(r) if r.random() < noise else _copy_segment(r, r.random() < wrong)
+    return [' '.join(segment() for _ in range(n_segments)) for _ in range(n_docs)]
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000009b
+_COPY = re.compile(r'Copy ([\d ]+): ([\d ]+)\.')
+
+def copy_items(text: str) -> np.ndarray:
+    "(n, 3): the character span of every copied value after the first of its list, and the list's length."
+    out = []
+    for m in _COPY.finditer(text):
+        vals = list(re.finditer(r'\d+', m[2]))
+        out += [(m.start(2) + v.start(), m.start(2) + v.end(), len(vals)) for v in vals[1:]]
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+def copy_lists(text: str) -> list[tuple]:
+    "The source lists of the copy segments in `text`, as tuples of ints."
+    return [tuple(map(int, m[1].split())) for m in _COPY.finditer(text)]
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000010b
+TOKEN_CLASSES = ('list', 'copy', 'wrong', 'template', 'noise')
+
+def char_classes(text: str) -> np.ndarray:
+    "Per character, an index into `TOKEN_CLASSES`."
+    c = np.full(len(text), 4, np.int8)
+    for m in _COPY.finditer(text):
+        c[m.start():m.end()] = 3
+        src = m[1].split()
+        for v in re.finditer(r'\d+', m[1]):
+            c[m.start(1) + v.start():m.start(1) + v.end()] = 0
+        for i, v in enumerate(re.finditer(r'\d+', m[2])):
+            c[m.start(2) + v.start():m.start(2) + v.end()] = 1 if v[0] == src[i] else 2
+    return c
+
+def token_classes(text: str, spans: np.ndarray) -> np.ndarray:
+    "Per token (character spans (n, 2)), the class of its last character; zero-width tokens are template."
+    c = char_classes(text)
+    return np.array([c[b - 1] if b > a else 3 for a, b in spans], np.int8)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000012
 def token_spans(tokenizer, text: str, add_bos: bool=False):
-    "Token ids (n,) and character spans (n, 2) on `text`; with `add_bos`, a BOS with span (0, 0) leads if the tokenizer added none."
-    if not getattr(tokenizer, 'is_fast', False): raise TypeError("token_spans needs a fast tokenizer (offset mappings)")
+    "Token ids (n,) and character spans (n, 2) on `text`; with `add_bos`, a BOS with span (0, 0) leads."
+    if not getattr(tokenizer, 'is_fast', False):
+        raise TypeError("token_spans needs a fast tokenizer (offset mappings)")
     enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_bos)
     ids, spans = list(enc['input_ids']), [tuple(s) for s in enc['offset_mapping']]
     if add_bos and (not ids or ids[0] != tokenizer.bos_token_id):
@@ -90,40 +135,47 @@ def _check_spans(name, s):
     s = np.asarray(s)
     if s.ndim != 2 or s.shape[1] != 2: raise ValueError(f"{name} spans must be (n, 2), got shape {s.shape}")
     if (s[:, 1] < s[:, 0]).any(): raise ValueError(f"{name} spans must have end >= start")
-    if len(s) > 1 and ((np.diff(s[:, 0]) < 0).any() or (np.diff(s[:, 1]) < 0).any()): raise ValueError(f"{name} spans must be sorted (starts and ends non-decreasing)")
+    if len(s) > 1 and ((np.diff(s[:, 0]) < 0).any() or (np.diff(s[:, 1]) < 0).any()):
+        raise ValueError(f"{name} spans must be sorted (starts and ends non-decreasing)")
     return s
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000014
 def align_spans(student,   # (N, 2) student character spans
                 teacher,   # (M, 2) teacher character spans
                ) -> Alignment:
-    "Token-level lexical alignment: each student span to the contiguous run of teacher spans overlapping it (binary search)."
+    "Token-level lexical alignment: each student span to the contiguous run of teacher spans overlapping it."
     s, t = _check_spans('student', student), _check_spans('teacher', teacher)
-    idx = np.flatnonzero(t[:, 1] > t[:, 0]); a_t, b_t = t[idx, 0], t[idx, 1]   # zero-width teacher tokens overlap nothing
+    idx = np.flatnonzero(t[:, 1] > t[:, 0])                          # zero-width teacher tokens overlap nothing
     if not len(idx): return Alignment(np.zeros(len(s), np.int64), np.full(len(s), -1, np.int64))
+    a_t, b_t = t[idx, 0], t[idx, 1]
     # $lo_i = \min\{j: b'_j > a_i\}$, $hi_i = \max\{j: a'_j < b_i\}$
-    lo = np.searchsorted(b_t, s[:, 0], side='right'); hi = np.searchsorted(a_t, s[:, 1], side='left') - 1
+    lo = np.searchsorted(b_t, s[:, 0], side='right')
+    hi = np.searchsorted(a_t, s[:, 1], side='left') - 1
     bad = (s[:, 1] <= s[:, 0]) | (lo > hi)
     return Alignment(np.where(bad, 0, idx[np.minimum(lo, len(idx) - 1)]), np.where(bad, -1, idx[np.maximum(hi, 0)]))
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000019
+def _right_padded(chunk: list, dev) -> tuple:
+    "(B, T) ids and attention mask of a list of (ids, spans), right-padded with 0."
+    T = max(len(ids) for ids, _ in chunk)
+    x = torch.tensor([ids.tolist() + [0] * (T - len(ids)) for ids, _ in chunk], device=dev)
+    m = torch.tensor([[1] * len(ids) + [0] * (T - len(ids)) for ids, _ in chunk], device=dev)
+    return x, m
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000019b
 @torch.no_grad()
 def teacher_token_losses(model, tokenizer, texts: list[str], batch_size: int=4, topk: int=16) -> list[dict]:
-    "Per text: the teacher's spans (M, 2), per-token losses (M,) -log q(x_j | x_<j), and its top-k ids/probs (M, topk) for each token; the BOS dropped."
+    "Per text: the teacher's spans (M, 2), losses (M,) -log q(x_j | x_<j) and top-k ids/probs (M, topk); no BOS."
     enc, dev, out = [token_spans(tokenizer, t, add_bos=True) for t in texts], model_device(model), []
     for i in range(0, len(enc), batch_size):
-        chunk = enc[i:i + batch_size]
-        T = max(len(ids) for ids, _ in chunk)
-        x = torch.tensor([ids.tolist() + [0] * (T - len(ids)) for ids, _ in chunk], device=dev)   # (B, T), right-padded
-        m = torch.tensor([[1] * len(ids) + [0] * (T - len(ids)) for ids, _ in chunk], device=dev)   # (B, T)
-        logits = model(input_ids=x, attention_mask=m).logits[:, :-1].float()   # (B, T-1, V): row j-1 scores token j
+        x, m = _right_padded(enc[i:i + batch_size], dev)                              # (B, T)
+        logits = model(input_ids=x, attention_mask=m).logits[:, :-1].float()         # (B, T-1, V): row j-1 scores j
         # $\ell^T_j = -\log q(x_j \mid x_{<j})$
         nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction='none').cpu()   # (B, T-1)
-        p, ix = (t.cpu() for t in logits.softmax(-1).topk(topk, dim=-1))               # (B, T-1, topk)
-        for r, (ids, sp) in enumerate(chunk):
-            n = len(ids) - 1                                                          # the BOS has no loss
-            out.append(dict(spans=sp[1:], losses=nll[r, :n].numpy().astype(np.float32),
-                            top_ids=ix[r, :n].numpy().astype(np.int32), top_p=p[r, :n].numpy().astype(np.float32)))
+        p, ix = (t.cpu() for t in logits.softmax(-1).topk(topk, dim=-1))                   # (B, T-1, topk)
+        out += [dict(spans=sp[1:], losses=nll[r, :len(ids) - 1].numpy().astype(np.float32),
+                     top_ids=ix[r, :len(ids) - 1].numpy().astype(np.int32), top_p=p[r, :len(ids) - 1].numpy())
+                for r, (ids, sp) in enumerate(enc[i:i + batch_size])]
     return out
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000020
@@ -135,12 +187,17 @@ def teacher_tokenizer(name: str):
     from workbench.models import load_tokenizer
     return load_tokenizer(name)
 
+def _model_files(name: str) -> dict|None:
+    "Size and time of each file of a local model folder (part of the cache key); None for other sources."
+    kind, src = model_source(name)
+    if kind != 'local': return None
+    return {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in sorted(Path(src).iterdir()) if f.is_file()}
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000020b
 def scored_texts(name: str, texts: list[str], batch_size: int=4) -> list[dict]:
     "Teacher `name`'s `teacher_token_losses` on `texts`, scored once, cached on disk (key: model, folder files, texts)."
     h = hashlib.sha256('\0'.join(texts).encode()).hexdigest()[:16]
-    kind, src = model_source(name)
-    stamp = lambda f: [f.stat().st_size, int(f.stat().st_mtime)]
-    files = {f.name: stamp(f) for f in sorted(Path(src).iterdir()) if f.is_file()} if kind == 'local' else None
+    files = _model_files(name)
     def build(tmp):
         from workbench.models import load_model
         sc = teacher_token_losses(load_model(name, dtype='float32'), teacher_tokenizer(name), texts, batch_size)
@@ -153,28 +210,39 @@ def scored_texts(name: str, texts: list[str], batch_size: int=4) -> list[dict]:
 def aggregate_teacher_loss(al: Alignment, teacher_losses, how: str='max') -> np.ndarray:
     "Per student token: the max, mean or sum of its mapped teacher tokens' losses; NaN where unmapped."
     check_choice('how', how, ('max', 'mean', 'sum'))
-    lt = np.asarray(teacher_losses, dtype=np.float64); f = dict(max=np.max, mean=np.mean, sum=np.sum)[how]
-    if len(al.hi) and al.hi.max() >= len(lt): raise ValueError(f"the alignment points past the {len(lt)} teacher losses: spans and losses of different texts?")
+    lt = np.asarray(teacher_losses, dtype=np.float64)
+    f = dict(max=np.max, mean=np.mean, sum=np.sum)[how]
+    if len(al.hi) and al.hi.max() >= len(lt):
+        raise ValueError(f"the alignment points past the {len(lt)} teacher losses: spans and losses of other texts?")
     # $\hat\ell^T_i = \mathrm{agg}_{j \in J(i)} \ell^T_j$
     return np.array([f(lt[a:b + 1]) if b >= a else np.nan for a, b in zip(al.lo, al.hi)])
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000024a
+def kept_mask(ls: Tensor, ref_loss: Tensor, valid: Tensor, top_k_ratio: float, unmapped: bool=True) -> Tensor:
+    "(B, T) bool: the top ceil(k |M|) mapped tokens of the batch by excess loss, and (`unmapped`) the unmapped ones."
+    mapped = valid & ~torch.isnan(ref_loss)
+    # $\delta_i = \ell^S_i - \hat\ell^T_i$, for selection only (no gradient)
+    delta = (ls.detach() - ref_loss.detach()).masked_fill(~mapped, -math.inf)
+    keep, k = torch.zeros_like(mapped), math.ceil(top_k_ratio * int(mapped.sum()))
+    if k: keep.view(-1)[delta.view(-1).topk(k).indices] = True
+    return keep | (valid & ~mapped) if unmapped else keep
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000024
 def teacher_guided_loss(logits: Tensor,          # (B, T, V) student logits, shifted: logits[:, t] predicts labels[:, t]
                         labels: Tensor,          # (B, T) target ids; ignore_index where there is no target
-                        teacher_loss: Tensor,    # (B, T) mapped teacher loss of each target; NaN where unmapped
+                        teacher_loss: Tensor,    # (B, T) mapped teacher (or reference) loss per target; NaN: unmapped
                         top_k_ratio: float=0.4,  # kept share of the mapped tokens, in (0, 1]
                         unmapped: str='include', # 'include' or 'exclude' the unmapped tokens
                         ignore_index: int=-100) -> Tensor:
-    "Mean student cross-entropy over the top-k mapped tokens by excess loss (student minus teacher) and the unmapped tokens."
-    check_num('top_k_ratio', top_k_ratio, lo=0, hi=1, lo_open=True); check_choice('unmapped', unmapped, ('include', 'exclude'))
-    if labels.shape != teacher_loss.shape or logits.shape[:2] != labels.shape: raise ValueError(f"shapes differ: logits {tuple(logits.shape)}, labels {tuple(labels.shape)}, teacher_loss {tuple(teacher_loss.shape)}")
-    valid = labels != ignore_index; mapped = valid & ~torch.isnan(teacher_loss)
+    "Mean student cross-entropy over the top-k mapped tokens by excess loss (student - teacher) and the unmapped ones."
+    check_num('top_k_ratio', top_k_ratio, lo=0, hi=1, lo_open=True)
+    check_choice('unmapped', unmapped, ('include', 'exclude'))
+    if labels.shape != teacher_loss.shape or logits.shape[:2] != labels.shape:
+        raise ValueError(f"shapes differ: logits {tuple(logits.shape)}, labels {tuple(labels.shape)}, "
+                         f"teacher_loss {tuple(teacher_loss.shape)}")
+    valid = labels != ignore_index
     ls = F.cross_entropy(logits.transpose(1, 2), labels.masked_fill(~valid, 0), reduction='none')   # (B, T) $\ell^S_i$
-    # $\delta_i = \ell^S_i - \hat\ell^T_i$, for selection only (no gradient)
-    delta = (ls.detach() - teacher_loss.detach()).masked_fill(~mapped, -math.inf)
-    keep, k = torch.zeros_like(mapped), math.ceil(top_k_ratio * int(mapped.sum()))
-    if k: keep.view(-1)[delta.view(-1).topk(k).indices] = True
-    if unmapped == 'include': keep |= valid & ~mapped
+    keep = kept_mask(ls, teacher_loss, valid, top_k_ratio, unmapped == 'include')
     return ls[keep].sum() / keep.sum().clamp(min=1)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000026b
@@ -185,24 +253,33 @@ def shared_vocab_map(student_tok, teacher_tok) -> dict:
     sv = {_norm_tok(t): i for t, i in student_tok.get_vocab().items()}
     return {i: sv[_norm_tok(t)] for t, i in teacher_tok.get_vocab().items() if _norm_tok(t) in sv}
 
+def _kd_target(scores: dict, j: int, vmap: dict, K: int) -> list:
+    "(student id, prob) of teacher token j's top-K candidates that the student's vocabulary has."
+    cand = zip(scores['top_ids'][j][:K].tolist(), scores['top_p'][j][:K].tolist())
+    return [(vmap[t], q) for t, q in cand if t in vmap]
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000026e
 def exact_match_kd_targets(s_spans, scores: dict, vmap: dict, K: int=16):
-    "(N, K) student ids (-1: none) and renormalised teacher probs for student tokens whose span equals a teacher token's span."
+    "(N, K) student ids (-1: none) and renormalised teacher probs where a student span equals a teacher token's span."
     ids, p = np.full((len(s_spans), K), -1, np.int64), np.zeros((len(s_spans), K), np.float32)
     where = {tuple(sp): j for j, sp in enumerate(np.asarray(scores['spans']).tolist())}
     for i, sp in enumerate(np.asarray(s_spans).tolist()):
         j = where.get(tuple(sp))
-        if j is None or sp[1] <= sp[0]: continue
-        got = [(vmap[t], q) for t, q in zip(scores['top_ids'][j][:K].tolist(), scores['top_p'][j][:K].tolist()) if t in vmap]
-        if got: ids[i, :len(got)] = [g for g, _ in got]; p[i, :len(got)] = np.array([q for _, q in got]) / sum(q for _, q in got)
+        got = [] if j is None or sp[1] <= sp[0] else _kd_target(scores, j, vmap, K)
+        if not got: continue
+        ids[i, :len(got)] = [g for g, _ in got]
+        p[i, :len(got)] = np.array([q for _, q in got]) / sum(q for _, q in got)
     return ids, p
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000026c
 def exact_match_kd_loss(logits: Tensor, labels: Tensor, kd_ids: Tensor, kd_p: Tensor, lam: float=1.0) -> Tensor:
-    "Cross-entropy plus lam * KL(teacher's renormalised shared-vocabulary distribution || student) at the positions that have one."
+    "Cross-entropy plus lam * KL(teacher's renormalised shared-vocabulary distribution || student) where there is one."
     check_num('lam', lam, lo=0)
-    if kd_ids.shape != kd_p.shape or kd_ids.shape[:2] != labels.shape: raise ValueError(f"shapes differ: labels {tuple(labels.shape)}, kd_ids {tuple(kd_ids.shape)}, kd_p {tuple(kd_p.shape)}")
+    if kd_ids.shape != kd_p.shape or kd_ids.shape[:2] != labels.shape:
+        raise ValueError(f"shapes differ: labels {tuple(labels.shape)}, kd_ids {tuple(kd_ids.shape)}, "
+                         f"kd_p {tuple(kd_p.shape)}")
     ce = F.cross_entropy(logits.transpose(1, 2), labels)
-    has = kd_ids[..., 0] >= 0                                                                     # (B, T) positions with a target
+    has = kd_ids[..., 0] >= 0                                                                     # (B, T) with a target
     if not has.any(): return ce
     logp = logits.log_softmax(-1).gather(-1, kd_ids.clamp(min=0))                                 # (B, T, K)
     q = kd_p * (kd_ids >= 0)
@@ -211,90 +288,117 @@ def exact_match_kd_loss(logits: Tensor, labels: Tensor, kd_ids: Tensor, kd_p: Te
     return ce + lam * kl[has].mean()
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000028
-def build_stream(student_tok, docs: list[str], teachers: dict, how: str='max', kd_maps: dict|None=None) -> dict:
-    "Docs as one stream of [eos] + student ids; per teacher (name -> `teacher_token_losses` of `docs`), each token's aggregated teacher loss and exact-match KD targets."
-    ids, tl, kd = [], {n: [] for n in teachers}, {n: ([], []) for n in (kd_maps or {})}
-    st = {n: [0, 0, [], 0] for n in teachers}                        # mapped, total, teacher tokens per mapped token, KD targets
-    for i, doc in enumerate(docs):
-        s_ids, s_sp = token_spans(student_tok, doc); ids += [student_tok.eos_token_id, *s_ids.tolist()]
-        for n, scores in teachers.items():
-            if len(scores) != len(docs): raise ValueError(f"teacher {n!r} scored {len(scores)} texts, expected {len(docs)}")
-            al = align_spans(s_sp, scores[i]['spans']); tl[n] += [np.nan, *aggregate_teacher_loss(al, scores[i]['losses'], how)]
-            st[n][0] += int((~al.unmapped).sum()); st[n][1] += len(al.lo); st[n][2] += al.counts[~al.unmapped].tolist()
-            if n in kd:
-                ki, kp = exact_match_kd_targets(s_sp, scores[i], kd_maps[n]); K = ki.shape[1]
-                kd[n][0].append(np.r_[np.full((1, K), -1), ki]); kd[n][1].append(np.r_[np.zeros((1, K), np.float32), kp]); st[n][3] += int((ki[:, 0] >= 0).sum())
-    return dict(ids=np.array(ids, dtype=np.int64), tl={n: np.array(v, dtype=np.float32) for n, v in tl.items()},
-                kd={n: (np.concatenate(a), np.concatenate(b)) for n, (a, b) in kd.items()},
-                coverage={n: s[0] / max(s[1], 1) for n, s in st.items()}, kd_coverage={n: s[3] / max(s[1], 1) for n, s in st.items() if n in kd},
-                teacher_per_student={n: float(np.mean(s[2])) if s[2] else math.nan for n, s in st.items()})
+def _with_separator(kd: tuple) -> tuple:
+    "KD targets (ids (n, K), probs (n, K)) with an empty row ahead for the document's eos."
+    ids, p = kd
+    return np.r_[np.full((1, ids.shape[1]), -1), ids], np.r_[np.zeros((1, p.shape[1]), np.float32), p]
 
+def _alignment_stats(als: dict, kd: dict) -> dict:
+    "Per teacher: coverage, share of student tokens with a KD target, teacher tokens per mapped student token."
+    n = {t: max(sum(len(a.lo) for a in v), 1) for t, v in als.items()}
+    per = {t: np.concatenate([a.counts[~a.unmapped] for a in v] + [np.zeros(0)]) for t, v in als.items()}
+    has = {t: sum(int((ids[:, 0] >= 0).sum()) for ids, _ in v) for t, v in kd.items()}
+    return dict(coverage={t: len(per[t]) / n[t] for t in als}, kd_coverage={t: has[t] / n[t] for t in kd},
+                teacher_per_student={t: float(per[t].mean()) if len(per[t]) else math.nan for t in als})
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000028b
+def build_stream(student_tok, docs: list[str], teachers: dict, how: str='max', kd_maps: dict|None=None) -> dict:
+    "Docs as one stream of [eos] + student ids; per teacher (name -> scores of `docs`): loss per token, KD targets."
+    kd_maps = kd_maps or {}
+    for t, scores in teachers.items():
+        if len(scores) != len(docs): raise ValueError(f"teacher {t!r} scored {len(scores)} texts, expected {len(docs)}")
+    ids, tl, als, kd = [], {t: [] for t in teachers}, {t: [] for t in teachers}, {t: [] for t in kd_maps}
+    for i, doc in enumerate(docs):
+        s_ids, s_sp = token_spans(student_tok, doc)
+        ids += [student_tok.eos_token_id, *s_ids.tolist()]
+        for t, scores in teachers.items():
+            als[t].append(align_spans(s_sp, scores[i]['spans']))
+            tl[t] += [np.nan, *aggregate_teacher_loss(als[t][-1], scores[i]['losses'], how)]
+            if t in kd: kd[t].append(_with_separator(exact_match_kd_targets(s_sp, scores[i], kd_maps[t])))
+    return dict(ids=np.array(ids, dtype=np.int64), tl={t: np.array(v, np.float32) for t, v in tl.items()},
+                kd={t: tuple(np.concatenate(a) for a in zip(*v)) for t, v in kd.items()}, **_alignment_stats(als, kd))
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000028c
 def shuffle_mapped(tl: np.ndarray, seed: int) -> np.ndarray:
     "Control: the same teacher losses permuted among the mapped student tokens (the token-level information destroyed)."
-    out = tl.copy(); m = ~np.isnan(tl); out[m] = np.random.default_rng(seed).permutation(tl[m]); return out
+    out = tl.copy()
+    m = ~np.isnan(tl)
+    out[m] = np.random.default_rng(seed).permutation(tl[m])
+    return out
+
+def stream_classes(student_tok, docs: list[str]) -> np.ndarray:
+    "The `TOKEN_CLASSES` index of every token of `build_stream(student_tok, docs, {})['ids']` (the eos: template)."
+    return np.concatenate([np.r_[np.int8(3), token_classes(d, token_spans(student_tok, d)[1])] for d in docs])
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000030
-def _windows(a: Tensor, starts: list, lo: int, hi: int) -> Tensor:
-    "(B, hi - lo): the slices a[s + lo : s + hi] of a stream, one per start s."
-    return torch.stack([a[s + lo:s + hi] for s in starts])
+class StreamWindows(Dataset):
+    "Windows of a token stream as rows: `input_ids` (T+1,), and each per-token extra at the window's T targets."
+    def __init__(self, ids: np.ndarray, starts: list, seq_len: int, extras: dict|None=None):
+        self.ids, self.starts, self.T = torch.from_numpy(ids), list(starts), seq_len
+        self.extras = {k: torch.from_numpy(np.asarray(v)) for k, v in (extras or {}).items()}
+    def __len__(self): return len(self.starts)
+    def __getitem__(self, i) -> dict:
+        s = self.starts[i]
+        row = dict(input_ids=self.ids[s:s + self.T + 1])
+        return row | {k: v[s + 1:s + self.T + 1] for k, v in self.extras.items()}   # the values of the targets
 
-def train_student(model, ids: np.ndarray, tl: np.ndarray|None, steps: int, batch_size: int, seq_len: int, lr: float, seed: int,
-                  top_k_ratio: float=1.0, log_every: int=10, kd: tuple|None=None) -> list:
-    "AdamW + cosine on windows of the stream drawn by `seed`: plain CE, the teacher-guided loss (`tl`), or exact-match KD (`kd` = ids, probs). Returns (step, loss) pairs."
-    dev, g = model_device(model), torch.Generator().manual_seed(seed)   # windows drawn on the CPU: the same anywhere
-    x_all = torch.from_numpy(ids).to(dev)
-    t_all = None if tl is None else torch.from_numpy(tl).to(dev)
-    kd_all = None if kd is None else [torch.from_numpy(a).to(dev) for a in kd]  # (N, K) ids and probs
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    model.train()
-    curve = []
-    for step in range(steps):
-        st = torch.randint(0, len(ids) - seq_len - 1, (batch_size,), generator=g, device=g.device).tolist()
-        w = _windows(x_all, st, 0, seq_len + 1)                                    # (B, T+1)
-        logits = model(input_ids=w[:, :-1]).logits                                   # (B, T, V)
-        if kd is not None:
-            loss = exact_match_kd_loss(logits, w[:, 1:], *(_windows(a, st, 1, seq_len + 1) for a in kd_all))
-        elif t_all is None: loss = F.cross_entropy(logits.transpose(1, 2), w[:, 1:])
-        else: loss = teacher_guided_loss(logits, w[:, 1:], _windows(t_all, st, 1, seq_len + 1), top_k_ratio)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % log_every == 0 or step == steps - 1: curve.append((step, round(loss.item(), 4)))
-    model.eval()
-    return curve
+def window_starts(n_tokens: int, seq_len: int, n: int, seed: int) -> list:
+    "`n` random window starts in a stream of `n_tokens`, drawn by `seed`: the same windows for every arm."
+    if n_tokens < seq_len + 2:
+        raise ValueError(f"the stream has {n_tokens} tokens, fewer than a window ({seq_len} + 2)")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n_tokens - seq_len - 1, (n,), generator=g).tolist()
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000030b
+def selection_loss_fn(top_k_ratio: float=1.0, kd: bool=False):
+    "`loss_fn(model, batch)` for `train`: exact-match KD, the teacher-guided loss on `batch['tl']`, or plain CE."
+    def loss_fn(model, b):
+        logits, y = model(input_ids=b['input_ids'][:, :-1]).logits, b['input_ids'][:, 1:]   # (B, T, V), (B, T)
+        if kd: return exact_match_kd_loss(logits, y, b['kd_ids'], b['kd_p'])
+        if 'tl' in b: return teacher_guided_loss(logits, y, b['tl'], top_k_ratio)
+        return F.cross_entropy(logits.transpose(1, 2), y)
+    return loss_fn
+
+def train_student(model, ids: np.ndarray, steps: int, batch_size: int, seq_len: int, lr: float, seed: int,
+                  extras: dict|None=None, top_k_ratio: float=1.0, kd: bool=False):
+    "Train on `steps` x `batch_size` windows of the stream drawn by `seed` with `workbench.train.train`; its History."
+    rows = StreamWindows(ids, window_starts(len(ids), seq_len, steps * batch_size, seed), seq_len, extras)
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, shuffle=False, progress=False,
+                      log_every=max(1, steps // 30))
+    return train(model, rows, cfg, loss_fn=selection_loss_fn(top_k_ratio, kd))
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000031
-_ANSWER = re.compile(r'= (\d+),')
-
-def answer_spans(text: str) -> np.ndarray:
-    "(n, 2) character spans of the worked answers `= c,` (the first statement of each result, which the context does not give away)."
-    return np.array([m.span(1) for m in _ANSWER.finditer(text)], dtype=np.int64).reshape(-1, 2)
-
 @torch.no_grad()
-def score_heldout(model, tokenizer, texts: list[str], batch_size: int=16) -> dict:
-    "Per text: bits per char (every token predicted after an eos: sum(-log2 p)/len) and answers right / answers (all answer tokens argmax-correct)."
-    bpc, right, total, dev = [], [], [], model_device(model)
+def doc_token_losses(model, tokenizer, texts: list[str], batch_size: int=16) -> list[tuple]:
+    "Per text: its token spans (n, 2), per-token losses (n,) with an eos ahead, and whether each token is the argmax."
+    out, eos, dev = [], tokenizer.eos_token_id, model_device(model)
+    model.eval()
     for i in range(0, len(texts), batch_size):
-        chunk = texts[i:i + batch_size]
-        enc = [token_spans(tokenizer, t) for t in chunk]
-        T, eos = max(len(e) for e, _ in enc) + 1, tokenizer.eos_token_id
-        x = torch.tensor([[eos, *e.tolist()] + [eos] * (T - 1 - len(e)) for e, _ in enc], device=dev)      # (B, T)
-        y = torch.tensor([e.tolist() + [-100] * (T - 1 - len(e)) for e, _ in enc], device=dev)            # (B, T-1)
-        logits = model(input_ids=x).logits[:, :-1]                                                  # (B, T-1, V)
-        nll = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=-100, reduction='none')      # (B, T-1)
-        ok = (logits.argmax(-1) == y).cpu().numpy()
-        for r, (t, (e, sp)) in enumerate(zip(chunk, enc)):
-            # $\mathrm{BPC} = \sum_i -\log_2 p(x^S_i \mid x^S_{<i}) / |x|$
-            bpc.append(float(nll[r].sum()) / math.log(2) / len(t)); a = answer_spans(t)
-            right.append(sum(bool(ok[r, :len(e)][(sp[:, 0] < b) & (sp[:, 1] > s0)].all()) for s0, b in a)); total.append(len(a))
-    return dict(bpc=np.array(bpc), right=np.array(right), total=np.array(total))
+        enc = [token_spans(tokenizer, t) for t in texts[i:i + batch_size]]
+        T = max(len(e) for e, _ in enc) + 1
+        x = torch.tensor([[eos, *e.tolist()] + [eos] * (T - 1 - len(e)) for e, _ in enc], device=dev)   # (B, T)
+        logits = model(input_ids=x[:, :-1]).logits                                               # (B, T-1, V)
+        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction='none').cpu().numpy()  # (B, T-1)
+        ok = (logits.argmax(-1) == x[:, 1:]).cpu().numpy()
+        out += [(sp, nll[r, :len(e)], ok[r, :len(e)]) for r, (e, sp) in enumerate(enc)]
+    return out
 
-def bits_per_char(model, tokenizer, texts: list[str], batch_size: int=16) -> np.ndarray:
-    "Per text: the student's bits per character (see `score_heldout`)."
-    return score_heldout(model, tokenizer, texts, batch_size)['bpc']
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000031b
+def score_heldout(model, tokenizer, texts: list[str], batch_size: int=16) -> dict:
+    "Bits per char per text; per copy item whether all its tokens are argmax-correct, and its chance 1/n."
+    bpc, right, chance = [], [], []
+    for t, (sp, nll, ok) in zip(texts, doc_token_losses(model, tokenizer, texts, batch_size)):
+        # $\mathrm{BPC} = \sum_i -\log_2 p(x^S_i \mid x^S_{<i}) / |x|$
+        bpc.append(float(nll.sum()) / math.log(2) / len(t))
+        for a, b, n in copy_items(t):
+            right.append(bool(ok[(sp[:, 0] < b) & (sp[:, 1] > a)].all()))
+            chance.append(1 / n)
+    return dict(bpc=np.array(bpc), right=np.array(right, bool), chance=np.array(chance))
+
+def stream_token_losses(model, tokenizer, docs: list[str]) -> np.ndarray:
+    "A model's loss on every token of `build_stream(tokenizer, docs, {})['ids']` (NaN at each document's eos)."
+    per_doc = [np.r_[np.nan, nll] for _, nll, _ in doc_token_losses(model, tokenizer, docs)]
+    return np.concatenate(per_doc).astype(np.float32)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000035
 def vocab_overlap(student_tok, teacher_tok, normalize: bool=False) -> float:
@@ -303,8 +407,31 @@ def vocab_overlap(student_tok, teacher_tok, normalize: bool=False) -> float:
     vs, vt = {f(t) for t in student_tok.get_vocab()}, {f(t) for t in teacher_tok.get_vocab()}
     return len(vs & vt) / len(vs)
 
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000036b
+def kept_share_by_class(student_loss: np.ndarray, ref_loss: np.ndarray, classes: np.ndarray, k: float) -> dict:
+    "Share of each token class that top-k excess-loss selection over the whole stream keeps (unmapped tokens aside)."
+    d = student_loss - ref_loss                                                     # $\delta_i$; NaN where unmapped
+    ok = ~np.isnan(d)
+    keep = np.zeros(len(d), bool)
+    keep[np.flatnonzero(ok)[np.argsort(-d[ok], kind='stable')[:math.ceil(k * ok.sum())]]] = True
+    share = lambda i: float(keep[ok & (classes == i)].mean()) if (ok & (classes == i)).any() else math.nan
+    return {c: share(i) for i, c in enumerate(TOKEN_CLASSES)}
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000036d
+def teacher_copy_accuracy(scores: list, texts: list[str]) -> tuple:
+    "Per copy item of `texts`: whether the teacher's argmax gets all of its teacher tokens, and the chance 1/n."
+    right, chance = [], []
+    for sc, t in zip(scores, texts):
+        sp = np.asarray(sc['spans'])
+        top1 = np.exp(-np.asarray(sc['losses'], float)) >= sc['top_p'][:, 0] * (1 - 1e-4)   # its token is its argmax
+        for a, b, n in copy_items(t):
+            right.append(bool(top1[(sp[:, 0] < b) & (sp[:, 1] > a)].all()))
+            chance.append(1 / n)
+    return np.array(right, bool), np.array(chance)
+
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041
-TEACHERS = ('smollm2-135m', 'gemma3-270m')   # the default teachers: `model` and, in the full run, `teacher2`
+TEACHERS = ('smollm2-135m', 'gemma3-270m')   # registry teachers: the default `model`, and a second one for `teacher2`
+REFERENCE = 'reference'                      # Rho-1's same-vocabulary reference: the noise-free run of the same seed
 
 def check_teacher(name: str, field: str) -> str:
     "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id."
@@ -317,40 +444,87 @@ def check_teacher(name: str, field: str) -> str:
                          "a teacher is pretrained")
     return name
 
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041a
 @dataclass
-class VocAgnoLMConfig(ExperimentConfig):
-    model: str = TEACHERS[0]                         # teacher 1 (SmolLM2's role, 49k BPE): name, folder or hub id
-    teacher2: str|None = size(quick=None, full=TEACHERS[1])  # teacher 2 (Gemma-3's role: 262k SentencePiece) or None
-    teachers: tuple = field(init=False, default=())  # derived: (model, teacher2), each teacher's runs in this order
-    n_seeds: int = size(quick=2, full=4)             # student seeds (initialisation and window order)
-    n_train_docs: int = size(quick=8, full=40)       # continual-pretraining documents, scored once by each teacher
-    n_eval_docs: int = size(quick=8, full=80)        # clean held-out documents (bits per character, answer accuracy)
-    n_teacher_eval_docs: int = size(quick=4, full=8) # held-out documents the teachers score (their own strength)
-    noise: float = 0.3                               # share of unlearnable segments in the training documents
-    vocab_size: int = 512                            # the student's own byte-level BPE
-    d_model: int = 64                                # student width (4 heads, tied embeddings)
-    n_layers: int = 2                                # student blocks
-    seq_len: int = 128                               # training window
-    batch_size: int = 8                              # windows per update
-    lr: float = 2e-3                                 # AdamW peak learning rate, cosine to 0
-    warmup_steps: int = size(quick=20, full=100)     # pretraining on licence texts before the continual phase
-    steps: int = size(quick=40, full=200)            # continual-pretraining updates: the same windows for every setting
-    top_k_ratios: tuple = size(quick=(0.4,), full=(0.4, 0.7))  # kept shares of the mapped tokens; the first is the spec's 40%
-    agg: str = 'max'                                 # aggregation of a student token's teacher losses
-    unit_fields: ClassVar[tuple] = ('n_seeds',)
-    cache_version: ClassVar[int] = 1
-    def validate(self):
-        check_teacher(self.model, 'model')
-        if self.teacher2 is not None: check_teacher(self.teacher2, 'teacher2')
-        if self.teacher2 == self.model:
-            raise ValueError(f"teacher2 must differ from model (both {self.model!r}); None: one teacher")
-        self.teachers = (self.model,) + (() if self.teacher2 is None else (self.teacher2,))
-        for k in ('n_seeds', 'n_train_docs', 'n_eval_docs', 'n_teacher_eval_docs', 'd_model', 'n_layers', 'seq_len', 'batch_size', 'steps'): check_int(k, getattr(self, k), lo=1)
-        check_int('warmup_steps', self.warmup_steps, lo=0); check_int('vocab_size', self.vocab_size, lo=300)
-        check_num('noise', self.noise, lo=0, hi=1); check_num('lr', self.lr, lo=0, lo_open=True); check_choice('agg', self.agg, ('max', 'mean', 'sum'))
-        for k in self.top_k_ratios: check_num('top_k_ratios', k, lo=0, hi=1, lo_open=True)
+class _VocData:
+    "The corpora: a part of `VocAgnoLMConfig`."
+    n_train_docs: int = size(quick=8, full=200)       # continual-pretraining documents, scored once by each teacher
+    n_val_docs: int = size(quick=4, full=40)          # clean held-out documents that choose each arm's kept share
+    n_eval_docs: int = size(quick=8, full=80)         # clean held-out documents of the claims (a separate draw)
+    n_teacher_eval_docs: int = size(quick=4, full=8)  # the first held-out documents, scored by each teacher
+    n_segments: int = 5                               # segments per document
+    noise: float = 0.3                                # share of unlearnable segments in the training documents
+    wrong: float = 0.4                                # share of training copy segments copied in another order
+    vocab_size: int = 1024                            # the student's own byte-level BPE (every ' 10'..' 99' one token)
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041b
+@dataclass
+class _VocTrain(_VocData):
+    "The student, its training and the arms: a part of `VocAgnoLMConfig`."
+    d_model: int = 64                                 # student width (4 heads, tied embeddings)
+    n_layers: int = 2                                 # student blocks
+    seq_len: int = 64                                 # training window
+    batch_size: int = 8                               # windows per update
+    lr: float = 1e-2                                  # AdamW peak learning rate (`train`'s warm-up and cosine)
+    warmup_steps: int = size(quick=20, full=100)      # pretraining updates on licence texts before the continual phase
+    steps: int = size(quick=30, full=900)             # continual-pretraining updates: the same for every arm
+    top_k_ratios: tuple = size(quick=(0.4,), full=(0.2, 0.4, 0.6, 0.8))   # kept shares swept by Rho-1 and VocAgnoLM
+    control_k: float = 0.4                            # kept share of the shuffled-teacher control and its comparison
+    agg: str = 'max'                                  # aggregation of a student token's teacher losses
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041f
+_JUDGING_FIELDS = ('n_seeds', 'min_acc_over_chance', 'min_noise_harm', 'max_update_gap', 'max_heldout_overlap',
+                   'min_teacher_over_chance')   # fields that judge the units but do not change one (not in their keys)
+_POSITIVE = ('n_seeds', 'n_train_docs', 'n_val_docs', 'n_eval_docs', 'n_teacher_eval_docs', 'n_segments', 'd_model',
+             'n_layers', 'seq_len', 'batch_size', 'steps')
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041c
+@dataclass
+class VocAgnoLMConfig(ExperimentConfig, _VocTrain):
+    "A small student continually pretrained on noisy copy documents, guided by teachers with other vocabularies."
+    model: str = TEACHERS[0]                          # teacher 1 (SmolLM2's role, 49k BPE): name, folder or hub id
+    teacher2: str|None = None                         # teacher 2 (e.g. 'gemma3-270m', 262k SentencePiece) or None
+    teachers: tuple = field(init=False, default=())   # derived: (model, teacher2), each teacher's runs in this order
+    n_seeds: int = size(quick=2, full=5)              # student seeds (initialisation and window order)
+    min_acc_over_chance: float = 0.05                 # precondition: CPT's held-out accuracy minus chance, at least
+    min_noise_harm: float = 0.02                      # precondition: noise-free minus noisy CPT accuracy, at least
+    max_update_gap: int = 0                           # precondition: most minus fewest updates of any arm, at most
+    max_heldout_overlap: float = 0.01                 # precondition: share of held-out lists in the training text
+    min_teacher_over_chance: float = 0.2              # precondition: each teacher's held-out accuracy minus chance
+    unit_fields: ClassVar[tuple] = _JUDGING_FIELDS
+    cache_version: ClassVar[int] = 2
     @property
     def seeds(self): return self.seed_list(self.n_seeds)
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041d
+@patch_to(VocAgnoLMConfig)
+def validate(self):
+    "Check every field (ValueError naming it) and derive `teachers`."
+    check_teacher(self.model, 'model')
+    if self.teacher2 is not None: check_teacher(self.teacher2, 'teacher2')
+    if self.teacher2 == self.model:
+        raise ValueError(f"teacher2 must differ from model (both {self.model!r}); None: one teacher")
+    self.teachers = (self.model,) + (() if self.teacher2 is None else (self.teacher2,))
+    for k in _POSITIVE: check_int(k, getattr(self, k), lo=1)
+    for k, lo in (('warmup_steps', 0), ('vocab_size', 300), ('max_update_gap', 0)):
+        check_int(k, getattr(self, k), lo=lo)
+    for k in ('noise', 'wrong', 'max_heldout_overlap'): check_num(k, getattr(self, k), lo=0, hi=1)
+    for k in ('min_acc_over_chance', 'min_noise_harm', 'min_teacher_over_chance'): check_num(k, getattr(self, k))
+    check_num('lr', self.lr, lo=0, lo_open=True)
+    check_choice('agg', self.agg, ('max', 'mean', 'sum'))
+    self._check_shares()
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000041e
+@patch_to(VocAgnoLMConfig)
+def _check_shares(self):
+    "The kept shares: each in (0, 1], strictly increasing (a grid), holding `control_k`."
+    ks = self.top_k_ratios
+    if not isinstance(ks, tuple) or not ks: raise ValueError(f"top_k_ratios must be a non-empty tuple, got {ks!r}")
+    for k in ks: check_num('top_k_ratios', k, lo=0, hi=1, lo_open=True)
+    if any(b <= a for a, b in zip(ks, ks[1:])): raise ValueError(f"top_k_ratios must increase strictly, got {ks}")
+    check_num('control_k', self.control_k, lo=0, hi=1, lo_open=True)
+    if not any(math.isclose(k, self.control_k) for k in ks):
+        raise ValueError(f"control_k={self.control_k} must be one of top_k_ratios {ks} (the control is compared there)")
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000043
 def teacher_label(teacher: str) -> str:
@@ -358,155 +532,297 @@ def teacher_label(teacher: str) -> str:
     return teacher.split('-')[0] if teacher in TEACHERS else teacher
 
 def setting_label(method, teacher, k) -> str:
-    "A setting's name in tables and figures."
-    if method in ('cpt', 'warm'): return dict(cpt='CPT', warm='warm start')[method]
+    "An arm's name in tables and figures."
+    fixed = dict(warm='warm start', cpt='CPT', clean='CPT noise-free', rho1=f'Rho-1 k={float(k or 1):g}')
+    if method in fixed: return fixed[method]
     if method == 'kd': return f"KD-exact-{teacher_label(teacher)}"
     return f"{'VocAgnoLM' if method == 'vocagnolm' else 'shuffled'}-{teacher_label(teacher)} k={float(k):g}"
 
-def _runs(cfg):
-    "The (method, teacher, k) settings, all trained from the same warm student on the same windows."
-    return [('cpt', 'none', 1.0)] + [(m, t, k) for t in cfg.teachers for m, ks in (('kd', (1.0,)), ('vocagnolm', cfg.top_k_ratios), ('shuffled', cfg.top_k_ratios[:1])) for k in ks]
+def _runs(cfg) -> list:
+    "The (method, teacher, k) arms, in training order (the noise-free run first: it is Rho-1's reference)."
+    ks = cfg.top_k_ratios
+    per_teacher = lambda t: [('kd', t, 1.0), *[('vocagnolm', t, k) for k in ks], ('shuffled', t, cfg.control_k)]
+    return [('cpt', 'none', 1.0), ('clean', 'none', 1.0), *[('rho1', 'none', k) for k in ks],
+            *[arm for t in cfg.teachers for arm in per_teacher(t)]]
 
-def _setup(cfg):
-    "Corpora (noisy training, clean held-out), the student's tokenizer, the teachers' scores and the aligned training stream."
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000043b
+def _corpora(cfg) -> SimpleNamespace:
+    "Noisy training documents, a noise-free training corpus of the same size, clean validation and held-out documents."
+    c = functools.partial(copy_corpus, n_segments=cfg.n_segments)
+    return SimpleNamespace(train=c(cfg.n_train_docs, cfg.seed + 1000, cfg.noise, cfg.wrong),
+                           clean=c(cfg.n_train_docs, cfg.seed + 1500, 0.0, 0.0),
+                           val=c(cfg.n_val_docs, cfg.seed + 2500, 0.0, 0.0),
+                           held=c(cfg.n_eval_docs, cfg.seed + 2000, 0.0, 0.0),
+                           tok_docs=c(300, cfg.seed + 3000, cfg.noise, cfg.wrong))
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000043d
+def _setup(cfg) -> SimpleNamespace:
+    "Corpora, the student's tokenizer, the teachers' scores and the aligned training stream."
     from workbench.data import train_bpe, load_corpus
-    train = math_corpus(cfg.n_train_docs, seed=cfg.seed + 1000, noise=cfg.noise)
-    held, warm = math_corpus(cfg.n_eval_docs, seed=cfg.seed + 2000, noise=0.0), [d['text'] for d in load_corpus('licenses')]
-    stok = train_bpe(math_corpus(300, seed=cfg.seed + 3000, noise=cfg.noise) + warm, vocab_size=cfg.vocab_size)
-    scores = {t: scored_texts(t, train) for t in cfg.teachers}
-    kd_maps = {t: shared_vocab_map(stok, teacher_tokenizer(t)) for t in cfg.teachers}
-    return SimpleNamespace(train=train, held=held, stok=stok, scores=scores, stream=build_stream(stok, train, scores, cfg.agg, kd_maps), warm=build_stream(stok, warm, {})['ids'])
+    S, warm = _corpora(cfg), [d['text'] for d in load_corpus('licenses')]
+    S.stok = train_bpe(S.tok_docs + warm, vocab_size=cfg.vocab_size)
+    S.scores = {t: scored_texts(t, S.train) for t in cfg.teachers}
+    kd_maps = {t: shared_vocab_map(S.stok, teacher_tokenizer(t)) for t in cfg.teachers}
+    S.stream = build_stream(S.stok, S.train, S.scores, cfg.agg, kd_maps)
+    S.clean_ids, S.warm = build_stream(S.stok, S.clean, {})['ids'], build_stream(S.stok, warm, {})['ids']
+    S.classes = stream_classes(S.stok, S.train)
+    return S
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000044
-def _seed_unit(cfg, seed, S) -> dict:
-    "Warm one student, continue it with every setting on the same windows; clean held-out bits per char of each."
+def _student(cfg, S, seed: int, state: dict|None=None):
+    "A fresh student on the settings' device, seeded; with `state`, loaded from it."
     from workbench.models import tiny_llama
-    dev = get_device()                                                 # the student trains on the settings' device
-    make = lambda: tiny_llama(len(S.stok), cfg.n_layers, cfg.d_model, 4, max_len=cfg.seq_len + 1, seed=seed).to(dev)
-    base = make()
-    if cfg.warmup_steps: train_student(base, S.warm, None, cfg.warmup_steps, cfg.batch_size, cfg.seq_len, cfg.lr, seed)
-    state = {k: v.clone() for k, v in base.state_dict().items()}
-    def ev(m): h = score_heldout(m, S.stok, S.held); return dict(bpc=float(h['bpc'].mean()), answer_acc=float(h['right'].sum() / max(h['total'].sum(), 1)))
-    rows = [dict(method='warm', teacher='none', k=None, seed=seed, **ev(base), train_s=0.0)]; curves = []
-    for method, teacher, k in _runs(cfg):
-        tl = None if method in ('cpt', 'kd') else S.stream['tl'][teacher] if method == 'vocagnolm' else shuffle_mapped(S.stream['tl'][teacher], seed)
-        m = make(); m.load_state_dict(state)
-        with Timer() as t: c = train_student(m, S.stream['ids'], tl, cfg.steps, cfg.batch_size, cfg.seq_len, cfg.lr, seed + 10_000, k, kd=S.stream['kd'][teacher] if method == 'kd' else None)
-        rows.append(dict(method=method, teacher=teacher, k=k, seed=seed, **ev(m), train_s=round(t.s, 2)))
-        curves.append(dict(setting=setting_label(method, teacher, k), seed=seed, step=[s for s, _ in c], loss=[l for _, l in c]))
-    x = torch.tensor([[S.stok.eos_token_id, *token_spans(S.stok, S.train[0])[0].tolist()]], device=dev)   # the example
-    with torch.no_grad(): ls = F.cross_entropy(base(input_ids=x[:, :-1]).logits[0], x[0, 1:], reduction='none')
-    return dict(rows=rows, curves=curves, example_student_loss=[round(float(v), 3) for v in ls])
+    m = tiny_llama(len(S.stok), cfg.n_layers, cfg.d_model, 4, max_len=4 * cfg.seq_len, seed=seed).to(get_device())
+    if state is not None: m.load_state_dict(state)
+    return m
+
+def _arm_data(method: str, teacher: str, S, ref_loss, seed: int) -> tuple:
+    "The stream an arm trains on and its per-token extras (teacher or reference losses, KD targets)."
+    if method in ('cpt', 'clean'): return (S.stream['ids'] if method == 'cpt' else S.clean_ids), None
+    if method == 'kd': return S.stream['ids'], dict(zip(('kd_ids', 'kd_p'), S.stream['kd'][teacher]))
+    if method == 'rho1': return S.stream['ids'], dict(tl=ref_loss)
+    tl = S.stream['tl'][teacher]
+    return S.stream['ids'], dict(tl=shuffle_mapped(tl, seed) if method == 'shuffled' else tl)
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000044b
+def _train_arm(cfg, S, seed: int, state: dict, arm: tuple, ref_loss) -> tuple:
+    "One arm from the warm weights: (model, History, seconds)."
+    method, teacher, k = arm
+    ids, extras = _arm_data(method, teacher, S, ref_loss, seed)
+    m = _student(cfg, S, seed, state)
+    with Timer() as t:
+        h = train_student(m, ids, cfg.steps, cfg.batch_size, cfg.seq_len, cfg.lr, seed + 10_000, extras, k,
+                          kd=method == 'kd')
+    return m, h, t.s
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000044d
+def _evaluate(m, S) -> dict:
+    "Held-out answer accuracy and bits per char, and the validation accuracy that chooses kept shares."
+    h, v = score_heldout(m, S.stok, S.held), score_heldout(m, S.stok, S.val)
+    return dict(acc=float(h['right'].mean()), val_acc=float(v['right'].mean()), bpc=float(h['bpc'].mean()))
+
+def _kept_table(cfg, S, student_loss, ref_loss, seed: int) -> list:
+    "At the warm start: the kept share of each token class at `control_k`, per scorer (the reference, each teacher)."
+    scorers = {REFERENCE: ref_loss, **S.stream['tl']}
+    return [dict(seed=seed, scorer=n, **kept_share_by_class(student_loss, tl, S.classes, cfg.control_k))
+            for n, tl in scorers.items()]
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000044c
+def _seed_unit(cfg, seed: int, S) -> dict:
+    "Warm one student; continue it with every arm from the same weights; score each on validation and held-out text."
+    base = _student(cfg, S, seed)
+    if cfg.warmup_steps: train_student(base, S.warm, cfg.warmup_steps, cfg.batch_size, cfg.seq_len, cfg.lr, seed)
+    state, warm_loss = {k: v.clone() for k, v in base.state_dict().items()}, stream_token_losses(base, S.stok, S.train)
+    rows = [dict(method='warm', teacher='none', k=None, seed=seed, **_evaluate(base, S), updates=0, train_s=0.0)]
+    curves, ref_loss = [], None
+    for arm in _runs(cfg):
+        m, h, s = _train_arm(cfg, S, seed, state, arm, ref_loss)
+        if arm[0] == 'clean': ref_loss = stream_token_losses(m, S.stok, S.train)   # Rho-1's reference losses
+        rows.append(dict(zip(('method', 'teacher', 'k'), arm), seed=seed, **_evaluate(m, S), updates=h.step[-1],
+                         train_s=round(s, 2)))
+        curves.append(dict(setting=setting_label(*arm), seed=seed, step=h.step, loss=h.train_loss))
+    n0 = len(token_spans(S.stok, S.train[0])[0])
+    return dict(rows=rows, curves=curves, kept=_kept_table(cfg, S, warm_loss, ref_loss, seed),
+                example_student_loss=[round(float(v), 3) for v in warm_loss[1:n0 + 1]])
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000045
-def _teacher_table(cfg, S, example_student_loss) -> tuple:
-    "Per teacher: vocabulary overlap, coverage, teacher tokens per student token, its own held-out bits per char; and the widget's example."
-    held, info, ex = S.held[:cfg.n_teacher_eval_docs], [], []
-    sp = token_spans(S.stok, S.train[0])[1]
-    for t in cfg.teachers:
-        tt, hs, sc = teacher_tokenizer(t), scored_texts(t, held), S.scores[t][0]
-        info.append(dict(teacher=t, vocab=len(tt), overlap_raw=vocab_overlap(S.stok, tt), overlap_norm=vocab_overlap(S.stok, tt, True),
-                         coverage=S.stream['coverage'][t], kd_coverage=S.stream['kd_coverage'][t], teacher_per_student=S.stream['teacher_per_student'][t],
-                         teacher_bpc=float(sum(h['losses'].sum() for h in hs) / math.log(2) / sum(map(len, held)))))
-        ex.append(dict(teacher=t, text=S.train[0], student_spans=sp.tolist(), student_loss=example_student_loss,
-                       teacher_spans=sc['spans'].tolist(), teacher_loss=[round(float(v), 3) for v in sc['losses']]))
-    return info, ex
+def _teacher_row(cfg, S, t: str) -> dict:
+    "One teacher: vocabulary and overlap, alignment statistics, and its own held-out bits per char and copy accuracy."
+    held = S.held[:cfg.n_teacher_eval_docs]
+    tt, hs = teacher_tokenizer(t), scored_texts(t, held)
+    right, chance = teacher_copy_accuracy(hs, held)
+    bpc = float(sum(h['losses'].sum() for h in hs) / math.log(2) / sum(map(len, held)))
+    stats = {k: S.stream[k][t] for k in ('coverage', 'kd_coverage', 'teacher_per_student')}
+    return dict(teacher=t, vocab=len(tt), overlap_raw=vocab_overlap(S.stok, tt),
+                overlap_norm=vocab_overlap(S.stok, tt, True), **stats, teacher_bpc=bpc,
+                teacher_acc=float(right.mean()), over_chance=(right - chance).round(4).tolist())
+
+def heldout_overlap(train: list[str], held: list[str]) -> tuple:
+    "(share, n): the share of the n held-out copy lists that occur in the training documents (memorisable items)."
+    seen = {l for t in train for l in copy_lists(t)}
+    lists = [l for t in held for l in copy_lists(t)]
+    return sum(l in seen for l in lists) / max(len(lists), 1), len(lists)
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000045b
+def _setup_row(cfg, S) -> dict:
+    "Chance levels, the memorisable share of the held-out lists, the stream's size and how often each token is seen."
+    overlap, n_lists = heldout_overlap(S.train + S.clean, S.held)
+    chance = lambda docs: float(np.mean([1 / n for t in docs for n in copy_items(t)[:, 2]]))
+    n_tok = len(S.stream['ids'])
+    return dict(chance=chance(S.held), val_chance=chance(S.val), overlap=overlap, n_lists=n_lists,
+                n_items=sum(len(copy_items(t)) for t in S.held), n_val_items=sum(len(copy_items(t)) for t in S.val),
+                train_tokens=n_tok, passes=cfg.steps * cfg.batch_size * cfg.seq_len / n_tok)
+
+def _examples(cfg, S, student_loss: list) -> list:
+    "The alignment viewer's record per teacher: the first training document, both tokenizations and their losses."
+    sp, first = token_spans(S.stok, S.train[0])[1].tolist(), {t: S.scores[t][0] for t in cfg.teachers}
+    return [dict(teacher=t, text=S.train[0], student_spans=sp, student_loss=student_loss,
+                 teacher_spans=sc['spans'].tolist(), teacher_loss=[round(float(v), 3) for v in sc['losses']])
+            for t, sc in first.items()]
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000046
 def run_experiment(cfg: VocAgnoLMConfig) -> Results:
-    "Continual pretraining of a small student on noisy math text: plain CE against VocAgnoLM with each teacher and a shuffled-teacher control."
+    "Continual pretraining on noisy copy documents: CPT, noise-free CPT, exact-match KD, Rho-1, VocAgnoLM, a control."
     with Timer() as tm:
-        S = _setup(cfg); rows, curves, ex_loss = [], [], None
-        for seed in progress(cfg.seeds, desc='seeds'):
-            u = cached_unit('vocagnolm', cfg, dict(seed=seed), lambda: _seed_unit(cfg, seed, S))
-            rows += u['rows']
-            if seed == cfg.seeds[0]: curves, ex_loss = u['curves'], u['example_student_loss']
-        info, ex = _teacher_table(cfg, S, ex_loss)
-    seen = cfg.steps * cfg.batch_size * cfg.seq_len / len(S.stream['ids'])
-    notes = (f"teachers: {', '.join(cfg.teachers)}; student: own byte-level BPE ({len(S.stok)} tokens), "
-             f"Llama {cfg.n_layers}x{cfg.d_model}; {len(S.stream['ids'])} training tokens, each seen {seen:.1f} times "
-             "on average; "
-             f"BPC on {cfg.n_eval_docs} clean held-out documents")
-    res = Results('vocagnolm', cfg, rows, seeds=cfg.seeds, tables=dict(curves=curves, teachers=info, example=ex), notes=notes, wall_time_s=tm.s)
+        S = _setup(cfg)
+        units = [cached_unit('vocagnolm', cfg, dict(seed=s), functools.partial(_seed_unit, cfg, s, S))
+                 for s in progress(cfg.seeds, desc='seeds')]
+        tables = dict(curves=[c for u in units for c in u['curves']], kept=[r for u in units for r in u['kept']],
+                      teachers=[_teacher_row(cfg, S, t) for t in cfg.teachers], setup=[_setup_row(cfg, S)],
+                      example=_examples(cfg, S, units[0]['example_student_loss']))
+    su = tables['setup'][0]
+    notes = (f"teachers: {', '.join(cfg.teachers)}; student: own byte-level BPE ({len(S.stok)} tokens), Llama "
+             f"{cfg.n_layers}x{cfg.d_model}; {su['train_tokens']} training tokens, each seen {su['passes']:.1f} times; "
+             f"accuracy on {su['n_items']} copy items of {cfg.n_eval_docs} clean held-out documents")
+    res = Results('vocagnolm', cfg, [r for u in units for r in u['rows']], seeds=cfg.seeds, tables=tables, notes=notes,
+                  wall_time_s=tm.s)
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000048
-METRICS = {'bpc': ('held-out BPC', 'lower'), 'answer_acc': ('answer accuracy', 'higher')}
-
-def _vals(df, col, method, teacher, k, seeds) -> np.ndarray:
-    "Column `col` of one setting, one value per seed in `seeds` order."
+def _vals(df, col: str, method: str, teacher: str, k, seeds) -> np.ndarray:
+    "Column `col` of one arm, one value per seed in `seeds` order."
     g = df[(df.method == method) & (df.teacher == teacher)]
     if k is not None: g = g[np.isclose(g.k.astype(float), k)]
     g = g.set_index('seed')[col]
     return np.array([float(g[s]) for s in seeds])
 
-def _gain(col, a, b):
-    "Paired gain of a over b (positive: a is better on this metric)."
-    return paired_t(b, a) if METRICS[col][1] == 'lower' else paired_t(a, b)
+def _has(df, method: str, teacher: str) -> bool: return bool(((df.method == method) & (df.teacher == teacher)).any())
 
-def strongest_baseline(df, col, teacher, seeds) -> tuple:
-    "The better (by seed mean) of plain CPT and exact-match KD with `teacher` on metric `col`: (method, teacher)."
-    cands = [('cpt', 'none')] + ([('kd', teacher)] if ((df.method == 'kd') & (df.teacher == teacher)).any() else [])
-    key = lambda c: _vals(df, col, *c, None, seeds).mean() * (1 if METRICS[col][1] == 'lower' else -1)
-    return min(cands, key=key)
+def arm_best(df, method: str, teacher: str, ks, seeds):
+    "The `Best` kept share of an arm: the best mean validation accuracy over seeds (ties flagged, grid edges marked)."
+    val = np.array([_vals(df, 'val_acc', method, teacher, k, seeds) for k in ks])        # (K, S)
+    return best_setting(list(ks), val, 'higher', ties='flag')
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000048b
+def strongest_baseline(results: Results, teacher: str) -> tuple:
+    "The baseline arm (method, teacher, k) best on validation: CPT, exact-match KD, or Rho-1 at its best kept share."
+    c, df, seeds = results.config, results.df, results.seeds
+    cands = [('cpt', 'none', 1.0), ('kd', teacher, 1.0)]
+    if _has(df, 'rho1', 'none'):
+        cands.append(('rho1', 'none', arm_best(df, 'rho1', 'none', c['top_k_ratios'], seeds).knob))
+    cands = [a for a in cands if _has(df, *a[:2])]
+    # a validation tie goes to the baseline that is better on the held-out documents: the stricter comparison
+    key = lambda a: (_vals(df, 'val_acc', *a, seeds).mean(), _vals(df, 'acc', *a, seeds).mean())
+    return max(cands, key=key)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000049
-def claims(results: Results) -> list:
-    "Per teacher and metric: VocAgnoLM minus the strongest baseline (CPT or exact-match KD) at each kept share, and minus the shuffled-teacher control at the first share."
+def _count(v: float, n: int, what: str) -> Interval:
+    "A counted quantity without an interval."
+    return Interval(float(v), math.nan, math.nan, int(n), what)
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000049a
+def preconditions(results: Results) -> list:
+    "The student can learn the task; the noise hurts; equal updates; no memorisable held-out item; the teacher copies."
+    c, df, seeds, su = results.config, results.df, results.seeds, results.tables['setup'][0]
+    cpt, clean = (_vals(df, 'acc', m, 'none', 1.0, seeds) for m in ('cpt', 'clean'))
+    upd = df[df.method != 'warm'].updates
+    gap = _count(upd.max() - upd.min(), len(upd), 'count over arms and seeds')
+    seen = _count(su['overlap'], su['n_lists'], 'count over held-out lists')
+    learn = f"the student can learn the task: CPT's held-out accuracy minus chance ({su['chance']:.3f})"
+    out = [precondition(learn, mean_ci(cpt - su['chance']), c, 'min_acc_over_chance'),
+           precondition("the noise hurts: noise-free CPT minus CPT, held-out accuracy", paired_t(clean, cpt), c,
+                        'min_noise_harm'),
+           precondition("arms at equal updates: most minus fewest updates", gap, c, 'max_update_gap', 'lower'),
+           precondition("held-out copy lists found in the training text (share)", seen, c, 'max_heldout_overlap',
+                        'lower')]
+    name = lambda t: f"the teacher can do the task: {teacher_label(t['teacher'])}'s held-out accuracy minus chance"
+    return out + [precondition(name(t), bootstrap(t['over_chance']), c, 'min_teacher_over_chance')
+                  for t in results.tables['teachers']]
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000049b
+def comparison_claims(results: Results) -> list:
+    "Per teacher: VocAgnoLM at its best kept share minus the strongest baseline, and minus the control at control_k."
     c, df, seeds, out = results.config, results.df, results.seeds, []
-    k0 = c['top_k_ratios'][0]
+    acc = lambda *arm: _vals(df, 'acc', *arm, seeds)
+    k0 = c['control_k']
     for t in c['teachers']:
-        for col, (name, _) in METRICS.items():
-            bm, bt = strongest_baseline(df, col, t, seeds); base = _vals(df, col, bm, bt, None, seeds)
-            out += [claim(f"{name}: VocAgnoLM-{t} (k={k:g}) vs strongest baseline ({setting_label(bm, bt, 1.0)})", _gain(col, _vals(df, col, 'vocagnolm', t, k, seeds), base), 'higher')
-                    for k in c['top_k_ratios']]
-            out.append(claim(f"{name}: VocAgnoLM-{t} (k={k0:g}) vs shuffled-teacher control", _gain(col, _vals(df, col, 'vocagnolm', t, k0, seeds), _vals(df, col, 'shuffled', t, k0, seeds)), 'higher'))
+        k, b = arm_best(df, 'vocagnolm', t, c['top_k_ratios'], seeds).knob, strongest_baseline(results, t)
+        name = f"held-out accuracy: VocAgnoLM-{teacher_label(t)}"
+        out += [claim(f"{name} (best k={k:g}) minus the strongest baseline ({setting_label(*b)})",
+                      paired_t(acc('vocagnolm', t, k), acc(*b))),
+                claim(f"{name} minus the shuffled-teacher control (both k={k0:g})",
+                      paired_t(acc('vocagnolm', t, k0), acc('shuffled', t, k0)))]
     return out
 
+def claims(results: Results) -> list:
+    "The preconditions, then the claims."
+    return preconditions(results) + comparison_claims(results)
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000049c
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when, for every teacher and on both held-out metrics (bits per char, answer accuracy), VocAgnoLM beats the strongest equal-token baseline at every kept share and the shuffled-teacher control beyond the paired 95% CI over seeds; partly when at least one of these claims does; else not reproduced."
-    return judge(claims(results))
+    ("Reproduced when, for every teacher, VocAgnoLM at its best kept share beats both the strongest baseline (the "
+     "best on validation documents of CPT, exact-match KD and Rho-1 at its best kept share) and the shuffled-teacher "
+     "control in held-out answer accuracy beyond the paired 95% CI over seeds; not reproduced when none does or when "
+     "any goes the other way beyond its CI; partly otherwise. The rule reads the claims that `claims` recorded.")
+    parts = [x for x in results.claims if not x.is_precondition]
+    if any(x.opposite for x in parts): return 'not reproduced'           # VERDICTS.md: the effect goes the other way
+    return judge(parts)
 
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000049d
 def headline(results: Results) -> str:
-    "Our measured figure in words: VocAgnoLM's held-out BPC and answer accuracy per teacher against plain CPT's, and how many claims show."
-    c, df, seeds, cs = results.config, results.df, results.seeds, claims(results)
-    k0, v = c['top_k_ratios'][0], lambda col, m, t, k: _vals(df, col, m, t, k, seeds).mean()
-    per = '; '.join(f"{t}: BPC {v('bpc', 'vocagnolm', t, k0):.3f}, answers {v('answer_acc', 'vocagnolm', t, k0):.1%}" for t in c['teachers'])
-    return (f"at equal tokens, k={k0:g}: VocAgnoLM {per}; plain CPT: BPC {v('bpc', 'cpt', 'none', None):.3f}, answers {v('answer_acc', 'cpt', 'none', None):.1%}; "
-            f"{sum(x.shows for x in cs)}/{len(cs)} claims beyond the paired CI over {len(seeds)} seeds")
+    "Our figure in words: VocAgnoLM's held-out accuracy per teacher against the strongest baseline's, CPT's and chance."
+    c, df, seeds, cs = results.config, results.df, results.seeds, results.claims or claims(results)
+    acc = lambda *arm: _vals(df, 'acc', *arm, seeds).mean()
+    per = []
+    for t in c['teachers']:
+        k, b = arm_best(df, 'vocagnolm', t, c['top_k_ratios'], seeds).knob, strongest_baseline(results, t)
+        voc = f"VocAgnoLM-{teacher_label(t)} (k={k:g}) {acc('vocagnolm', t, k):.1%}"
+        per.append(f"{voc} vs {setting_label(*b)} {acc(*b):.1%}")
+    parts, failed = [x for x in cs if not x.is_precondition], [x.name for x in cs if x.is_precondition and not x.holds]
+    pre = 'all hold' if not failed else 'failed: ' + '; '.join(failed)
+    return (f"held-out copy accuracy at equal updates: {'; '.join(per)}; CPT {acc('cpt', 'none', 1.0):.1%}, "
+            f"noise-free CPT {acc('clean', 'none', 1.0):.1%}, chance {results.tables['setup'][0]['chance']:.1%}; "
+            f"{sum(x.shows for x in parts)}/{len(parts)} claims beyond the paired CI over {len(seeds)} seeds, "
+            f"{sum(x.opposite for x in parts)} the other way; preconditions: {pre}")
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000061
 def example_selection(ex: dict, k: float=0.4, how: str='max') -> dict:
-    "For one example record: alignment, mapped teacher loss, excess loss and the kept mask (top-k of the mapped tokens by excess, plus unmapped)."
+    "For one example record: alignment, mapped teacher loss, excess loss, and the kept mask (top-k mapped, unmapped)."
     s, t = np.array(ex['student_spans']).reshape(-1, 2), np.array(ex['teacher_spans']).reshape(-1, 2)
-    al = align_spans(s, t); lt = aggregate_teacher_loss(al, ex['teacher_loss'], how); ls = np.array(ex['student_loss'])
-    mapped = ~al.unmapped; delta = np.where(mapped, ls - np.nan_to_num(lt), -np.inf)
-    keep = np.zeros(len(s), bool); keep[np.argsort(-delta)[:math.ceil(k * mapped.sum())]] = True
+    al = align_spans(s, t)
+    lt, ls = aggregate_teacher_loss(al, ex['teacher_loss'], how), np.array(ex['student_loss'])
+    mapped = ~al.unmapped
+    delta = np.where(mapped, ls - np.nan_to_num(lt), -np.inf)
+    keep = np.zeros(len(s), bool)
+    keep[np.argsort(-delta)[:math.ceil(k * mapped.sum())]] = True
     return dict(al=al, lt=lt, ls=ls, delta=delta, keep=keep | ~mapped, s=s, t=t)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000062
+_LOSS_SCALE = [[0, 'lightgrey'], [1e-9, '#440154'], [0.5, '#21918c'], [1, '#fde725']]   # grey: unmapped (NaN)
+
+def _token_row(fig, y: str, spans, vals, text: str, vmax: float, max_chars: int, keep=None, hover=None):
+    "One row of token rectangles on the character axis, coloured by loss; kept tokens outlined in red."
+    sel = spans[:, 0] < max_chars
+    sp, v = spans[sel], np.asarray(vals, float)[sel]
+    line = ['red' if kk else 'white' for kk in keep[sel]] if keep is not None else 'white'
+    marker = dict(color=np.nan_to_num(v, nan=-1), colorscale=_LOSS_SCALE, cmin=-1e-9 * vmax - 1, cmax=vmax,
+                  line=dict(color=line, width=2), pattern=dict(shape=['/' if np.isnan(x) else '' for x in v]))
+    fig.add_bar(y=[y] * len(sp), x=sp[:, 1] - sp[:, 0], base=sp[:, 0], orientation='h', showlegend=False,
+                marker=marker, text=[text[a:b] for a, b in sp], textposition='inside', insidetextanchor='middle',
+                hovertext=None if hover is None else [h for h, q in zip(hover, sel) if q], hoverinfo='text')
+
+def _student_hover(r: dict, text: str, how: str) -> list:
+    "Hover text per student token: its mapped teacher tokens, the mapped and own loss, the excess, kept or not."
+    per = zip(r['s'], r['al'].lo, r['al'].hi, r['lt'], r['ls'], r['delta'], r['keep'])
+    return [f"{text[a:b]!r} -> {[text[c:d] for c, d in r['t'][lo:hi + 1]]}: mapped {how} {m:.2f}, student {s_:.2f}, "
+            f"excess {d:.2f}{' (kept)' if kp else ''}" for (a, b), lo, hi, m, s_, d, kp in per]
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000062b
 def fig_alignment(ex: dict, k: float=0.4, how: str='max', max_chars: int=260, title: str|None=None) -> go.Figure:
     "Student and teacher tokens on a shared character axis, coloured by loss; kept student tokens outlined."
-    r, text = example_selection(ex, k, how), ex['text']; vmax = float(np.nanmax(np.r_[ex['teacher_loss'], r['ls']]))
-    fig = go.Figure()
-    def row(y, spans, vals, keep=None, hover=None):
-        sel = spans[:, 0] < max_chars; sp, v = spans[sel], np.asarray(vals, float)[sel]
-        line_c = ['red' if kk else 'white' for kk in keep[sel]] if keep is not None else 'white'
-        fig.add_bar(y=[y] * len(sp), x=sp[:, 1] - sp[:, 0], base=sp[:, 0], orientation='h', showlegend=False,
-                    marker=dict(color=np.nan_to_num(v, nan=-1), colorscale=[[0, 'lightgrey'], [1e-9, '#440154'], [0.5, '#21918c'], [1, '#fde725']], cmin=-1e-9 * vmax - 1, cmax=vmax,
-                                line=dict(color=line_c, width=2), pattern=dict(shape=['/' if np.isnan(x) else '' for x in v])),
-                    text=[text[a:b] for a, b in sp], textposition='inside', insidetextanchor='middle',
-                    hovertext=hover if hover is None else [h for h, q in zip(hover, sel) if q], hoverinfo='text')
-    tl = np.array(ex['teacher_loss']); al = r['al']
-    row('teacher loss', r['t'], tl, hover=[f"{text[a:b]!r}: teacher loss {l:.2f}" for (a, b), l in zip(r['t'], tl)])
-    hov = [f"{text[a:b]!r} -> {[text[c:d] for c, d in r['t'][lo:hi + 1]]}: mapped {how} {m:.2f}, student {s_:.2f}, excess {d:.2f}{' (kept)' if kp else ''}"
-           for (a, b), lo, hi, m, s_, d, kp in zip(r['s'], al.lo, al.hi, r['lt'], r['ls'], r['delta'], r['keep'])]
-    row(f'student: mapped teacher ({how})', r['s'], r['lt'], r['keep'], hov)
-    row('student: own loss', r['s'], r['ls'], r['keep'], hov)
+    r, text, tl = example_selection(ex, k, how), ex['text'], np.array(ex['teacher_loss'])
+    vmax = float(np.nanmax(np.r_[tl, r['ls']]))
+    fig, hov = go.Figure(), _student_hover(r, text, how)
+    _token_row(fig, 'teacher loss', r['t'], tl, text, vmax, max_chars,
+               hover=[f"{text[a:b]!r}: teacher loss {l:.2f}" for (a, b), l in zip(r['t'], tl)])
+    _token_row(fig, f'student: mapped teacher ({how})', r['s'], r['lt'], text, vmax, max_chars, r['keep'], hov)
+    _token_row(fig, 'student: own loss', r['s'], r['ls'], text, vmax, max_chars, r['keep'], hov)
     fig.update_xaxes(title_text='character offset', range=[0, min(max_chars, len(text))])
-    return fig.update_layout(barmode='overlay', bargap=0.15, height=300, width=1100, template='plotly_white', margin=dict(t=50, l=190, r=20, b=40),
-                             title=title or f"{ex['teacher']}: kept share k={k:g}, aggregation {how} (red outline: kept; colour: loss in nats, 0 to {vmax:.1f})")
+    title = title or (f"{ex['teacher']}: kept share k={k:g}, aggregation {how} "
+                      f"(red outline: kept; colour: loss in nats, 0 to {vmax:.1f})")
+    return fig.update_layout(barmode='overlay', bargap=0.15, height=300, width=1100, template='plotly_white',
+                             margin=dict(t=50, l=190, r=20, b=40), title=title)
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000063
 class AlignmentExplorer(Explorer):
@@ -517,25 +833,68 @@ class AlignmentExplorer(Explorer):
         self.how = W.Dropdown(options=['max', 'mean', 'sum'], value='max', description='aggregate')
         self.k = W.FloatSlider(value=0.4, min=0.05, max=1.0, step=0.05, description='kept share k')
         self.fig = go.FigureWidget(self.figure())
-        for w in (self.teacher, self.how, self.k): w.observe(self._update, names='value')
+        for w in (self.teacher, self.how, self.k):
+            w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.teacher, self.how, self.k]), self.fig])
     def figure(self): return fig_alignment(self.examples[self.teacher.value], self.k.value, self.how.value)
 
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000066b
+def fig_kept(kept, k: float, title: str|None=None) -> go.Figure:
+    "Bars: the share of each token class that each scorer's selection keeps at the warm start (mean over seeds)."
+    m = kept.groupby('scorer', sort=False)[list(TOKEN_CLASSES)].mean()
+    name = lambda s: 'Rho-1 reference' if s == REFERENCE else f'teacher {teacher_label(s)}'
+    fig = go.Figure([go.Bar(name=name(s), x=list(TOKEN_CLASSES), y=m.loc[s].values) for s in m.index])
+    fig.add_hline(y=k, line_dash='dot', annotation_text=f'k={k:g}: a blind selection')
+    fig.update_yaxes(title_text='kept share of the class', range=[0, 1])
+    return fig.update_layout(title=title or 'What selection keeps', barmode='group', height=380,
+                             template='plotly_white')
+
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000068
-def metric_table(df, col: str='bpc'):
-    "Seed mean and 95% t-interval of `col` per setting, in run order."
+METRICS = {'acc': ('held-out answer accuracy', 'higher'), 'val_acc': ('validation answer accuracy', 'higher'),
+           'bpc': ('held-out bits per char', 'lower')}
+_COLOURS = dict(warm='lightgrey', cpt=PALETTE[0], clean=PALETTE[3], kd=PALETTE[4], rho1=PALETTE[5],
+                vocagnolm=PALETTE[2], shuffled=PALETTE[1])
+
+def metric_table(df, col: str='acc'):
+    "Seed mean and 95% t-interval of `col` per arm, in run order."
     import pandas as pd
     check_choice('col', col, tuple(METRICS))
     out = []
     for (m, t, k), g in df.groupby(['method', 'teacher', df.k.fillna(-1)], sort=False):
-        iv = mean_ci(g[col].to_numpy()); out.append(dict(setting=setting_label(m, t, k), method=m, value=iv.estimate, lo=iv.lo, hi=iv.hi, n=iv.n))
+        iv = mean_ci(g[col].to_numpy())
+        out.append(dict(setting=setting_label(m, t, None if k < 0 else k), method=m, teacher=t, k=k,
+                        value=iv.estimate, lo=iv.lo, hi=iv.hi, n=iv.n))
     return pd.DataFrame(out)
 
-def fig_metric(df, col: str='bpc', title: str|None=None) -> go.Figure:
-    "Bars of a held-out metric per setting with 95% intervals over seeds."
-    tb = metric_table(df, col); colr = {'warm': 'lightgrey', 'cpt': PALETTE[0], 'kd': PALETTE[4], 'vocagnolm': PALETTE[2], 'shuffled': PALETTE[1]}
-    fig = go.Figure(go.Bar(x=tb.setting, y=tb.value, marker_color=[colr[m] for m in tb.method],
-                           error_y=dict(type='data', symmetric=False, array=(tb.hi - tb.value).fillna(0), arrayminus=(tb.value - tb.lo).fillna(0))))
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000068b
+def _err(tb) -> dict:
+    "Asymmetric error bars from a `metric_table`'s lo and hi."
+    return dict(type='data', symmetric=False, array=(tb.hi - tb.value).fillna(0),
+                arrayminus=(tb.value - tb.lo).fillna(0))
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000068d
+def fig_sweep(df, chance: float, col: str='val_acc', title: str|None=None) -> go.Figure:
+    "Accuracy against the kept share for Rho-1 and VocAgnoLM per teacher; CPT, noise-free CPT, KD and chance as lines."
+    tb, fig = metric_table(df, col), go.Figure()
+    swept = tb[tb.method.isin(['rho1', 'vocagnolm'])].groupby(['method', 'teacher'], sort=False)
+    for i, ((m, t), g) in enumerate(swept):
+        colour = PALETTE[(2 + i) % len(PALETTE)] if m == 'vocagnolm' else _COLOURS[m]
+        fig.add_scatter(x=g.k, y=g.value, name=g.setting.iloc[0].rsplit(' k=', 1)[0], mode='lines+markers',
+                        line_color=colour, error_y=_err(g))
+    for r in tb[tb.method.isin(['cpt', 'clean', 'kd'])].itertuples():
+        fig.add_hline(y=r.value, line_dash='dash', line_color=_COLOURS[r.method], annotation_text=r.setting)
+    fig.add_hline(y=chance, line_dash='dot', line_color='grey', annotation_text='chance (1/n)')
+    fig.update_xaxes(title_text='kept share k')
+    fig.update_yaxes(title_text=METRICS[col][0])
+    return fig.update_layout(title=title or METRICS[col][0], height=420, template='plotly_white')
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000068c
+def fig_metric(df, col: str='acc', title: str|None=None, chance: float|None=None) -> go.Figure:
+    "Bars of a held-out metric per arm with 95% intervals over seeds (and the chance level, if given)."
+    tb = metric_table(df, col)
+    fig = go.Figure(go.Bar(x=tb.setting, y=tb.value, marker_color=[_COLOURS[m] for m in tb.method], error_y=_err(tb)))
+    if chance is not None: fig.add_hline(y=chance, line_dash='dot', annotation_text='chance (1/n)')
     name, better = METRICS[col]
     fig.update_yaxes(title_text=f'{name} ({better} is better)')
-    return fig.update_layout(title=title or f'{name} after continual pretraining', height=400, template='plotly_white', margin=dict(t=50, l=60, r=20, b=80))
+    return fig.update_layout(title=title or name, height=420, template='plotly_white',
+                             margin=dict(t=50, l=60, r=20, b=120))
