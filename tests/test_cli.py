@@ -61,9 +61,10 @@ def test_list_shows_every_method():
 
 def test_list_shows_what_each_method_needs():
     lines = wb('list').stdout.splitlines()
-    assert lines[0].split()[:4] == ['method', 'field', 'status', 'needs']
+    assert lines[0].split()[:5] == ['method', 'field', 'status', 'models', 'needs']
     row = {l.split()[0]: l for l in lines[2:2 + len(METHODS)]}
     assert 'kvpress, smollm2-135m' in row['morphkv'] and 'smollm2-135m (full)' in row['puzzle'] and ' — ' in row['bsr']
+    assert ' its own ' in row['bsr'] and ' any except gemma3 ' in row['puzzle'] and ' any ' in row['sae_flow']
 
 
 _HIDE = ("import importlib.util as u, sys; f = u.find_spec; "
