@@ -449,6 +449,7 @@ class CoSConfig(ExperimentConfig):
     tv_margin: float = 0.02                            # the exactness claim: excess TV over the Monte-Carlo floor below this
     threads: int = 1                                   # torch CPU threads for all timed work (recorded with the results)
     unit_fields: ClassVar[tuple] = ('n_prompts',)
+    resolved_fields: ClassVar[tuple] = ('keep_layers',)   # resolved against the model at run time: the results record what ran
     cache_version: ClassVar[int] = 2
     def validate(self):
         check_pretrained(self.model, 'CoS (M_p and its layer-pruned copy share its weights and tokenizer)')
