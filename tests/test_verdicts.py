@@ -12,7 +12,7 @@ PLATFORM = {'kvcache': 'workbench.inference.kvcache'}   # platform notebooks wit
 
 # Transitional: committed full runs made before preconditions existed. A method leaves this list when its issue of this
 # round reruns it with preconditions; when the list is empty, delete it and make preconditions required in the schema.
-WITHOUT_PRECONDITIONS = {'bsr', 'cos', 'docks_rag', 'econ', 'epicoder', 'evic', 'fed_icl', 'kvcache', 'lowrank_prune',
+WITHOUT_PRECONDITIONS = {'bsr', 'cos', 'docks_rag', 'econ', 'epicoder', 'fed_icl', 'kvcache', 'lowrank_prune',
                          'mass', 'mmmc', 'morphkv', 'puzzle', 'rmt', 'sae_flow', 'sparsity_law', 'tgdpo',
                          'toxic_iti', 'vocagnolm'}
 
@@ -48,8 +48,9 @@ def test_a_failed_precondition_makes_every_rule_say_untestable(slug):
     assert api.verdict(held) == r.verdict
     failed = dataclasses.replace(r, claims=[FAILED, *r.claims], verdict=None)
     assert api.verdict(failed) == UNTESTABLE
-    with pytest.raises(ValueError, match='must be'):
-        dataclasses.replace(r, claims=[FAILED, *r.claims])          # the old verdict beside a failed precondition
+    if r.verdict != UNTESTABLE:                                     # (a run judged untestable already holds a failed precondition)
+        with pytest.raises(ValueError, match='must be'):
+            dataclasses.replace(r, claims=[FAILED, *r.claims])      # the old verdict beside a failed precondition
 
 
 def test_untestable_needs_a_failed_precondition_in_the_schema_too():
