@@ -18,13 +18,17 @@ def _method_api(slug):
     return experiment_api(METHODS[slug].module)
 
 
+_EPICODER_TINY_DOWNSTREAM = dict(n_eval_functions=4, vocab_size=260, seq_len=16, d_model=8, batch_size=2, pretrain_steps=1,
+                                 ft_tokens=64, ft_steps=1, scratch_steps=0, n_curve=1)   # the downstream model at its floor: the LLM check is tested here
+
+
 @pytest.mark.parametrize('arch', ['qwen2', 'gemma3'])
 def test_epicoder_runs_on_a_tiny_model(arch):
     "EpiCoder's LLM check (chat template if the tokenizer has one, else plain text) on a tiny model of each architecture."
     from workbench.testing import tiny_folder
     api, folder = _method_api('epicoder'), tiny_folder(arch)
     cfg = api.config(mode='quick', model=folder, llm_samples=1, llm_tokens=8, n_modules=8, n_seed_functions=10, evolve_steps=2,
-                     n_samples=4, n_seeds=2, n_humaneval=2, shapes=((2, 1, 1),), n_shape_samples=1)
+                     n_samples=4, n_seeds=2, n_humaneval=2, shapes=((2, 1, 1),), n_shape_samples=1, **_EPICODER_TINY_DOWNSTREAM)
     res = api.run_experiment(cfg)
     assert len(res.rows) and len(res.table('llm')) == 2              # one program per method (epicoder, seed_synth)
     assert res.config['model'] == folder and f"LLM generator {folder}" in res.notes
@@ -170,7 +174,7 @@ def test_the_fake_device_catches_misplaced_inputs(fake_device):
 
 _DEVICE_RUNS = {   # method: the quick config's small overrides for a run on the fake device
     'epicoder': dict(llm_samples=1, llm_tokens=4, n_modules=8, n_seed_functions=10, evolve_steps=2, n_samples=4, n_seeds=2,
-                     n_humaneval=2, shapes=((2, 1, 1),), n_shape_samples=1),
+                     n_humaneval=2, shapes=((2, 1, 1),), n_shape_samples=1, **_EPICODER_TINY_DOWNSTREAM),
     'vocagnolm': dict(n_seeds=2, n_train_docs=2, n_eval_docs=2, n_teacher_eval_docs=1, warmup_steps=2, steps=3, seq_len=32, batch_size=2),
     'docks_rag': dict(n_seeds=2, n_sweep_seeds=1, n_train=12, n_test=4, n_entities=40, kg_epochs=5, epochs=3, tau_grid=(), n_probe=2),
     'econ': dict(exec_steps=4, n_rl=16, n_test=16, m=2, episodes=64, rounds=(1,), scale_agents=4),
