@@ -3,13 +3,14 @@ import json
 import pytest, torch
 from workbench.core import Claim, Results, UNTESTABLE
 from workbench.retrieval.docks_rag import (make_world, make_docre_dataset, DocKG, SentenceKB, build_hybrid_prompt, HybridRelationHead,
-                                           atlop_threshold_loss, docre_scores, rel_id, DocKSConfig, verdict, claims, BASE, RULES, RELATIONS, _encoder)
+                                           atlop_threshold_loss, docre_scores, rel_id, DocKSConfig, verdict, claims, BASE, RULES, RELATIONS)
+from workbench.models import load_embedder
 
 @pytest.fixture(scope='module')
 def ds(): return make_docre_dataset(20, 6, seed=3)
 
 @pytest.fixture(scope='module')
-def kb(ds): return SentenceKB(_encoder(), ds.train)
+def kb(ds): return SentenceKB(load_embedder(), ds.train)
 
 def test_generator_is_deterministic_and_follows_schema(ds):
     assert json.dumps(make_docre_dataset(20, 6, seed=3).train) == json.dumps(ds.train)
@@ -57,7 +58,7 @@ def test_retrieval_never_leaks_test_labels(ds, kb):
 
 def test_entity_match_shrinks_with_threshold(ds, kb):
     kg = DocKG.from_documents(ds.train, ds.world['types'], epochs=0)
-    n = [len(kg.match(['Vergantor Belru'], _encoder(), tau)) for tau in (-1.0, 0.3, 0.6, 0.9, 1.0)]
+    n = [len(kg.match(['Vergantor Belru'], load_embedder(), tau)) for tau in (-1.0, 0.3, 0.6, 0.9, 1.0)]
     assert n == sorted(n, reverse=True) and n[0] == len(kg.g)
 
 def test_head_shape_and_loss(ds, kb):
@@ -102,7 +103,7 @@ def test_exact_link_reproduces_features_and_alias_links_shrink(ds, kb, prompts):
     kg, _, P5 = prompts
     X = split_features(P5, kb)
     assert all(torch.equal(X[v], split_features(P5, kb, None, kg, exact_link(kg))[v]) for v in X)
-    lk = AliasLinker(kg, _encoder(), ds.world['types'])
+    lk = AliasLinker(kg, load_embedder(), ds.world['types'])
     e = next(iter(kg.adj))
     n = [len(lk.link(tau)(e)) for tau in (-1.0, 0.0, 0.5, 0.7, 0.9, 1.0)]
     assert n == sorted(n, reverse=True) and n[0] == len(kg.adj)

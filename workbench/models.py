@@ -292,4 +292,9 @@ class Embedder:
                 out.append(torch.nn.functional.normalize(e, dim=-1))
         return torch.cat(out) if out else torch.empty(0, self.dim)
 
-def load_embedder() -> Embedder: return Embedder()
+_SHARED_EMBEDDER: list = []
+def load_embedder(shared: bool=True) -> Embedder:
+    "The MiniLM embedder. `shared` (the default): one instance per process, loaded on first use; it is read-only."
+    if not shared: return Embedder()
+    if not _SHARED_EMBEDDER: _SHARED_EMBEDDER.append(Embedder())
+    return _SHARED_EMBEDDER[0]

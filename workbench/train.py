@@ -27,7 +27,7 @@ from .viz import LiveCurves
 # %% auto #0
 __all__ = ['PRECISIONS', 'TrainConfig', 'lr_at', 'as_dataset', 'collate', 'epoch_order', 'micro_batches', 'lm_labels', 'lm_loss',
            'count_tokens', 'param_groups', 'History', 'checkpoints', 'latest_checkpoint', 'load_checkpoint',
-           'model_device', 'perplexity', 'train', 'fig_history', 'Generation', 'generate_ids', 'generate']
+           'model_device', 'perplexity', 'train', 'fig_history', 'Generation', 'left_pad', 'generate_ids', 'generate']
 
 # %% ../nbs/04_train.ipynb #7c9bf466
 PRECISIONS = ('no', 'bf16', 'fp16')
@@ -458,6 +458,20 @@ def _check_generate(input_ids, attention_mask, max_new_tokens, temperature):
         m = attention_mask.bool()
         if not m[:, -1].all() or (m[:, 1:].int() < m[:, :-1].int()).any(): raise ValueError("attention_mask must be left padding: 0s then 1s in every row")
     check_int('max_new_tokens', max_new_tokens, lo=0); check_num('temperature', temperature, lo=0, lo_open=True)
+
+# %% ../nbs/04_train.ipynb #lp0a1c01
+def left_pad(seqs,                  # token-id lists (or 1-d tensors), one per prompt, each at least one token long
+             pad_id: int=0,         # the id written into the padding
+             device=None,           # where the tensors go (default: the CPU)
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    "Prompts of different lengths as `generate_ids` takes them: left-padded ids (B, T) and their attention mask (B, T)."
+    seqs = [s.tolist() if isinstance(s, torch.Tensor) else list(s) for s in seqs]
+    if not seqs: raise ValueError("left_pad needs at least one sequence")
+    if not all(seqs): raise ValueError(f"sequence {[len(s) for s in seqs].index(0)} is empty: every prompt needs a token")
+    T = max(map(len, seqs))
+    ids = torch.tensor([[pad_id] * (T - len(s)) + s for s in seqs], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (T - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long, device=device)
+    return ids, mask
 
 # %% ../nbs/04_train.ipynb #a36b2cc0
 @torch.no_grad()

@@ -18,7 +18,7 @@ import ipywidgets as W
 from ..core import ExperimentConfig, Results, Claim, judge, size, cached_unit, progress, verdict_rule, get_device
 from ..measure import check_int, check_num, check_tensor, paired_bootstrap, paired_t, claim, mean_ci
 from ..models import tiny_llama
-from ..train import TrainConfig, train, generate_ids, model_device
+from ..train import TrainConfig, train, generate_ids, model_device, left_pad
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -91,25 +91,17 @@ def train_executor(profile: dict, steps: int, batch_size: int=32, seed: int=0, l
     return m.eval()
 
 # %% ../../nbs/collaboration/81_econ.ipynb #ec000015
-def _left_pad(prompts, device=None):
-    "Left-padded ids (B, L) and attention mask (B, L) of `prompts`, on `device`."
-    enc = [encode(p) for p in prompts]
-    L = max(map(len, enc))
-    ids = torch.tensor([[0] * (L - len(e)) + e for e in enc], device=device)
-    mask = torch.tensor([[0] * (L - len(e)) + [1] * len(e) for e in enc], device=device)
-    return ids, mask
-
 def answer(model, prompts: list[str], temperature: float, seed: int=0, n: int=1) -> list[str]:
     "`n` answers per prompt (prompt-major): greedy when `temperature` is 0, else sampled."
     check_num('temperature', temperature, lo=0)
-    ids, mask = _left_pad([p for p in prompts for _ in range(n)], model_device(model))
+    ids, mask = left_pad([encode(p) for p in prompts for _ in range(n)], device=model_device(model))
     out = generate_ids(model, ids, 5, greedy=temperature == 0, temperature=max(temperature, 1e-3), seed=seed, eos_id=EOS, attention_mask=mask, pad_id=EOS)
     return [decode(o[ids.shape[1]:].tolist()) for o in out]
 
 @torch.no_grad()
 def observe(model, prompts: list[str]) -> Tensor:
     "(B, d_model) the executor's mean last hidden state over each prompt: its private view, on the CPU."
-    ids, mask = _left_pad(prompts, model_device(model))
+    ids, mask = left_pad([encode(p) for p in prompts], device=model_device(model))
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     h = model.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (B, L, d)
     return ((h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).cpu()

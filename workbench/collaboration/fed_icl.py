@@ -84,9 +84,6 @@ def dirichlet_partition(examples: list, n_clients: int, alpha: float, seed: int=
     return parts
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000014
-@functools.lru_cache(maxsize=1)
-def _embedder(): return load_embedder()
-
 class Embeddings:
     "Unit vectors of texts, computed once each: MiniLM ('minilm') or character-3-gram TF-IDF ('tfidf', fitted on the texts given first)."
     def __init__(self, backend: str='minilm', corpus: list[str]|None=None):
@@ -108,7 +105,7 @@ class Embeddings:
 @patch_to(Embeddings)
 def _encode(self, texts):
     "(n, dim) unit vectors of `texts`."
-    if self.backend == 'minilm': return _embedder().encode(list(texts)).cpu().numpy()
+    if self.backend == 'minilm': return load_embedder().encode(list(texts)).cpu().numpy()
     v = np.zeros((len(texts), len(self.vocab)))
     for r, t in enumerate(texts):
         for g in self._grams(t):

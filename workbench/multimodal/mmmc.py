@@ -20,7 +20,7 @@ from fastcore.basics import patch
 from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, get_device, verdict_rule
 from ..measure import check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
 from ..models import tiny_llama
-from ..train import TrainConfig, train, generate_ids, model_device
+from ..train import TrainConfig, train, generate_ids, model_device, left_pad
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
@@ -31,12 +31,12 @@ __all__ = ['SHAPES', 'COLOURS', 'RGB', 'ROWS', 'COLS', 'RELATIONS', 'GRID', 'CEL
            'images_to_tensor', 'check_pixels', 'encode', 'decode', 'MMMCExample', 'no_object', 'no_attribute',
            'no_relation', 'scene_split', 'template_shares', 'make_example', 'probe_kind', 'question_kind',
            'premise_holds', 'check_mix', 'make_dataset', 'template_table', 'TinyVLM', 'WithImages', 'prompt_ids',
-           'lm_row', 'cell_labels', 'cell_loss', 'vlm_loss', 'left_pad', 'pixels_of', 'respond', 'judge_answer',
-           'rouge_l', 'verify_questions', 'verify_then_answer', 'score_answers', 'says_conflict', 'template_rates',
-           'summarise', 'base_mix', 'training_rows', 'fit', 'ProbeCurve', 'instability', 'sample_responses',
-           'response_logprobs', 'reinforcepp_advantages', 'group_advantages', 'policy_loss', 'rl_step', 'rl_train',
-           'MMMCConfig', 'make_data', 'refuse_everything', 'baseline_unit', 'run_unit', 'run_experiment', 'claims',
-           'gates', 'credited', 'verdict', 'headline', 'scene_of', 'fig_conflict', 'ConflictExplorer', 'fig_rates',
+           'lm_row', 'cell_labels', 'cell_loss', 'vlm_loss', 'pixels_of', 'respond', 'judge_answer', 'rouge_l',
+           'verify_questions', 'verify_then_answer', 'score_answers', 'says_conflict', 'template_rates', 'summarise',
+           'base_mix', 'training_rows', 'fit', 'ProbeCurve', 'instability', 'sample_responses', 'response_logprobs',
+           'reinforcepp_advantages', 'group_advantages', 'policy_loss', 'rl_step', 'rl_train', 'MMMCConfig',
+           'make_data', 'refuse_everything', 'baseline_unit', 'run_unit', 'run_experiment', 'claims', 'gates',
+           'credited', 'verdict', 'headline', 'scene_of', 'fig_conflict', 'ConflictExplorer', 'fig_rates',
            'RatesExplorer', 'fig_training', 'fig_templates']
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000009
@@ -370,11 +370,6 @@ def vlm_loss(model, batch: dict, cell_weight: float=0.0) -> torch.Tensor:
     return loss
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000040
-def left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    "Left-padded ids (B, T) and their attention mask."
-    T = max(map(len, seqs))
-    ids = torch.tensor([[PAD] * (T - len(s)) + s for s in seqs]); return ids, (ids != PAD).long()
-
 def pixels_of(examples, cache: dict|None=None, device=None) -> torch.Tensor:
     "Pixel values (B, 3, 30, 30) of the examples' scenes on `device` (rendered once per scene when `cache` is given)."
     if cache is None: cache = {}
@@ -390,7 +385,7 @@ def respond(model: TinyVLM, examples, instruct: bool=False, questions=None, gree
         ex = examples[i:i + batch_size]
         qs = None if questions is None else questions[i:i + batch_size]
         prompts = [prompt_ids(e, instruct, None if qs is None else qs[j]) for j, e in enumerate(ex)]
-        ids, mask = (t.to(dev) for t in left_pad(prompts))                          # (B, T) each, on the model's device
+        ids, mask = left_pad(prompts, PAD, dev)                     # (B, T) each, on the model's device
         vlm = WithImages(model, pixels_of(ex, cache, dev))                            # the images there too
         out = generate_ids(vlm, ids, max_new_tokens, greedy, temperature, seed + i, eos_id=EOS, attention_mask=mask,
                            pad_id=PAD)
@@ -514,7 +509,9 @@ def instability(hallu: list[float]) -> float:
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000057
 def sample_responses(model: TinyVLM, examples, temperature: float=1.0, seed: int=0, max_new_tokens: int=14, cache=None) -> dict:
     "Sampled answers: prompts (B, T) with mask, responses (B, n) with a mask up to and including the first <eos>, pixels, texts."
-    dev = model_device(model); ids, mask = (t.to(dev) for t in left_pad([prompt_ids(e) for e in examples])); px = pixels_of(examples, cache, dev)
+    dev = model_device(model)
+    ids, mask = left_pad([prompt_ids(e) for e in examples], PAD, dev)
+    px = pixels_of(examples, cache, dev)
     out = generate_ids(WithImages(model, px), ids, max_new_tokens, greedy=False, temperature=temperature, seed=seed,
                        eos_id=EOS, attention_mask=mask, pad_id=PAD)
     resp = out[:, ids.shape[1]:]; is_eos = (resp == EOS).long()                          # (B, n)

@@ -271,12 +271,6 @@ def embed(encoder, texts: list) -> Tensor:
     if new: _EMB.update(zip(new, encoder.encode(new)))
     return torch.stack([_EMB[t] for t in texts]) if texts else torch.empty(0, 384)
 
-_ENC = []
-def _encoder():
-    "The platform's MiniLM embedder, loaded once per process."
-    if not _ENC: _ENC.append(load_embedder())
-    return _ENC[0]
-
 class SentenceKB:
     "Sentences of the observed (training) documents with their MiniLM vectors and the triples they evidence."
     def __init__(self, encoder, docs):
@@ -544,7 +538,7 @@ class Pipeline:
 def build_pipeline(cfg: DocKSConfig, seed: int, encoder=None, k: int | None = None) -> Pipeline:
     "Data, DocKG, KB and features (at cfg.k) for one seed; prompts keep the top-k hits with k = max(cfg.k, k_grid) so the k sweep re-cuts them."
     k = max((cfg.k, *cfg.k_grid)) if k is None else k
-    enc = encoder or _encoder()
+    enc = encoder or load_embedder()
     ds = make_docre_dataset(cfg.n_train, cfg.n_test, cfg.n_entities, seed)
     types = ds.world['types']
     mk = lambda docs: DocKG.from_documents(docs, types, cfg.tau_er, epochs=cfg.kg_epochs, seed=seed)
