@@ -6,8 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/alignment/tgdpo.html.md"""
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #329cbe45
 from __future__ import annotations
-import math, copy, functools, contextlib
-from dataclasses import dataclass, asdict
+import math, copy, functools
+from dataclasses import dataclass
 from typing import ClassVar
 import numpy as np
 import pandas as pd
@@ -17,26 +17,32 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer, get_device
-from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape, kl_from_logits, mean_ci, paired_t, claim
+from ..core import ExperimentConfig, Results, Claim, size, judge, verdict_rule, cached_unit, progress, Timer
+from ..core import get_device
+from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape
+from ..measure import kl_from_logits, mean_ci, paired_t, claim, precondition, interp_on_front
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['BOS', 'SEP', 'GOLD_GUIDES', 'LOSS_KINDS', 'GUIDES', 'BASELINE', 'RECIPE', 'QUICK_VARIANTS', 'FULL_VARIANTS',
-           'dpo_loss', 'simpo_loss', 'token_rewards', 'tgdpo_weights', 'tgdpo_loss', 'token_logps', 'DigitRuleTask',
-           'gold_token_reward', 'gold_reward', 'noisy_responses', 'gold_guidance', 'make_policy', 'seq_and_labels',
-           'sample_from', 'sft_reference', 'make_pairs', 'pair_rows', 'PreferenceLoss', 'train_preference',
-           'reference_rewards', 'evaluate_policy', 'frontier_win', 'matched_kl', 'variant_label', 'TGDPOConfig',
-           'reference_policy', 'run_unit', 'run_experiment', 'claims', 'verdict', 'headline', 'gains_table',
-           'fig_frontier', 'FrontierExplorer', 'fig_alpha_sweep', 'fig_token_strip', 'TokenRewardExplorer']
+__all__ = ['BOS', 'SEP', 'GOLD_GUIDES', 'LOSS_KINDS', 'GUIDES', 'BASELINE', 'RECIPE', 'HELDOUT', 'CENTRED', 'GOLD', 'SECOND_ARMS',
+           'QUICK_VARIANTS', 'FULL_VARIANTS', 'dpo_loss', 'simpo_loss', 'token_rewards', 'tgdpo_weights', 'tgdpo_loss',
+           'token_logps', 'DigitRuleTask', 'gold_token_reward', 'gold_reward', 'noisy_responses', 'gold_guidance',
+           'make_policy', 'seq_and_labels', 'sample_from', 'sft_reference', 'make_pairs', 'guide_rewards', 'pair_rows',
+           'PreferenceLoss', 'train_preference', 'reference_rewards', 'evaluate_policy', 'front_win', 'matched_at',
+           'matched_beta', 'dominated_share', 'frontier_win', 'matched_kl', 'variant_label', 'TGDPOConfig',
+           'reference_policy', 'run_unit', 'heldout_guide', 'run_experiment', 'preconditions', 'comparisons', 'claims',
+           'verdict', 'second_arms', 'headline', 'gains_table', 'fig_frontier', 'FrontierExplorer', 'fig_alpha_sweep',
+           'fig_rhat_hist', 'fig_token_strip', 'TokenRewardExplorer']
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #acd2fed7
 def _check_seq(**ts):
     "Validate (B,) per-sequence tensors of one shape."
     t = check_same_shape(**ts)[0]
-    if t.ndim != 1: raise ValueError(f"{', '.join(ts)} must be 1-D (B,) (one summed log-prob per sequence), got shape {tuple(t.shape)}")
+    if t.ndim != 1:
+        raise ValueError(f"{', '.join(ts)} must be 1-D (B,) (one summed log-prob per sequence), "
+                         f"got shape {tuple(t.shape)}")
 
 def _check_tok(side, **ts):
     "Validate per-token (B, T) tensors of one shape."
@@ -57,10 +63,12 @@ def dpo_loss(pol_c: torch.Tensor,   # (B,) summed log π_θ(y_w|x)
              reduction: str='mean', # 'mean', 'sum' or 'none' (per pair)
             ) -> torch.Tensor:
     "The DPO loss from summed log-probabilities."
-    _check_seq(pol_c=pol_c, pol_r=pol_r, ref_c=ref_c, ref_r=ref_r); check_num('beta', beta, lo=0, lo_open=True)
-    # $\mathcal L_{DPO}=-\log\sigma\big(\beta[(\log\pi_\theta-\log\pi_{ref})(y_w)-(\log\pi_\theta-\log\pi_{ref})(y_l)]\big)$
+    _check_seq(pol_c=pol_c, pol_r=pol_r, ref_c=ref_c, ref_r=ref_r)
+    check_num('beta', beta, lo=0, lo_open=True)
+    # $\mathcal L_{DPO}=-\log\sigma\big(\beta[\ell(y_w)-\ell(y_l)]\big)$, $\ell=\log\pi_\theta-\log\pi_{ref}$ summed
     return _reduce(-F.logsigmoid(beta * ((pol_c - ref_c) - (pol_r - ref_r))), reduction)
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #cf1963dd
 def simpo_loss(pol_c_avg: torch.Tensor, # (B,) mean per-token log π_θ(y_w|x)
                pol_r_avg: torch.Tensor, # (B,) mean per-token log π_θ(y_l|x)
                beta: float=2.0,         # β of SimPO
@@ -68,8 +76,10 @@ def simpo_loss(pol_c_avg: torch.Tensor, # (B,) mean per-token log π_θ(y_w|x)
                reduction: str='mean',
               ) -> torch.Tensor:
     "The SimPO loss: reference-free, length-normalised, with a margin."
-    _check_seq(pol_c_avg=pol_c_avg, pol_r_avg=pol_r_avg); check_num('beta', beta, lo=0, lo_open=True); check_num('gamma', gamma)
-    # $\mathcal L_{SimPO}=-\log\sigma(\beta\,\overline{\log\pi_\theta}(y_w)-\beta\,\overline{\log\pi_\theta}(y_l)-\gamma)$
+    _check_seq(pol_c_avg=pol_c_avg, pol_r_avg=pol_r_avg)
+    check_num('beta', beta, lo=0, lo_open=True)
+    check_num('gamma', gamma)
+    # $\mathcal L_{SimPO}=-\log\sigma(\beta\,\bar\ell(y_w)-\beta\,\bar\ell(y_l)-\gamma)$, $\bar\ell$: mean log π_θ
     return _reduce(-F.logsigmoid(beta * (pol_c_avg - pol_r_avg) - gamma), reduction)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #5cf5d659
@@ -79,10 +89,12 @@ def token_rewards(guide_logps: torch.Tensor, # (B, T) per-token log π_g
                   beta: float=0.1,           # β (the official code reuses the DPO β)
                  ) -> torch.Tensor:
     "Implicit token reward of a guide policy, zero where masked: (B, T)."
-    _check_tok('token_rewards', guide_logps=guide_logps, ref_logps=ref_logps, mask=mask); check_num('beta', beta, lo=0, lo_open=True)
+    _check_tok('token_rewards', guide_logps=guide_logps, ref_logps=ref_logps, mask=mask)
+    check_num('beta', beta, lo=0, lo_open=True)
     # $\hat r_t=\beta\log\frac{\pi_g(a_t|s_t)}{\pi_{ref}(a_t|s_t)}$
     return beta * (guide_logps - ref_logps) * mask.to(guide_logps.dtype)
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #5cf5d65a
 def tgdpo_weights(rhat: torch.Tensor,  # (B, T) token rewards r̂_t
                   mask: torch.Tensor,  # (B, T) response mask
                   alpha: float=0.5,    # α, strength of the guidance
@@ -90,11 +102,20 @@ def tgdpo_weights(rhat: torch.Tensor,  # (B, T) token rewards r̂_t
                   clamp_min: float|None=None, # clamp weights from below (not in the official code)
                  ) -> torch.Tensor:
     "Per-token weights f(r̂) (zero where masked): (B, T)."
-    _check_tok('tgdpo_weights', rhat=rhat, mask=mask); check_num('alpha', alpha)
+    _check_tok('tgdpo_weights', rhat=rhat, mask=mask)
+    check_num('alpha', alpha)
     # $f_w(\hat r)=1+\alpha\hat r,\qquad f_l(\hat r)=1-\alpha\hat r$
     w = 1 + (alpha if chosen else -alpha) * rhat
     if clamp_min is not None: w = w.clamp_min(check_num('clamp_min', clamp_min))
     return w * mask.to(w.dtype)
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #3ed0e648
+def _check_pair(pol_c, pol_r, ref_c, ref_r, rhat_c, rhat_r, mask_c, mask_r):
+    "Per-token tensors of each side share one (B, T) shape; both sides share B."
+    _check_tok('chosen', pol_c=pol_c, ref_c=ref_c, rhat_c=rhat_c, mask_c=mask_c)
+    _check_tok('rejected', pol_r=pol_r, ref_r=ref_r, rhat_r=rhat_r, mask_r=mask_r)
+    if pol_c.shape[0] != pol_r.shape[0]:
+        raise ValueError(f"chosen and rejected need the same batch size, got {pol_c.shape[0]} and {pol_r.shape[0]}")
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #3ed0e649
 def tgdpo_loss(pol_c: torch.Tensor, pol_r: torch.Tensor,   # (B, T) per-token log π_θ, chosen / rejected (masked)
@@ -107,9 +128,7 @@ def tgdpo_loss(pol_c: torch.Tensor, pol_r: torch.Tensor,   # (B, T) per-token lo
                reduction: str='mean',
               ) -> torch.Tensor:
     "The TGDPO loss: DPO with every token's log-ratio weighted by f(r̂_t)."
-    _check_tok('chosen', pol_c=pol_c, ref_c=ref_c, rhat_c=rhat_c, mask_c=mask_c)
-    _check_tok('rejected', pol_r=pol_r, ref_r=ref_r, rhat_r=rhat_r, mask_r=mask_r)
-    if pol_c.shape[0] != pol_r.shape[0]: raise ValueError(f"chosen and rejected need the same batch size, got {pol_c.shape[0]} and {pol_r.shape[0]}")
+    _check_pair(pol_c, pol_r, ref_c, ref_r, rhat_c, rhat_r, mask_c, mask_r)
     check_num('beta', beta, lo=0, lo_open=True)
     wc = tgdpo_weights(rhat_c.detach(), mask_c, alpha, True, clamp_min)   # (B, T), no gradient to the guide
     wr = tgdpo_weights(rhat_r.detach(), mask_r, alpha, False, clamp_min)
@@ -126,10 +145,13 @@ def token_logps(model,                     # a causal LM returning `.logits` (B,
                ) -> tuple[torch.Tensor, torch.Tensor]:
     "Masked per-token log-probabilities (B, T-1) of `labels[:, 1:]`, and the bool mask (B, T-1)."
     check_tensor("input_ids", input_ids, ndim=2, floating=False)
-    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape: raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {getattr(labels, 'shape', type(labels).__name__)}")
+    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
+        raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
+                         f"got {getattr(labels, 'shape', type(labels).__name__)}")
     if input_ids.shape[1] < 2: raise ValueError("need sequences of at least 2 tokens")
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()   # (B, T-1, V)
-    y = labels[:, 1:]; mask = y != ignore_index                                                  # (B, T-1)
+    y = labels[:, 1:]                                                                            # (B, T-1)
+    mask = y != ignore_index
     # $\log\pi(a_t|s_t)=\log\mathrm{softmax}(z_{t-1})[a_t]$
     lp = logits.log_softmax(-1).gather(2, y.clamp_min(0).unsqueeze(-1)).squeeze(-1)
     return lp * mask, mask
@@ -143,20 +165,29 @@ class DigitRuleTask:
     length: int = 8                                                # L, digits in a prompt and a response
     shift: int = 3                                                 # the hidden rule g(x) = (x + shift) mod 10
     weights: tuple = (2.0, 0.25, 1.5, 0.25, 1.0, 0.25, 0.5, 0.25)  # w_t, gold reward of a right token at position t
+    vocab_size: ClassVar[int] = 12                                 # digits, BOS, SEP
     def __post_init__(self):
-        check_int('length', self.length, lo=1); check_int('shift', self.shift)
-        if len(self.weights) != self.length: raise ValueError(f"weights must be {self.length} numbers >= 0 (one per position), got {self.weights!r}")
+        check_int('length', self.length, lo=1)
+        check_int('shift', self.shift)
+        if len(self.weights) != self.length:
+            raise ValueError(f"weights must be {self.length} numbers >= 0 (one per position), got {self.weights!r}")
         for w in self.weights: check_num('weights[t]', w, lo=0)
-    vocab_size = 12
-    @property
-    def prompt_len(self) -> int: return self.length + 2
-    def sample_prompts(self, n: int, seed: int=0) -> torch.Tensor:
-        "(n, L+2) prompts: BOS, L digits, SEP."
-        x = torch.randint(0, 10, (check_int('n', n, lo=1), self.length), generator=torch.Generator().manual_seed(seed))
-        return torch.cat([torch.full((n, 1), BOS), x, torch.full((n, 1), SEP)], 1)
-    def rule(self, prompts: torch.Tensor) -> torch.Tensor:
-        "(n, L) the right response."
-        return (prompts[:, 1:1 + self.length] + self.shift) % 10
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #bb23a59e
+@patch_to(DigitRuleTask, as_prop=True)
+def prompt_len(self) -> int: return self.length + 2
+
+@patch_to(DigitRuleTask)
+def sample_prompts(self, n: int, seed: int=0) -> torch.Tensor:
+    "(n, L+2) prompts: BOS, L digits, SEP."
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 10, (check_int('n', n, lo=1), self.length), generator=g)
+    return torch.cat([torch.full((n, 1), BOS), x, torch.full((n, 1), SEP)], 1)
+
+@patch_to(DigitRuleTask)
+def rule(self, prompts: torch.Tensor) -> torch.Tensor:
+    "(n, L) the right response."
+    return (prompts[:, 1:1 + self.length] + self.shift) % 10
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #f9bdfe38
 def gold_token_reward(task: DigitRuleTask, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
@@ -179,14 +210,16 @@ def noisy_responses(task, prompts, p_correct: float=0.3, seed: int=0) -> torch.T
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e002
 def gold_guidance(task, prompts, chosen, rejected,   # a pair set: (n, L+2) prompts, (n, L) responses
-                  beta: float=0.1,                   # scale, as in a DPO guide's r̂ = β log π_g/π_ref
-                  centre: str='pooled',              # 'pooled': minus the mean over both sides per position; 'half': r* − w/2, no β (previous version)
+                  beta: float=0.1,                   # scale c, as the β in a DPO guide's r̂ = β log π_g/π_ref
+                  centre: str='pooled',              # 'pooled': minus the mean over both sides per position;
+                                                     # 'half': r* − w/2, no scale (an earlier version)
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     "The gold guide's token rewards (n, L) for the chosen and the rejected responses."
-    check_num('beta', beta, lo=0, lo_open=True); check_choice('centre', centre, ('pooled', 'half'))
+    check_num('beta', beta, lo=0, lo_open=True)
+    check_choice('centre', centre, ('pooled', 'half'))
     rc, rr = gold_token_reward(task, prompts, chosen), gold_token_reward(task, prompts, rejected)   # (n, L) each
     if centre == 'half': return rc - torch.tensor(task.weights) / 2, rr - torch.tensor(task.weights) / 2
-    # $\hat r^*_t=\beta(r^*_t-\bar r_t)$, $\bar r_t$ the mean of $r^*_t$ over both sides
+    # $\hat r^*_t=c\,(r^*_t-\bar r_t)$, $\bar r_t$ the mean of $r^*_t$ over both sides
     rbar = torch.cat([rc, rr]).mean(0)                                                                # (L,)
     return beta * (rc - rbar), beta * (rr - rbar)
 
@@ -199,7 +232,9 @@ def make_policy(task: DigitRuleTask, n_layers: int=2, d_model: int=64, n_heads: 
 
 def seq_and_labels(task, prompts, responses) -> tuple[torch.Tensor, torch.Tensor]:
     "Token ids (n, L+2+L) and labels with the prompt set to -100."
-    ids = torch.cat([prompts, responses], 1); lab = ids.clone(); lab[:, :task.prompt_len] = -100
+    ids = torch.cat([prompts, responses], 1)
+    lab = ids.clone()
+    lab[:, :task.prompt_len] = -100
     return ids, lab
 
 def sample_from(model, task, prompts: torch.Tensor, seed: int=0) -> torch.Tensor:
@@ -207,6 +242,7 @@ def sample_from(model, task, prompts: torch.Tensor, seed: int=0) -> torch.Tensor
     out = generate_ids(model, prompts.to(model_device(model)), task.length, greedy=False, seed=seed)   # (n, L+2+L)
     return out[:, prompts.shape[1]:].cpu()
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #6aa3a47c
 _SFT_MEMO = {}   # one SFT per process and setting: the demos and the experiment share it
 
 @torch_threads(1)
@@ -214,9 +250,11 @@ def sft_reference(task, steps: int=300, n: int=4096, p_correct: float=0.3, lr: f
     "The reference policy: SFT on noisy rule-following responses; returned frozen, in eval mode (memoised in-process)."
     key = (repr(task), steps, n, p_correct, lr, seed, tuple(sorted(model_kw.items())))
     if key not in _SFT_MEMO:
-        P = task.sample_prompts(n, seed=seed + 1); ids, lab = seq_and_labels(task, P, noisy_responses(task, P, p_correct, seed=seed + 2))
+        P = task.sample_prompts(n, seed=seed + 1)
+        ids, lab = seq_and_labels(task, P, noisy_responses(task, P, p_correct, seed=seed + 2))
         ref = make_policy(task, seed=seed, **model_kw)
-        train(ref, [dict(input_ids=a, labels=b) for a, b in zip(ids, lab)], TrainConfig(steps=steps, batch_size=64, lr=lr, weight_decay=0.0, seed=seed, progress=False))
+        tc = TrainConfig(steps=steps, batch_size=64, lr=lr, weight_decay=0.0, seed=seed, progress=False)
+        train(ref, [dict(input_ids=a, labels=b) for a, b in zip(ids, lab)], tc)
         _SFT_MEMO[key] = ref.eval().requires_grad_(False)
     return copy.deepcopy(_SFT_MEMO[key])
 
@@ -227,59 +265,97 @@ def make_pairs(task, ref, n: int, temperature: float=0.5, seed: int=0) -> dict:
     check_num('temperature', temperature, lo=0, lo_open=True)
     P = task.sample_prompts(n, seed=seed)
     a, b = (sample_from(ref, task, P, seed=seed + k) for k in (1, 2))
+    u = torch.rand(n, generator=torch.Generator().manual_seed(seed + 3))
     # $P(a\succ b)=\sigma((R^*(a)-R^*(b))/\tau)$
-    first = torch.rand(n, generator=torch.Generator().manual_seed(seed + 3)) < torch.sigmoid((gold_reward(task, P, a) - gold_reward(task, P, b)) / temperature)
+    first = u < torch.sigmoid((gold_reward(task, P, a) - gold_reward(task, P, b)) / temperature)
     return dict(prompts=P, chosen=torch.where(first[:, None], a, b), rejected=torch.where(first[:, None], b, a))
 
+@torch.no_grad()
+def guide_rewards(task, pairs: dict, ref, guide, beta: float=0.1) -> dict:
+    "A guide policy's token rewards r̂ on the responses of `pairs`: {'chosen', 'rejected'} -> (n, L)."
+    out = {}
+    for s in ('chosen', 'rejected'):
+        ids, lab = (t.to(model_device(ref)) for t in seq_and_labels(task, pairs['prompts'], pairs[s]))
+        lref, mk = token_logps(ref.eval(), ids, lab)
+        lg = token_logps(guide.eval(), ids.to(model_device(guide)), lab.to(model_device(guide)))[0]
+        out[s] = token_rewards(lg.to(lref.device), lref, mk, beta)[:, -task.length:].cpu()   # (n, L)
+    return out
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #0a5b4837
 GOLD_GUIDES = {'gold': 'pooled', 'gold_half': 'half'}   # guide name -> `gold_guidance` centring
 
+def _guide_tokens(task, pairs, ref, guide, beta) -> list:
+    "Token rewards (n, L) per side, or None for no guide."
+    if guide is None: return None
+    if isinstance(guide, str) and guide in GOLD_GUIDES:
+        return list(gold_guidance(task, pairs['prompts'], pairs['chosen'], pairs['rejected'], beta, GOLD_GUIDES[guide]))
+    if isinstance(guide, torch.nn.Module): guide = guide_rewards(task, pairs, ref, guide, beta)
+    if isinstance(guide, dict) and set(guide) == {'chosen', 'rejected'}:
+        want = (len(pairs['prompts']), task.length)
+        got = [torch.as_tensor(guide[s], dtype=torch.float32) for s in ('chosen', 'rejected')]
+        if all(tuple(g.shape) == want for g in got): return got
+        raise ValueError(f"token rewards must be (n, L) = {want} per side, got {[tuple(g.shape) for g in got]}")
+    raise TypeError(f"guide must be None, a model, one of {tuple(GOLD_GUIDES)} or token rewards "
+                    f"{{'chosen', 'rejected'}} -> (n, L), got {type(guide).__name__}")
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #0a5b4838
+def _centre(cols: dict) -> None:
+    "In place: r̂ minus its mean over both sides' tokens at each position."
+    m = sum(cols[f'{s}_mask'] for s in ('chosen', 'rejected'))                   # (n, T-1) tokens at each position
+    # $\hat r_t-\bar r_t$, $\bar r_t$ the mean over both sides
+    rbar = sum(cols[f'{s}_rhat'].sum(0) for s in ('chosen', 'rejected')) / m.sum(0).clamp_min(1)
+    for s in ('chosen', 'rejected'): cols[f'{s}_rhat'] = (cols[f'{s}_rhat'] - rbar) * cols[f'{s}_mask']
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #0a5b4839
 @torch.no_grad()
-def pair_rows(task, pairs: dict, ref, guide=None, beta: float=0.1,
-              centre: bool=False,   # subtract from a guide model's r̂ its mean over both sides per position (not in the paper)
+def pair_rows(task, pairs: dict, ref, guide=None,
+              beta: float=0.1,      # β inside a guide model's r̂, or the gold guide's scale
+              centre: bool=False,   # subtract r̂'s mean over both sides per position (not in the paper)
              ) -> list[dict]:
-    "Training rows with ids, labels, reference log-probs and guidance r̂ per side; guide: None (r̂=0), a model, 'gold' or 'gold_half'."
-    if not (guide is None or guide in GOLD_GUIDES or isinstance(guide, torch.nn.Module)):
-        raise TypeError(f"guide must be None, a model or one of {tuple(GOLD_GUIDES)}, got {guide!r}")
-    gold = gold_guidance(task, pairs['prompts'], pairs['chosen'], pairs['rejected'], beta, GOLD_GUIDES[guide]) if isinstance(guide, str) else None
-    cols = {}
+    "Training rows with ids, labels, reference log-probs and guidance r̂ per side (guide: see `_guide_tokens`)."
+    gt, cols, dev = _guide_tokens(task, pairs, ref, guide, beta), {}, model_device(ref)
     for i, s in enumerate(('chosen', 'rejected')):
-        ids, lab = seq_and_labels(task, pairs['prompts'], pairs[s])                          # rows stay on the CPU
-        on = lambda m: [t.to(model_device(m)) for t in (ids, lab)]                      # the inputs on a model's device
-        lref, mk = (t.cpu() for t in token_logps(ref.eval(), *on(ref)))                        # (n, T-1)
-        if guide is None: rh = torch.zeros_like(lref)
-        elif gold is not None:
-            rh = torch.zeros_like(lref)
-            rh[:, -task.length:] = gold[i]
-        else: rh = token_rewards(token_logps(guide.eval(), *on(guide))[0].cpu(), lref, mk, beta)
-        cols.update({f'{s}_input_ids': ids, f'{s}_labels': lab, f'{s}_ref_logps': lref, f'{s}_rhat': rh, f'{s}_mask': mk.float()})
-    if centre:                                                                                # $\hat r_t-\bar r_t$, $\bar r_t$ over both sides
-        m = sum(cols[f'{s}_mask'] for s in ('chosen', 'rejected'))                            # (T-1,) tokens per position, both sides
-        rbar = sum(cols[f'{s}_rhat'].sum(0) for s in ('chosen', 'rejected')) / m.sum(0).clamp_min(1)
-        for s in ('chosen', 'rejected'): cols[f'{s}_rhat'] = (cols[f'{s}_rhat'] - rbar) * cols[f'{s}_mask']
-    for s in ('chosen', 'rejected'): del cols[f'{s}_mask']
-    return [{k: v[i] for k, v in cols.items()} for i in range(len(pairs['prompts']))]
+        ids, lab = seq_and_labels(task, pairs['prompts'], pairs[s])                     # rows stay on the CPU
+        lref, mk = (t.cpu() for t in token_logps(ref.eval(), ids.to(dev), lab.to(dev)))   # (n, T-1) each
+        rh = torch.zeros_like(lref)
+        if gt is not None: rh[:, -task.length:] = gt[i]
+        cols |= {f'{s}_input_ids': ids, f'{s}_labels': lab, f'{s}_ref_logps': lref, f'{s}_rhat': rh}
+        cols[f'{s}_mask'] = mk.float()
+    if centre: _centre(cols)
+    return [{k: v[i] for k, v in cols.items() if not k.endswith('_mask')} for i in range(len(pairs['prompts']))]
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #1a077621
 LOSS_KINDS = ('dpo', 'simpo', 'tgdpo')
 
 class PreferenceLoss:
-    "`loss_fn(policy, batch)` for `workbench.train.train`: DPO, SimPO or TGDPO on `pair_rows` batches; `.log` holds per-step stats."
-    def __init__(self, kind: str='dpo', beta: float=0.1, alpha: float=0.5, gamma: float=1.0, clamp_min: float|None=None):
-        check_choice('kind', kind, LOSS_KINDS); check_num('beta', beta, lo=0, lo_open=True); check_num('alpha', alpha); check_num('gamma', gamma)
+    "`loss_fn(policy, batch)` for `workbench.train.train`: DPO, SimPO or TGDPO on `pair_rows` batches; `.log` per step."
+    def __init__(self, kind: str='dpo', beta: float=0.1, alpha: float=0.5, gamma: float=1.0,
+                 clamp_min: float|None=None):
+        check_choice('kind', kind, LOSS_KINDS)
+        check_num('beta', beta, lo=0, lo_open=True)
+        check_num('alpha', alpha)
+        check_num('gamma', gamma)
         if clamp_min is not None: check_num('clamp_min', clamp_min)
         self.kind, self.beta, self.alpha, self.gamma, self.clamp_min, self.log = kind, beta, alpha, gamma, clamp_min, []
-    def __call__(self, model, b: dict) -> torch.Tensor:
-        B = len(b['chosen_input_ids'])
-        lp, mk = token_logps(model, torch.cat([b['chosen_input_ids'], b['rejected_input_ids']]), torch.cat([b['chosen_labels'], b['rejected_labels']]))
-        (pc, pr), (mc, mr) = lp.split(B), mk.to(lp.dtype).split(B)                      # (B, T-1) each
-        rc, rr = b['chosen_ref_logps'], b['rejected_ref_logps']
-        if self.kind == 'dpo': loss = dpo_loss(pc.sum(-1), pr.sum(-1), rc.sum(-1), rr.sum(-1), self.beta)
-        elif self.kind == 'simpo': loss = simpo_loss(pc.sum(-1) / mc.sum(-1), pr.sum(-1) / mr.sum(-1), self.beta, self.gamma)
-        else: loss = tgdpo_loss(pc, pr, rc, rr, b['chosen_rhat'], b['rejected_rhat'], mc, mr, self.beta, self.alpha, self.clamp_min)
-        with torch.no_grad():
-            lc, lr_ = (pc - rc).sum(-1), (pr - rr).sum(-1)                               # (B,) sequence log-ratios
-            self.log.append(dict(chosen=lc.mean().item(), rejected=lr_.mean().item(), margin=(lc - lr_).mean().item(), loss=loss.item()))
-        return loss
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #1a077622
+@patch_to(PreferenceLoss)
+def __call__(self, model, b: dict) -> torch.Tensor:
+    B = len(b['chosen_input_ids'])
+    ids, lab = (torch.cat([b[f'chosen_{k}'], b[f'rejected_{k}']]) for k in ('input_ids', 'labels'))
+    lp, mk = token_logps(model, ids, lab)
+    (pc, pr), (mc, mr) = lp.split(B), mk.to(lp.dtype).split(B)                      # (B, T-1) each
+    rc, rr = b['chosen_ref_logps'], b['rejected_ref_logps']
+    if self.kind == 'dpo': loss = dpo_loss(pc.sum(-1), pr.sum(-1), rc.sum(-1), rr.sum(-1), self.beta)
+    elif self.kind == 'simpo':
+        loss = simpo_loss(pc.sum(-1) / mc.sum(-1), pr.sum(-1) / mr.sum(-1), self.beta, self.gamma)
+    else: loss = tgdpo_loss(pc, pr, rc, rr, b['chosen_rhat'], b['rejected_rhat'], mc, mr, self.beta, self.alpha,
+                            self.clamp_min)
+    with torch.no_grad():
+        lc, lr_ = (pc - rc).sum(-1), (pr - rr).sum(-1)                               # (B,) sequence log-ratios
+        self.log.append(dict(chosen=lc.mean().item(), rejected=lr_.mean().item(), margin=(lc - lr_).mean().item(),
+                             loss=loss.item()))
+    return loss
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e005
 @torch_threads(1)
@@ -287,9 +363,11 @@ def train_preference(ref, rows: list, loss: PreferenceLoss, steps: int, batch_si
                      evaluate=None,    # `evaluate(policy) -> dict`, called at `eval_steps`
                      eval_steps=(),    # update numbers (1-based) at which to evaluate
                     ) -> tuple:
-    "A policy initialised from `ref` and trained on `rows` (constant lr after warm-up); returns (policy, history, evaluations)."
-    if evaluate is not None and not callable(evaluate): raise TypeError("evaluate must be a callable evaluate(policy) -> dict")
-    policy, evals, at = copy.deepcopy(ref).train().requires_grad_(True), [], {check_int('eval step', s, lo=1, hi=steps) for s in eval_steps}
+    "A policy initialised from `ref` and trained on `rows` (constant lr after warm-up); (policy, history, evaluations)."
+    if evaluate is not None and not callable(evaluate):
+        raise TypeError("evaluate must be a callable evaluate(policy) -> dict")
+    policy, evals = copy.deepcopy(ref).train().requires_grad_(True), []
+    at = {check_int('eval step', s, lo=1, hi=steps) for s in eval_steps}
     def checkpoint(h):
         if evaluate is not None and h.step and h.step[-1] in at and not any(e['step'] == h.step[-1] for e in evals):
             evals.append(dict(step=h.step[-1], **evaluate(policy)))
@@ -300,56 +378,109 @@ def train_preference(ref, rows: list, loss: PreferenceLoss, steps: int, batch_si
 # %% ../../nbs/alignment/11_tgdpo.ipynb #91eb7294
 def reference_rewards(task, ref, prompts: torch.Tensor, k: int=16, seed: int=0) -> torch.Tensor:
     "Gold rewards (n, k) of k reference samples per prompt: the opponents of the win rate."
-    check_int('k', k, lo=1); P = prompts.repeat_interleave(k, 0)                          # (n k, L+2)
+    P = prompts.repeat_interleave(check_int('k', k, lo=1), 0)                          # (n k, L+2)
     return gold_reward(task, P, sample_from(ref, task, P, seed=seed)).view(len(prompts), k)
 
+def _response_logits(model, ids: torch.Tensor, task) -> torch.Tensor:
+    "(n, L, V) logits that predict the response tokens of `ids`, on the CPU; the model's train/eval mode is kept."
+    was = model.training
+    try: return model.eval()(input_ids=ids.to(model_device(model))).logits[:, task.prompt_len - 1:-1].float().cpu()
+    finally: model.train(was)
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #91eb7295
 @torch.no_grad()
 @torch_threads(1)
 def evaluate_policy(task, policy, ref, prompts: torch.Tensor, ref_rewards: torch.Tensor, seed: int=0) -> dict:
-    "Gold win rate vs the reference samples (and its standard error), gold reward, KL(π‖π_ref) and mass on special tokens."
+    "Gold win rate vs the reference samples (and its standard error), gold reward, KL(π‖π_ref), mass on BOS/SEP."
     check_tensor('ref_rewards', ref_rewards, shape=(len(prompts), None), floating=True)
-    yp = sample_from(policy, task, prompts, seed=seed); gp = gold_reward(task, prompts, yp)  # (n, L), (n,)
+    yp = sample_from(policy, task, prompts, seed=seed)                                   # (n, L)
+    gp = gold_reward(task, prompts, yp)                                                  # (n,)
     # win $=\frac1k\sum_j \mathbb 1[R^*(y_\pi)>R^*(y^{ref}_j)]+\frac12\mathbb 1[=]$
     w = ((gp[:, None] > ref_rewards).float() + 0.5 * (gp[:, None] == ref_rewards).float()).mean(1)   # (n,)
-    ids, sl, was = torch.cat([prompts, yp], 1), slice(task.prompt_len - 1, -1), policy.training    # logits that predict the response
-    logits = lambda m: m.eval()(input_ids=ids.to(model_device(m))).logits[:, sl].float().cpu()       # (n, L, V)
-    try: zq, zr = logits(policy), logits(ref)
-    finally: policy.train(was)
-    kl = kl_from_logits(zq, zr, reduction='none').sum(-1)                                    # (n,) KL(π‖π_ref) summed over positions
+    ids = torch.cat([prompts, yp], 1)
+    zq, zr = _response_logits(policy, ids, task), _response_logits(ref, ids, task)           # (n, L, V) each
+    kl = kl_from_logits(zq, zr, reduction='none').sum(-1)                               # (n,) summed over positions
     return dict(win=w.mean().item(), win_se=(w.std() / math.sqrt(len(w))).item(), gold=gp.mean().item(),
                 kl=kl.mean().item(), p_special=zq.softmax(-1)[..., BOS:].sum(-1).mean().item())
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e007
-def frontier_win(kl, win, at: float) -> float:
-    "The best win rate a run reached at KL ≤ `at`, interpolated linearly between checkpoints (the reference (0, ½) included)."
+def front_win(kl, win, at: float) -> float:
+    "The win-rate frontier of points (kl, win) and the reference (0, ½), read at KL `at` (NaN beyond the largest KL)."
     kl, win = np.r_[0.0, np.asarray(kl, float)], np.r_[0.5, np.asarray(win, float)]
-    if kl.shape != win.shape: raise ValueError(f"kl and win must have one value per checkpoint, got {kl.size - 1} and {win.size - 1}")
+    if kl.shape != win.shape:
+        raise ValueError(f"kl and win need one value per point, got {kl.size - 1} and {win.size - 1}")
+    # $F(K)$: the Pareto front of $(\mathrm{KL}_j,\mathrm{win}_j)$, linear between its points
+    return interp_on_front(kl, win, check_num('at', at, lo=0))
+
+def matched_at(kl_a, kl_b, at: float) -> tuple[float, bool]:
+    "K*: `at` clipped into the KL range both arms' points cover; (K*, whether that range exists)."
+    lo, hi = max(np.min(kl_a), np.min(kl_b)), min(np.max(kl_a), np.max(kl_b))
+    if lo > hi: return float(hi), False
+    # $K^*=\mathrm{clip}(K_0,\ \max(\min\mathrm{KL}^A,\min\mathrm{KL}^B),\ \min(\max\mathrm{KL}^A,\max\mathrm{KL}^B))$
+    return float(np.clip(at, lo, hi)), True
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e007b
+def matched_beta(df: pd.DataFrame, variant: str, base: str='DPO', n_pairs: int|None=None, at_beta: float=0.1,
+                 checkpoints: str='final',   # 'final': the β sweep's final checkpoints; 'all': every checkpoint
+                ) -> pd.DataFrame:
+    "Per seed: K* (`base`'s final KL at `at_beta`, clipped into both ranges), both frontiers' win rates there."
+    check_choice('checkpoints', checkpoints, ('final', 'all'))
+    d = df if n_pairs is None else df[df.n_pairs == n_pairs]
+    out = []
+    for s in sorted(set(d.seed[d.variant == variant]) & set(d.seed[d.variant == base])):
+        a, b = (d[(d.variant == v) & (d.seed == s) & (d.final | (checkpoints == 'all'))] for v in (variant, base))
+        k0 = b[b.final & np.isclose(b.beta, at_beta)].kl
+        if k0.empty: raise ValueError(f"{base!r} has no final checkpoint at β={at_beta} (seed {s})")
+        K, inside = matched_at(a.kl, b.kl, float(k0.iloc[0]))
+        out.append(dict(seed=s, kl=K, inside=inside, win=front_win(a.kl, a.win, K), win_base=front_win(b.kl, b.win, K)))
+    if not out: raise ValueError(f"no seed has both {variant!r} and {base!r}" + (f" ({n_pairs} pairs)" * bool(n_pairs)))
+    return pd.DataFrame(out)
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e007d
+def dominated_share(df: pd.DataFrame, variant: str, base: str='DPO', n_pairs: int|None=None) -> float:
+    "Share of `variant`'s final points (all seeds and β) that a final point of `base` of the same seed dominates."
+    d = df[df.final] if n_pairs is None else df[df.final & (df.n_pairs == n_pairs)]
+    hits = []
+    for s, a in d[d.variant == variant].groupby('seed'):
+        b = d[(d.variant == base) & (d.seed == s)]
+        # $p$ dominated: some base point $q$ with $\mathrm{KL}_q\le\mathrm{KL}_p$ and $\mathrm{win}_q\ge\mathrm{win}_p$
+        hits.append(((b.kl.values <= a.kl.values[:, None]) & (b.win.values >= a.win.values[:, None])).any(1))
+    if not hits: raise ValueError(f"no final points of {variant!r}" + (f" ({n_pairs} pairs)" * bool(n_pairs)))
+    return float(np.concatenate(hits).mean())
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e007c
+def frontier_win(kl, win, at: float) -> float:
+    "Earlier design: the best win rate a run reached at KL ≤ `at`, linear between checkpoints, (0, ½) included."
+    kl, win = np.r_[0.0, np.asarray(kl, float)], np.r_[0.5, np.asarray(win, float)]
+    if kl.shape != win.shape:
+        raise ValueError(f"kl and win must have one value per checkpoint, got {kl.size - 1} and {win.size - 1}")
     o = np.argsort(kl, kind='stable')
     # $F(K)=\mathrm{interp}(K;\ \mathrm{KL}_{(c)},\ \max_{c'\le c}\mathrm{win}_{(c')})$
     return float(np.interp(check_num('at', at, lo=0), kl[o], np.maximum.accumulate(win[o])))
 
 def matched_kl(df: pd.DataFrame, variant: str, base: str='DPO', n_pairs: int|None=None) -> pd.DataFrame:
-    "Per seed: K* (the largest KL both runs reached) and the frontier win rates of `variant` and `base` there."
+    "Earlier design, per seed: K* (the largest KL both runs reached) and both runs' `frontier_win` there."
     d = df if n_pairs is None else df[df.n_pairs == n_pairs]
     out = []
     for s in sorted(set(d.seed[d.variant == variant]) & set(d.seed[d.variant == base])):
         a, b = (d[(d.variant == v) & (d.seed == s)] for v in (variant, base))
         K = min(a.kl.max(), b.kl.max())
         out.append(dict(seed=s, kl=K, win=frontier_win(a.kl, a.win, K), win_base=frontier_win(b.kl, b.win, K)))
-    if not out: raise ValueError(f"no seed has both {variant!r} and {base!r}" + (f" at n_pairs={n_pairs}" if n_pairs else ''))
+    if not out: raise ValueError(f"no seed has both {variant!r} and {base!r}" + (f" ({n_pairs} pairs)" * bool(n_pairs)))
     return pd.DataFrame(out)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #d3f9a0a7
 GUIDES = (None, 'dpo', 'dpo_heldout', 'dpo_centred', 'gold', 'gold_half')
-BASELINE = ('dpo', None, 0.0, None)       # (loss, guide, α, clamp_min): the strongest baseline, DPO
-RECIPE = ('tgdpo', 'dpo', 0.5, None)      # the paper's recipe: DPO guide trained on the same pairs, α = 0.5, no clamp
-_SIMPO = ('simpo', None, 0.0, None)
-QUICK_VARIANTS = (BASELINE, RECIPE, ('tgdpo', 'dpo_heldout', 0.5, None), ('tgdpo', 'dpo_centred', 0.5, None), ('tgdpo', 'gold', 6.0, None), ('tgdpo', 'gold', 12.0, 0.0))
-FULL_VARIANTS = (BASELINE, _SIMPO, RECIPE, ('tgdpo', 'dpo', 2.0, None), ('tgdpo', 'dpo', 4.0, None), ('tgdpo', 'dpo_heldout', 0.5, None),
-                 ('tgdpo', 'dpo_centred', 0.5, None), ('tgdpo', 'dpo_centred', 4.0, None), ('tgdpo', 'gold', 2.0, None),
-                 ('tgdpo', 'gold', 6.0, None), ('tgdpo', 'gold', 12.0, None), ('tgdpo', 'gold', 12.0, 0.0),
-                 ('tgdpo', 'gold_half', 0.5, None))
-_GUIDE_NAMES = {'dpo': 'DPO guide', 'dpo_heldout': 'held-out DPO guide', 'dpo_centred': 'centred DPO guide', 'gold': 'gold guide', 'gold_half': 'previous gold guide'}
+BASELINE = ('dpo', None, 0.0, None)              # (loss, guide, α, clamp_min): DPO
+RECIPE = ('tgdpo', 'dpo', 0.5, None)             # the paper's recipe: same-pairs DPO guide at the run's β, α = 0.5
+HELDOUT = ('tgdpo', 'dpo_heldout', 0.5, None)    # second arm: a guide trained as long on held-out pairs
+CENTRED = ('tgdpo', 'dpo_centred', 0.5, None)    # second arm: the recipe's guide centred per position
+GOLD = ('tgdpo', 'gold', 6.0, None)              # second arm: the centred gold token reward, a strong α
+SECOND_ARMS = (HELDOUT, CENTRED, ('tgdpo', 'dpo_centred', 2.0, None), ('tgdpo', 'gold', 0.5, None), GOLD)
+QUICK_VARIANTS = (BASELINE, RECIPE, HELDOUT, GOLD)
+FULL_VARIANTS = (BASELINE, RECIPE, *SECOND_ARMS)
+_GUIDE_NAMES = {'dpo': 'DPO guide', 'dpo_heldout': 'held-out DPO guide', 'dpo_centred': 'centred DPO guide',
+                'gold': 'gold guide', 'gold_half': 'previous gold guide'}
 
 def variant_label(v) -> str:
     "A variant's name, e.g. 'TGDPO (gold guide, α=12, clamp 0)'."
@@ -360,249 +491,487 @@ def variant_label(v) -> str:
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e009
 @dataclass
 class TGDPOConfig(ExperimentConfig):
-    "The TGDPO experiment: variants × data sizes × seeds on the digit-rule task, each run evaluated along training."
-    n_seeds: int = size(quick=2, full=5)                       # seeds per size and variant (paired across variants)
-    n_pairs: tuple = size(quick=(256,), full=(250, 500, 1000)) # numbers of preference pairs (one claim each)
-    variants: tuple = size(quick=QUICK_VARIANTS, full=FULL_VARIANTS)  # (loss, guide, α, clamp_min) per run; must hold BASELINE and RECIPE
+    "The TGDPO experiment: arms × a β sweep × data sizes × seeds on the digit-rule task, judged on win-vs-KL frontiers."
+    n_seeds: int = size(quick=2, full=5)                       # seeds per size, arm and β (paired across arms)
+    n_pairs: tuple = size(quick=(256,), full=(500, 1000))      # numbers of preference pairs (one claim each)
+    betas: tuple = size(quick=(0.1, 0.4), full=(0.05, 0.1, 0.2, 0.4))   # the β sweep that traces every arm's frontier
+    paper_beta: float = 0.1          # the paper's β: K* starts at DPO's KL there, and the precondition is read there
+    variants: tuple = size(quick=QUICK_VARIANTS, full=FULL_VARIANTS)   # (loss, guide, α, clamp_min): arms to run
     n_layers: int = 2                # blocks of the tiny Llama policy
     d_model: int = 64                # residual width
     sft_steps: int = size(quick=200, full=300)   # SFT updates of the reference (batch 64)
     p_correct: float = 0.3           # SFT responses follow the rule with this probability per token
     label_temperature: float = 0.5   # τ of the BT labels on the gold reward
-    epochs: float = size(quick=2.0, full=4.0)    # passes over the pairs: updates = ceil(epochs · n / batch_size)
-    eval_epochs: tuple = size(quick=(1.0, 2.0), full=(0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0))  # checkpoints (in epochs) where each run is evaluated
-    guide_epochs: float = 1.0        # training of the DPO guides, in epochs (the paper trains its guides for one epoch)
+    epochs: float = size(quick=2.0, full=4.0)    # passes over the pairs of every run and guide (ceil(epochs·n/batch))
+    eval_epochs: tuple = size(quick=(1.0, 2.0), full=(1.0, 2.0, 4.0))   # checkpoints evaluated; the last is `epochs`
     batch_size: int = 32             # pairs per update
     lr: float = 1e-3                 # AdamW learning rate (10% linear warm-up, then constant)
-    beta: float = 0.1                # β of DPO and TGDPO, inside r̂ of the DPO guides, and the gold guide's scale
-    simpo_beta: float = 2.0          # β of SimPO
+    gold_scale: float = 0.1          # c of the gold guide c·(r* − r̄): the paper's β, the same at every β of the sweep
+    simpo_beta: float = 2.0          # SimPO's β at paper_beta, scaled with the sweep (SimPO is in no default arm)
     simpo_gamma: float = 1.0         # γ of SimPO (γ/β = 0.5)
     n_eval: int = size(quick=256, full=1024)     # held-out prompts for the win rate and the KL
     ref_samples: int = size(quick=8, full=16)    # reference samples per eval prompt (the win rate's opponents)
     data_seed: int = 1234            # seed of the reference and the eval prompts
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'n_pairs', 'variants')
-    cache_version: ClassVar[int] = 1
-    @property
-    def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
-    @property
-    def steps(self) -> dict: return {n: math.ceil(self.epochs * n / self.batch_size) for n in self.n_pairs}
+    min_weight_spread: float = size(quick=0.0, full=0.05)   # precondition: sd of the recipe's f(r̂) at paper_beta
+    n_show: int = 32                 # pairs per size whose token rewards the tables keep (first seed, paper_beta)
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'n_pairs', 'betas', 'paper_beta', 'variants', 'min_weight_spread')
+    cache_version: ClassVar[int] = 2
 
-# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e010
-def _check_variant(v):
-    if not (isinstance(v, (tuple, list)) and len(v) == 4): raise ValueError(f"a variant must be (loss, guide, alpha, clamp_min), got {v!r}")
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e009b
+@patch_to(TGDPOConfig, as_prop=True)
+def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
+
+@patch_to(TGDPOConfig, as_prop=True)
+def steps(self) -> dict:
+    "Updates of every run and guide, per data size."
+    return {n: math.ceil(self.epochs * n / self.batch_size) for n in self.n_pairs}
+
+def _check_variant(v) -> tuple:
+    if not (isinstance(v, (tuple, list)) and len(v) == 4):
+        raise ValueError(f"a variant must be (loss, guide, alpha, clamp_min), got {v!r}")
     kind, guide, alpha, clamp = v
-    check_choice('variant loss', kind, LOSS_KINDS); check_choice('variant guide', guide, GUIDES); check_num('variant alpha', alpha)
+    check_choice('variant loss', kind, LOSS_KINDS)
+    check_choice('variant guide', guide, GUIDES)
+    check_num('variant alpha', alpha)
     if clamp is not None: check_num('variant clamp_min', clamp)
-    if (kind == 'tgdpo') != (guide is not None): raise ValueError(f"variant {v!r}: TGDPO needs a guide, DPO and SimPO take none")
+    if (kind == 'tgdpo') != (guide is not None):
+        raise ValueError(f"variant {v!r}: TGDPO needs a guide, DPO and SimPO take none")
     return tuple(v)
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e010
+_INTS = dict(n_seeds=1, n_layers=1, d_model=4, batch_size=1, sft_steps=1, n_eval=2, ref_samples=1, data_seed=0,
+             n_show=1)                                                  # field: lowest value
+_POSITIVE = ('label_temperature', 'epochs', 'lr', 'gold_scale', 'simpo_beta', 'paper_beta')
+
+def _check_variants(variants) -> tuple:
+    vs = tuple(_check_variant(v) for v in variants)
+    if len(set(vs)) != len(vs): raise ValueError("variants must be unique")
+    for need, what in ((BASELINE, 'BASELINE (DPO)'), (RECIPE, "RECIPE (the paper's TGDPO)")):
+        if need not in vs: raise ValueError(f"variants must include {what} {need!r}: the claims compare them")
+    return vs
+
+def _check_grid(name, values, hi=None) -> tuple:
+    "A non-empty increasing tuple of positive numbers (at most `hi`)."
+    vs = tuple(float(check_num(f'{name}[i]', x, lo=0, lo_open=True, hi=hi)) for x in values)
+    if not vs or list(vs) != sorted(set(vs)): raise ValueError(f"{name} must be increasing and non-empty, got {vs}")
+    return vs
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e010b
 @patch_to(TGDPOConfig)
 def validate(self):
-    check_int('n_seeds', self.n_seeds, lo=1); check_int('n_layers', self.n_layers, lo=1); check_int('d_model', self.d_model, lo=4)
-    check_int('batch_size', self.batch_size, lo=1); check_int('sft_steps', self.sft_steps, lo=1); check_int('n_eval', self.n_eval, lo=2)
-    check_int('ref_samples', self.ref_samples, lo=1); check_int('data_seed', self.data_seed, lo=0)
-    if not self.n_pairs: raise ValueError("n_pairs must hold at least one size")
-    for n in self.n_pairs: check_int('n_pairs[i]', n, lo=self.batch_size)
-    for k in ('p_correct',): check_num(k, getattr(self, k), lo=0, hi=1)
-    for k in ('label_temperature', 'epochs', 'guide_epochs', 'lr', 'beta', 'simpo_beta'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    for k, lo in _INTS.items(): check_int(k, getattr(self, k), lo=lo)
+    for k in _POSITIVE: check_num(k, getattr(self, k), lo=0, lo_open=True)
+    check_num('p_correct', self.p_correct, lo=0, hi=1)
     check_num('simpo_gamma', self.simpo_gamma)
-    self.variants = tuple(_check_variant(v) for v in self.variants); self.n_pairs = tuple(self.n_pairs)
-    if len(set(self.variants)) != len(self.variants): raise ValueError("variants must be unique")
-    for need, what in ((BASELINE, 'BASELINE (DPO)'), (RECIPE, "RECIPE (the paper's TGDPO)")):
-        if need not in self.variants: raise ValueError(f"variants must include {what} {need!r}: the claims compare them")
-    self.eval_epochs = tuple(float(check_num('eval_epochs[i]', e, lo=0, lo_open=True, hi=self.epochs)) for e in self.eval_epochs)
-    if not self.eval_epochs or list(self.eval_epochs) != sorted(set(self.eval_epochs)): raise ValueError(f"eval_epochs must be increasing, got {self.eval_epochs}")
+    check_num('min_weight_spread', self.min_weight_spread)
+    if not self.n_pairs: raise ValueError("n_pairs must hold at least one size")
+    self.n_pairs = tuple(check_int('n_pairs[i]', n, lo=self.batch_size) for n in self.n_pairs)
+    self.variants = _check_variants(self.variants)
+    self.betas = _check_grid('betas', self.betas)
+    if not any(math.isclose(b, self.paper_beta) for b in self.betas):
+        raise ValueError(f"betas {self.betas} must include paper_beta={self.paper_beta} (K* and the precondition)")
+    self.eval_epochs = _check_grid('eval_epochs', self.eval_epochs, hi=self.epochs)
+    if not math.isclose(self.eval_epochs[-1], self.epochs):
+        raise ValueError(f"eval_epochs must end at epochs={self.epochs} (the final checkpoint), got {self.eval_epochs}")
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #bb329086
 def reference_policy(cfg: TGDPOConfig) -> torch.nn.Module:
     "The SFT reference of an experiment config (memoised in-process)."
-    return sft_reference(DigitRuleTask(), cfg.sft_steps, p_correct=cfg.p_correct, seed=cfg.data_seed, n_layers=cfg.n_layers, d_model=cfg.d_model)
+    return sft_reference(DigitRuleTask(), cfg.sft_steps, p_correct=cfg.p_correct, seed=cfg.data_seed,
+                         n_layers=cfg.n_layers, d_model=cfg.d_model)
 
 class _Setup:
-    "What every unit of a run shares: task, reference, eval prompts and reference samples (built on first use), pair sets and guides."
-    def __init__(self, cfg): self.cfg, self.task, self.guides = cfg, DigitRuleTask(), {}
+    "What every unit of a run shares: task, reference, eval prompts and reference samples (built on first use), pairs."
+    def __init__(self, cfg): self.cfg, self.task = cfg, DigitRuleTask()
     @functools.cached_property
     def ref(self): return reference_policy(self.cfg)
     @functools.cached_property
     def eval_prompts(self): return self.task.sample_prompts(self.cfg.n_eval, seed=self.cfg.data_seed + 7)
     @functools.cached_property
-    def ref_rewards(self): return reference_rewards(self.task, self.ref, self.eval_prompts, self.cfg.ref_samples, seed=self.cfg.data_seed + 8)
+    def ref_rewards(self):
+        c = self.cfg
+        return reference_rewards(self.task, self.ref, self.eval_prompts, c.ref_samples, seed=c.data_seed + 8)
     def pairs(self, n, seed, heldout=False):
         "The training pairs of (n, seed), or an independent set of the same size for a held-out guide."
-        return make_pairs(self.task, self.ref, n, self.cfg.label_temperature, seed=self.cfg.data_seed + 1000 * seed + n + (500_000 if heldout else 0))
-    def guide(self, name, n, seed):
-        "None, a gold guide's name, or a DPO policy trained for `guide_epochs` on the same (or held-out) pairs."
-        if name is None or name in GOLD_GUIDES: return name
-        heldout = name == 'dpo_heldout'
-        if (heldout, n, seed) not in self.guides:
-            rows, c = pair_rows(self.task, self.pairs(n, seed, heldout), self.ref), self.cfg
-            steps = math.ceil(c.guide_epochs * n / c.batch_size)
-            self.guides[(heldout, n, seed)] = train_preference(self.ref, rows, PreferenceLoss('dpo', c.beta), steps, c.batch_size, c.lr, seed)[0]
-        return self.guides[(heldout, n, seed)]
+        s = self.cfg.data_seed + 1000 * seed + n + (500_000 if heldout else 0)
+        return make_pairs(self.task, self.ref, n, self.cfg.label_temperature, seed=s)
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e012a
+_EVAL_KEYS = ('win', 'win_se', 'gold', 'kl', 'p_special')
+
+def _loss(cfg, variant, beta) -> PreferenceLoss:
+    "The loss of an arm at β of the sweep (SimPO's β moves with it)."
+    kind, _, alpha, clamp = variant
+    b = cfg.simpo_beta * beta / cfg.paper_beta if kind == 'simpo' else beta
+    return PreferenceLoss(kind, b, alpha, cfg.simpo_gamma, clamp)
+
+def _train_eval(cfg, setup, rows, loss, n, seed, epochs=None) -> tuple:
+    "A policy trained on `rows` for steps[n] updates, evaluated at `epochs` (default: eval_epochs): (policy, evals)."
+    steps = cfg.steps[n]
+    at = {steps if math.isclose(e, cfg.epochs) else max(1, round(e * n / cfg.batch_size)): e
+          for e in (epochs or cfg.eval_epochs)}                                        # update -> epoch
+    ev = lambda p: evaluate_policy(setup.task, p, setup.ref, setup.eval_prompts, setup.ref_rewards,
+                                   seed=cfg.data_seed + 10_000 + seed)
+    pol, _, evals = train_preference(setup.ref, rows, loss, steps, cfg.batch_size, cfg.lr, seed, evaluate=ev,
+                                     eval_steps=tuple(at))
+    return pol, [dict(e, epoch=at[e['step']]) for e in evals]
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e012
-def _weight_stats(rows, alpha, clamp, r_star) -> dict:
-    "Mean weights per side, the smallest weight, the share of negative weights, and the guide's r̂ spread and rank correlation with r*."
+def _weight_stats(task, pairs, rows, alpha, clamp) -> dict:
+    "Weights f(r̂) and token rewards r̂ of an arm on the response tokens of its training pairs."
     from scipy.stats import spearmanr
-    rh = {s: torch.stack([r[f'{s}_rhat'][-len(r_star[s][0]):] for r in rows]) for s in ('chosen', 'rejected')}   # (n, L) response positions
-    f = {s: tgdpo_weights(rh[s], torch.ones_like(rh[s]), alpha, s == 'chosen', clamp) for s in rh}
-    allw, allr = torch.cat([f['chosen'], f['rejected']]), torch.cat([rh['chosen'], rh['rejected']])
-    return dict(f_w=f['chosen'].mean().item(), f_l=f['rejected'].mean().item(), f_min=allw.min().item(), neg_frac=(allw < 0).float().mean().item(),
-                rhat_sd=allr.std().item(), rhat_corr=float(spearmanr(allr.flatten(), torch.cat([r_star['chosen'], r_star['rejected']]).flatten()).statistic))
+    S = ('chosen', 'rejected')
+    rh = {s: torch.stack([r[f'{s}_rhat'][-task.length:] for r in rows]) for s in S}             # (n, L) per side
+    f = {s: tgdpo_weights(rh[s], torch.ones_like(rh[s]), alpha, s == 'chosen', clamp) for s in S}
+    allw, allr = torch.cat([f[s] for s in S]), torch.cat([rh[s] for s in S])                      # (2n, L)
+    rstar = torch.cat([gold_token_reward(task, pairs['prompts'], pairs[s]) for s in S])
+    out = dict(f_w=f['chosen'].mean(), f_l=f['rejected'].mean(), f_min=allw.min(), neg_frac=(allw < 0).float().mean(),
+               spread=allw.std(), rhat_sd=allr.std(), rhat_mean_c=rh['chosen'].mean(),
+               rhat_mean_r=rh['rejected'].mean())
+    out = {k: round(v.item(), 5) for k, v in out.items()}
+    return out | dict(rhat_corr=round(float(spearmanr(allr.flatten(), rstar.flatten()).statistic), 5))
 
-def run_unit(cfg: TGDPOConfig, setup: _Setup, variant: tuple, n: int, seed: int) -> dict:
-    "One variant on the pairs of (n, seed): evaluations at the checkpoints, the weights' statistics, the per-step log, r̂ of the first pairs."
-    kind, guide, alpha, clamp = variant; task = setup.task
-    pairs = setup.pairs(n, seed)
-    rows = pair_rows(task, pairs, setup.ref, setup.guide(guide, n, seed), cfg.beta, centre=guide == 'dpo_centred')
-    lf = PreferenceLoss(kind, cfg.simpo_beta if kind == 'simpo' else cfg.beta, alpha, cfg.simpo_gamma, clamp)
-    at = {max(1, round(e * n / cfg.batch_size)): e for e in cfg.eval_epochs}                 # update -> epoch
-    ev = lambda p: evaluate_policy(task, p, setup.ref, setup.eval_prompts, setup.ref_rewards, seed=cfg.data_seed + 10_000 + seed)
-    _, _, evals = train_preference(setup.ref, rows, lf, cfg.steps[n], cfg.batch_size, cfg.lr, seed, evaluate=ev, eval_steps=tuple(at))
-    r_star = {s: gold_token_reward(task, pairs['prompts'], pairs[s]) for s in ('chosen', 'rejected')}
-    stats = _weight_stats(rows, alpha, clamp, r_star) if guide else dict(f_w=1.0, f_l=1.0, f_min=1.0, neg_frac=0.0, rhat_sd=None, rhat_corr=None)
-    head = {s: [r[f'{s}_rhat'][-task.length:].tolist() for r in rows[:8]] for s in ('chosen', 'rejected')} if guide else None
-    return dict(evals=[dict(e, epoch=at[e['step']]) for e in evals], weights=stats, rhat_head=head,
-                log=[{k: round(v, 4) for k, v in r.items()} for r in lf.log])
+_NO_GUIDE = dict(f_w=1.0, f_l=1.0, f_min=1.0, neg_frac=0.0, spread=0.0, rhat_sd=None, rhat_mean_c=None,
+                 rhat_mean_r=None, rhat_corr=None)                      # DPO: every weight is 1
 
-# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e013
-def _rows(cfg, units) -> list[dict]:
-    "Flat records: one per variant, size, seed and checkpoint."
-    out = []
-    for (v, n, s), u in units.items():
-        kind, guide, alpha, clamp = v
-        for e in u['evals']:
-            out.append(dict(variant=variant_label(v), guide=guide or 'none', alpha=alpha, clamp_min=clamp, n_pairs=n, seed=s,
-                            epoch=e['epoch'], step=e['step'], final=e is u['evals'][-1], **{k: round(e[k], 5) for k in ('win', 'win_se', 'gold', 'kl', 'p_special')}))
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e012b
+def _lists(r: dict) -> dict: return {s: [[round(x, 6) for x in row] for row in t.tolist()] for s, t in r.items()}
+
+def run_unit(cfg: TGDPOConfig, setup: _Setup, variant: tuple, n: int, seed: int, beta: float, rhat=None) -> dict:
+    "One arm at β on the pairs of (n, seed): evaluations, weight statistics, per-step log, r̂ of the first pairs."
+    kind, guide, alpha, clamp = variant
+    task, pairs, gold = setup.task, setup.pairs(n, seed), guide in GOLD_GUIDES
+    g = guide if gold or guide is None else rhat
+    rows = pair_rows(task, pairs, setup.ref, g, cfg.gold_scale if gold else beta, centre=guide == 'dpo_centred')
+    lf = _loss(cfg, variant, beta)
+    pol, evals = _train_eval(cfg, setup, rows, lf, n, seed)
+    head = {s: [r[f'{s}_rhat'][-task.length:].tolist() for r in rows[:cfg.n_show]] for s in ('chosen', 'rejected')}
+    out = dict(evals=evals, weights=_weight_stats(task, pairs, rows, alpha, clamp) if guide else _NO_GUIDE,
+               rhat_head=head if guide else None, log=[{k: round(v, 4) for k, v in r.items()} for r in lf.log])
+    if variant == BASELINE: out['rhat'] = _lists(guide_rewards(task, pairs, setup.ref, pol, beta))
     return out
 
-def _tables(cfg, setup, units) -> dict:
-    "The weights' statistics per run; training logs of the first seed at the largest size; the first pairs of the first size and seed with each guide's r̂."
-    s0, n0, n1 = cfg.seeds[0], cfg.n_pairs[0], max(cfg.n_pairs)
-    weights = [dict(variant=variant_label(v), n_pairs=n, seed=s, **{k: (None if x is None else round(x, 5)) for k, x in u['weights'].items()})
-               for (v, n, s), u in units.items()]
-    logs = [dict(variant=variant_label(v), n_pairs=n, seed=s, **{k: [r[k] for r in u['log']] for k in ('chosen', 'rejected', 'margin', 'loss')})
-            for (v, n, s), u in units.items() if s == s0 and n == n1]
-    pr = {k: t[:8] for k, t in setup.pairs(n0, s0).items()}; task = setup.task
-    toks = []
-    for side in ('chosen', 'rejected'):
-        for i in range(len(pr['prompts'])):
-            rec = dict(pair=i, side=side, n_pairs=n0, seed=s0, tokens=pr[side][i].tolist(), correct=(pr[side][i] == task.rule(pr['prompts'][i:i + 1])[0]).tolist(),
-                       r_star=gold_token_reward(task, pr['prompts'][i:i + 1], pr[side][i:i + 1])[0].tolist())
-            for g in GUIDES[1:]:
-                u = next((u for (v, n, s), u in units.items() if v[1] == g and n == n0 and s == s0), None)
-                if u is not None: rec[f'rhat_{g}'] = [round(x, 4) for x in u['rhat_head'][side][i]]
-            toks.append(rec)
-    return dict(weights=weights, logs=logs, tokens=toks)
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e012e
+def heldout_guide(cfg: TGDPOConfig, setup: _Setup, n: int, seed: int, beta: float) -> dict:
+    "DPO at β on held-out pairs (n of them), as long as every run: its r̂ on the training pairs, its final evaluation."
+    rows = pair_rows(setup.task, setup.pairs(n, seed, heldout=True), setup.ref)
+    pol, evals = _train_eval(cfg, setup, rows, PreferenceLoss('dpo', beta), n, seed, epochs=(cfg.epochs,))
+    return dict(evals=evals, rhat=_lists(guide_rewards(setup.task, setup.pairs(n, seed), setup.ref, pol, beta)))
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e013a
+def _grid(cfg) -> list: return [(n, s, b) for n in cfg.n_pairs for s in cfg.seeds for b in cfg.betas]
+
+def _run_units(cfg: TGDPOConfig, setup: _Setup) -> tuple[dict, dict]:
+    "Every arm at every (size, seed, β), as cached units; (units, held-out guides)."
+    units, guides, heldout = {}, {}, any(v[1] == 'dpo_heldout' for v in cfg.variants)
+    for n, s, b in progress(_grid(cfg), desc='tgdpo (size, seed, β)'):
+        unit = lambda key, f: cached_unit('tgdpo', cfg, dict(key, n_pairs=n, seed=s, beta=b), f)
+        base = unit(dict(variant=list(BASELINE)), lambda: run_unit(cfg, setup, BASELINE, n, s, b))
+        rh = dict(dpo=base.pop('rhat'))
+        rh['dpo_centred'] = rh['dpo']
+        if heldout:
+            guides[(n, s, b)] = unit(dict(guide='dpo_heldout'), lambda: heldout_guide(cfg, setup, n, s, b))
+            rh['dpo_heldout'] = guides[(n, s, b)].pop('rhat')
+        for v in cfg.variants:
+            run = lambda v=v: run_unit(cfg, setup, v, n, s, b, rh.get(v[1]))
+            units[(v, n, s, b)] = base if v == BASELINE else unit(dict(variant=list(v)), run)
+    return units, guides
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e013
+def _rows(units: dict) -> list[dict]:
+    "Flat records: one per arm, size, seed, β and checkpoint."
+    out = []
+    for (v, n, s, b), u in units.items():
+        kind, guide, alpha, clamp = v
+        last = max(e['step'] for e in u['evals'])
+        for e in u['evals']:
+            out.append(dict(variant=variant_label(v), guide=guide or 'none', alpha=alpha, clamp_min=clamp, beta=b,
+                            n_pairs=n, seed=s, epoch=e['epoch'], step=e['step'], final=e['step'] == last,
+                            **{k: round(e[k], 5) for k in _EVAL_KEYS}))
+    return out
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e013d
+def _weights_table(units: dict) -> list[dict]:
+    "The weights' statistics of every unit."
+    return [dict(variant=variant_label(v), n_pairs=n, seed=s, beta=b, **u['weights'])
+            for (v, n, s, b), u in units.items()]
+
+def _guides_table(units: dict, guides: dict) -> list[dict]:
+    "Each guide's final KL and win rate; the same-pairs guide is the DPO baseline's final policy."
+    last = lambda u: {k: u['evals'][-1][k] for k in ('kl', 'win')}
+    same = [dict(guide='same pairs (the DPO baseline)', n_pairs=n, seed=s, beta=b, **last(u))
+            for (v, n, s, b), u in units.items() if v == BASELINE]
+    held = [dict(guide='held-out pairs', n_pairs=n, seed=s, beta=b, **last(g)) for (n, s, b), g in guides.items()]
+    return same + held
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e013b
+def _logs_table(cfg, units) -> list[dict]:
+    "Per-step logs of every arm: first seed, largest size, the paper's β."
+    s0, n1, S = cfg.seeds[0], max(cfg.n_pairs), ('chosen', 'rejected', 'margin', 'loss')
+    return [dict(variant=variant_label(v), n_pairs=n, seed=s, beta=b, **{k: [r[k] for r in u['log']] for k in S})
+            for (v, n, s, b), u in units.items() if s == s0 and n == n1 and math.isclose(b, cfg.paper_beta)]
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e013c
+def _heads(cfg, units, n) -> dict:
+    "guide -> r̂ of the first pairs (size n, first seed, the paper's β), from the first arm with that guide."
+    heads = {}
+    for (v, m, s, b), u in units.items():
+        if v[1] and m == n and s == cfg.seeds[0] and math.isclose(b, cfg.paper_beta):
+            heads.setdefault(v[1], u['rhat_head'])
+    return heads
+
+def _tokens_table(cfg, setup, units) -> list[dict]:
+    "The first `n_show` pairs of each size (first seed, the paper's β): tokens, rule-following, r* and each guide's r̂."
+    out, task = [], setup.task
+    for n in cfg.n_pairs:
+        pr, heads = {k: t[:cfg.n_show] for k, t in setup.pairs(n, cfg.seeds[0]).items()}, _heads(cfg, units, n)
+        for side in ('chosen', 'rejected'):
+            ok, rs = pr[side] == task.rule(pr['prompts']), gold_token_reward(task, pr['prompts'], pr[side])
+            for i in range(len(pr['prompts'])):
+                rec = dict(pair=i, side=side, n_pairs=n, seed=cfg.seeds[0], tokens=pr[side][i].tolist(),
+                           correct=ok[i].tolist(), r_star=rs[i].tolist())
+                out.append(rec | {f'rhat_{g}': [round(x, 4) for x in h[side][i]] for g, h in heads.items()})
+    return out
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e014
+def _notes(cfg: TGDPOConfig, ref_gold: float) -> str:
+    "What a reader needs to interpret the numbers, from the config."
+    return (f"tiny Llama policies ({cfg.n_layers} layers, d={cfg.d_model}, 12-token vocabulary) on a synthetic "
+            f"digit-rule task with a gold per-token reward; reference gold reward {ref_gold:.3f} of "
+            f"{sum(DigitRuleTask().weights)}; win rate vs {cfg.ref_samples} reference samples per prompt on "
+            f"{cfg.n_eval} held-out prompts; every run and guide {cfg.epochs:g} epochs at constant lr {cfg.lr:g}, at "
+            f"each β of {list(cfg.betas)}; claims compare TGDPO and DPO at matched KL on the frontiers of the β "
+            "sweep's final checkpoints; paper: up to +7.5 MT-Bench, +6.2 AlpacaEval 2, +4.3 Arena-Hard over DPO "
+            "(Llama-3-8B-Instruct)")
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e014b
 @torch_threads(1)
 def run_experiment(cfg: TGDPOConfig|None=None) -> Results:
-    "Every variant on every (size, seed), evaluated along training; rows, tables, claims and the verdict."
+    "Every arm at every β, size and seed (cached units); rows, tables, preconditions, claims and the verdict."
     cfg = cfg or TGDPOConfig()
-    setup, units = _Setup(cfg), {}
+    setup = _Setup(cfg)
     with Timer() as wall:
-        grid = [(n, s, v) for n in cfg.n_pairs for s in cfg.seeds for v in cfg.variants]
-        for n, s, v in progress(grid, desc='tgdpo units'):
-            key = dict(variant=list(v), n_pairs=n, seed=s)
-            units[(v, n, s)] = cached_unit('tgdpo', cfg, key, lambda: run_unit(cfg, setup, v, n, s))
-        ref = cached_unit('tgdpo', cfg, dict(unit='reference'), lambda: dict(gold=setup.ref_rewards.mean().item(), win_self=0.5))
-        tables = _tables(cfg, setup, units)
-    res = Results('tgdpo', cfg, _rows(cfg, units), seeds=cfg.seeds, tables=tables, wall_time_s=wall.s,
-                  notes=f"tiny Llama policies ({cfg.n_layers} layers, d={cfg.d_model}, 12-token vocabulary) on a synthetic digit-rule task with a gold per-token reward; "
-                        f"reference gold reward {ref['gold']:.3f} of {sum(DigitRuleTask().weights)}; win rate vs {cfg.ref_samples} reference samples per prompt on {cfg.n_eval} held-out prompts; "
-                        f"{cfg.epochs:g} epochs at constant lr {cfg.lr:g}, evaluated at epochs {list(cfg.eval_epochs)}; claims compare TGDPO and DPO at matched KL on the win-rate frontier; "
-                        "paper: up to +7.5 MT-Bench, +6.2 AlpacaEval 2, +4.3 Arena-Hard over DPO (Llama-3-8B-Instruct)")
+        units, guides = _run_units(cfg, setup)
+        ref = cached_unit('tgdpo', cfg, dict(unit='reference'), lambda: dict(gold=setup.ref_rewards.mean().item()))
+        tables = dict(weights=_weights_table(units), guides=_guides_table(units, guides),
+                      logs=_logs_table(cfg, units), tokens=_tokens_table(cfg, setup, units))
+    res = Results('tgdpo', cfg, _rows(units), seeds=cfg.seeds, tables=tables, wall_time_s=wall.s,
+                  notes=_notes(cfg, ref['gold']))
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e016
-def claims(results: Results) -> list[Claim]:
-    "Per data size: the paper's recipe minus DPO in gold win-rate points at matched KL, paired t over seeds."
-    df, name = results.df, variant_label(RECIPE)
+def _legacy(results: Results) -> bool:
+    "A record of the earlier design (one β, frontiers along each run's checkpoints), kept loadable."
+    return 'beta' not in results.df
+
+def preconditions(results: Results) -> list[Claim]:
+    "Per size: the sd of the paper's recipe's token weights f(r̂) at the paper's β reaches `min_weight_spread`."
+    cfg, wt, name = results.config, results.table('weights'), variant_label(RECIPE)
+    pb, out = cfg['paper_beta'], []
+    for n in sorted(wt.n_pairs.unique()):
+        w = wt[(wt.variant == name) & (wt.n_pairs == n) & np.isclose(wt.beta, pb)].sort_values('seed')
+        what = f"sd of the paper's recipe's token weights f(r̂) over its training tokens at β={pb:g}, {int(n)} pairs"
+        out.append(precondition(what, mean_ci(w.spread.values), cfg, 'min_weight_spread'))
+    return out
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e016d
+def comparisons(results: Results, variant: tuple=RECIPE) -> list[Claim]:
+    "Per size: `variant` − DPO, gold win-rate points at matched KL on the β-sweep frontiers, paired t over seeds."
+    df, pb, name = results.df, results.config['paper_beta'], variant_label(variant)
     out = []
     for n in sorted(df.n_pairs.unique()):
-        m = matched_kl(df, name, variant_label(BASELINE), int(n))
-        out.append(claim(f"{name} − DPO, win rate at matched KL (points), {int(n)} pairs", paired_t(100 * m.win, 100 * m.win_base), better='higher'))
+        m = matched_beta(df, name, 'DPO', int(n), pb)
+        what = f"{name} − DPO, win rate at matched KL on the β-sweep frontier (points), {int(n)} pairs"
+        out.append(claim(what, paired_t(100 * m.win, 100 * m.win_base)))
     return out
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e016b
+def _legacy_claims(results: Results) -> list[Claim]:
+    "The earlier design's claims: per size, the recipe − DPO at matched KL along each run's checkpoints."
+    df, name, out = results.df, variant_label(RECIPE), []
+    for n in sorted(df.n_pairs.unique()):
+        m = matched_kl(df, name, variant_label(BASELINE), int(n))
+        what = f"{name} − DPO, win rate at matched KL (points), {int(n)} pairs"
+        out.append(claim(what, paired_t(100 * m.win, 100 * m.win_base)))
+    return out
+
+def claims(results: Results) -> list[Claim]:
+    "The preconditions, then the paper's claim per data size (the earlier design's claims for a record of it)."
+    return _legacy_claims(results) if _legacy(results) else preconditions(results) + comparisons(results)
 
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when the paper's TGDPO recipe beats DPO's win rate at matched KL beyond the paired 95% CI over seeds at every data size, partly at some, not reproduced at none."
-    return judge(claims(results))
+    """Reproduced when the paper's TGDPO recipe (same-pairs DPO guide, α=0.5) beats DPO's gold win rate at matched KL
+    on the frontiers of the β sweep's final checkpoints beyond the paired 95% CI over seeds at every data size, partly
+    at some, not reproduced at none (a record of the earlier design: at matched KL along each run's checkpoints)."""
+    return judge([c for c in claims(results) if not c.is_precondition])
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e016c
+def _iv(c) -> str: return f"{c.estimate:+.1f} [{c.lo:+.1f}, {c.hi:+.1f}]"
+
+def _per_size(cs) -> str: return '; '.join(f"{c.name.rsplit(', ', 1)[-1]} {_iv(c)}" for c in cs)
+
+def second_arms(results: Results) -> dict:
+    "Each second arm that ran: label -> its claims per size (the recipe's comparison, not part of the verdict)."
+    ran = set(results.df.variant)
+    return {variant_label(v): comparisons(results, v) for v in SECOND_ARMS if variant_label(v) in ran}
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e016e
 def headline(results: Results) -> str:
-    "Our measured figure in words, from the claims."
-    cs = claims(results)
-    parts = [f"{c.name.rsplit(', ', 1)[-1]}: {c.estimate:+.1f} [{c.lo:+.1f}, {c.hi:+.1f}]" for c in cs]
-    return f"TGDPO (DPO guide, α=0.5) − DPO, gold win rate at matched KL, points (paired 95% CI over {cs[0].n} seeds): " + '; '.join(parts)
+    "Our measured figure in words: the recipe per size with its weights' spread, the second arms, what the guide needs."
+    if _legacy(results): return _legacy_headline(results)
+    cs, pre, arms = comparisons(results), preconditions(results), second_arms(results)
+    needs = [k for k, c in arms.items() if all(x.shows for x in c)]
+    sd = ', '.join(f"{c.estimate:.3f}" for c in pre)
+    return (f"TGDPO, the paper's recipe (same-pairs DPO guide trained as long as DPO, α=0.5) − DPO, gold win rate at "
+            f"matched KL on the β-sweep frontiers, points (paired 95% CI over {cs[0].n} seeds): {_per_size(cs)}; "
+            f"sd of its token weights {sd}. Second arms, the same comparison: "
+            + ' | '.join(f"{k}: {_per_size(c)}" for k, c in arms.items()) + '. '
+            + (f"Guidance that beats DPO at every size: {', '.join(needs)}" if needs else
+               "No guide beats DPO at matched KL at every size"))
+
+def _legacy_headline(results: Results) -> str:
+    cs = _legacy_claims(results)
+    return ("TGDPO (DPO guide, α=0.5) − DPO, gold win rate at matched KL, points (paired 95% CI over "
+            f"{cs[0].n} seeds): " + '; '.join(f"{c.name.rsplit(', ', 1)[-1]}: {_iv(c)}" for c in cs))
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e017
+def _gains_row(df, wt, v, n, base, pb) -> dict:
+    "One row of `gains_table`."
+    fin = df[(df.variant == v) & (df.n_pairs == n) & df.final]
+    d = fin[np.isclose(fin.beta, pb)].set_index('seed').sort_index()
+    w = wt[(wt.variant == v) & (wt.n_pairs == n) & np.isclose(wt.beta, pb)]
+    rng = fin.groupby('seed').kl.agg(['min', 'max']).mean()
+    r = dict(variant=v, guide=d.guide.iloc[0], alpha=d.alpha.iloc[0], clamp_min=d.clamp_min.iloc[0], n_pairs=n,
+             win=mean_ci(d.win), kl=float(d.kl.mean()), kl_lo=float(rng['min']), kl_hi=float(rng['max']),
+             **{k: float(w[k].mean()) for k in ('spread', 'f_w', 'f_l', 'neg_frac')}, f_min=float(w.f_min.min()))
+    if v == base: return r
+    b = df[(df.variant == base) & (df.n_pairs == n) & df.final & np.isclose(df.beta, pb)].set_index('seed').win
+    m, ma = (matched_beta(df, v, base, n, pb, c) for c in ('final', 'all'))
+    return r | dict(equal_beta=paired_t(100 * d.win.values, 100 * b.reindex(d.index).values),
+                    matched=paired_t(100 * m.win, 100 * m.win_base), kl_matched=float(m.kl.mean()),
+                    inside=float(m.inside.mean()), matched_all=paired_t(100 * ma.win, 100 * ma.win_base),
+                    dominated=dominated_share(df, v, base, n))
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e017c
 def gains_table(results: Results, base: str='DPO') -> pd.DataFrame:
-    "Per variant and size: final win rate and KL, mean weights, and the gain over `base` at equal updates and at matched KL (points, paired t over seeds)."
+    "Per arm and size: win and KL at the paper's β, KL range, weights, and the gains over `base` (points, paired t)."
+    if _legacy(results): return _legacy_gains_table(results, base)
+    df, wt, pb = results.df, results.table('weights'), results.config['paper_beta']
+    keys = df[['variant', 'n_pairs']].drop_duplicates().itertuples(index=False)
+    return pd.DataFrame([_gains_row(df, wt, v, n, base, pb) for v, n in keys])
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e017b
+def _legacy_gains_table(results: Results, base: str='DPO') -> pd.DataFrame:
+    "The earlier design's table: final win and KL, mean weights, gains at equal updates and at matched KL (points)."
     df, wt, out = results.df, results.table('weights'), []
     for (v, n), d in df.groupby(['variant', 'n_pairs'], sort=False):
-        fin = d[d.final]; fb = df[(df.variant == base) & (df.n_pairs == n) & df.final].set_index('seed').reindex(fin.seed)
+        fin = d[d.final]
+        fb = df[(df.variant == base) & (df.n_pairs == n) & df.final].set_index('seed').reindex(fin.seed)
         w = wt[(wt.variant == v) & (wt.n_pairs == n)]
-        r = dict(variant=v, guide=d.guide.iloc[0], alpha=d.alpha.iloc[0], clamp_min=d.clamp_min.iloc[0], n_pairs=n, win=mean_ci(fin.win), kl=float(fin.kl.mean()),
-                 f_w=float(w.f_w.mean()), f_l=float(w.f_l.mean()), f_min=float(w.f_min.min()), neg_frac=float(w.neg_frac.mean()))
+        r = dict(variant=v, guide=d.guide.iloc[0], alpha=d.alpha.iloc[0], clamp_min=d.clamp_min.iloc[0], n_pairs=n,
+                 win=mean_ci(fin.win), kl=float(fin.kl.mean()), f_w=float(w.f_w.mean()), f_l=float(w.f_l.mean()),
+                 f_min=float(w.f_min.min()), neg_frac=float(w.neg_frac.mean()), rhat_sd=float(w.rhat_sd.mean()))
         if v != base:
             m = matched_kl(df, v, base, n)
-            r.update(equal_steps=paired_t(100 * fin.win.values, 100 * fb.win.values), matched=paired_t(100 * m.win, 100 * m.win_base), kl_matched=float(m.kl.mean()))
+            r |= dict(equal_steps=paired_t(100 * fin.win.values, 100 * fb.win.values),
+                      matched=paired_t(100 * m.win, 100 * m.win_base), kl_matched=float(m.kl.mean()))
         out.append(r)
     return pd.DataFrame(out)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e019
 def _line_style(i): return dict(color=PALETTE[i % len(PALETTE)], dash=('solid', 'dot', 'dash')[(i // len(PALETTE)) % 3])
 
-def fig_frontier(df: pd.DataFrame, variants=None, n_pairs=None, log_x: bool=False, title: str='Gold win rate vs KL from the reference') -> go.Figure:
-    "Win rate against KL(π‖π_ref) along training, mean over seeds per checkpoint (bars: 95% CI over seeds), one panel per data size."
-    ns = list(n_pairs or sorted(df.n_pairs.unique())); allv = list(dict.fromkeys(df.variant)); vs = list(variants or allv)
+def _points(d: pd.DataFrame, by: str) -> tuple:
+    "Per value of `by`: mean KL, the win rate's mean and CI half-width over seeds, sorted by KL: (labels, x, y, err)."
+    g = sorted(((k, x.kl.mean(), mean_ci(x.win)) for k, x in d.groupby(by)), key=lambda t: t[1])
+    err = [0 if math.isnan(c.lo) else c.half_width for *_, c in g]
+    return [k for k, *_ in g], [k for _, k, _ in g], [c.estimate for *_, c in g], err
+
+def _add_frontier(fig, d, v, by, log_x, i, col):
+    "One arm's line in panel `col`."
+    lab, x, y, err = _points(d, by)
+    if not log_x: lab, x, y, err = ['reference'] + lab, [0.0] + x, [0.5] + y, [0] + err
+    fig.add_scatter(x=x, y=y, error_y=dict(array=err, thickness=1), mode='lines+markers', name=v, legendgroup=v,
+                    showlegend=col == 1, line=_line_style(i), customdata=lab, row=1, col=col,
+                    hovertemplate=f'{v}<br>{by} %{{customdata}}<br>KL %{{x:.3f}}<br>win %{{y:.3f}}<extra></extra>')
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e019b
+def fig_frontier(df: pd.DataFrame, variants=None, n_pairs=None, log_x: bool=False,
+                 by: str='beta',   # 'beta': the β sweep's final checkpoints; 'epoch': the checkpoints of the rows given
+                 title: str='Gold win rate vs KL from the reference') -> go.Figure:
+    "Win rate against KL(π‖π_ref), mean over seeds (bars: 95% CI over seeds), one line per variant, one panel per size."
+    d0 = df[df.final] if check_choice('by', by, ('beta', 'epoch')) == 'beta' else df
+    ns, allv = list(n_pairs or sorted(df.n_pairs.unique())), list(dict.fromkeys(df.variant))
     fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f'{n} pairs' for n in ns], shared_yaxes=True)
     for j, n in enumerate(ns):
-        for v in vs:
-            d = df[(df.variant == v) & (df.n_pairs == n)]
-            if d.empty: continue
-            g = [(e, x.kl.mean(), mean_ci(x.win)) for e, x in d.groupby('epoch')]
-            x, y = [k for _, k, _ in g], [c.estimate for *_, c in g]
-            err, ep = [0 if math.isnan(c.lo) else c.half_width for *_, c in g], [e for e, *_ in g]
-            if not log_x: x, y, err, ep = [0.0] + x, [0.5] + y, [0] + err, [0] + ep
-            fig.add_scatter(x=x, y=y, error_y=dict(array=err, thickness=1), mode='lines+markers', name=v, legendgroup=v, showlegend=j == 0,
-                            line=_line_style(allv.index(v)), customdata=ep, row=1, col=j + 1,
-                            hovertemplate=f'{v}<br>epoch %{{customdata}}<br>KL %{{x:.3f}}<br>win %{{y:.3f}}<extra></extra>')
+        for v in list(variants or allv):
+            d = d0[(d0.variant == v) & (d0.n_pairs == n)]
+            if not d.empty: _add_frontier(fig, d, v, by, log_x, allv.index(v), j + 1)
     fig.update_xaxes(title_text='KL(π‖π_ref), nats per response', type='log' if log_x else 'linear')
     fig.update_yaxes(title_text='gold win rate vs reference', col=1)
-    return fig.update_layout(title=title, height=460, legend=dict(font=dict(size=10)), margin=dict(t=60, l=60, r=20, b=50))
+    return fig.update_layout(title=title, height=460, legend=dict(font=dict(size=10)),
+                             margin=dict(t=60, l=60, r=20, b=50))
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e019c
 class FrontierExplorer(Explorer):
     "Pick a data size, the variants and a log KL axis: `fig_frontier` of the chosen lines."
-    def __init__(self, df: pd.DataFrame, variants=None):
-        self.df = df; opts = list(dict.fromkeys(df.variant))
+    def __init__(self, df: pd.DataFrame, variants=None, by: str='beta'):
+        self.df, self.by, opts = df, by, list(dict.fromkeys(df.variant))
         self.n = W.Dropdown(options=sorted(df.n_pairs.unique().tolist()), description='pairs')
-        self.v = W.SelectMultiple(options=opts, value=tuple(variants or opts[:3]), rows=min(8, len(opts)), description='variants')
+        self.v = W.SelectMultiple(options=opts, value=tuple(variants or opts[:3]), rows=min(8, len(opts)),
+                                  description='arms')
         self.log = W.Checkbox(value=False, description='log KL')
         self.fig = go.FigureWidget(self.figure())
         for w in (self.n, self.v, self.log): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.n, self.log]), self.v, self.fig])
-    def figure(self) -> go.Figure: return fig_frontier(self.df, self.v.value, [self.n.value], self.log.value)
+    def figure(self) -> go.Figure: return fig_frontier(self.df, self.v.value, [self.n.value], self.log.value, self.by)
 
 # %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e025
+def _family(g, c) -> str:
+    "A guide's name, with its clamp if any."
+    return _GUIDE_NAMES[g] + ('' if c is None or (isinstance(c, float) and math.isnan(c)) else f', clamp {c:g}')
+
 def fig_alpha_sweep(gt: pd.DataFrame, title: str='TGDPO − DPO at matched KL, against α') -> go.Figure:
-    "Matched-KL gain (points) against α, one line per guide (and clamp), one panel per data size; `gt` from `gains_table`."
-    t = gt[gt.guide != 'none'].copy()
-    t['family'] = [f"{_GUIDE_NAMES[g]}" + ('' if c is None or (isinstance(c, float) and math.isnan(c)) else f', clamp {c:g}') for g, c in zip(t.guide, t.clamp_min)]
+    "Matched-KL gain (points) against α, one line per guide (and clamp), one panel per data size; `gt`: `gains_table`."
+    t = gt[gt.guide != 'none'].assign(family=lambda t: [_family(g, c) for g, c in zip(t.guide, t.clamp_min)])
     ns, fams = sorted(t.n_pairs.unique()), list(dict.fromkeys(t.family))
     fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f'{n} pairs' for n in ns], shared_yaxes=True)
     for j, n in enumerate(ns):
         for i, f in enumerate(fams):
             d = t[(t.family == f) & (t.n_pairs == n)].sort_values('alpha')
-            y = [m.estimate for m in d.matched]; e = [0 if math.isnan(m.lo) else m.half_width for m in d.matched]
-            fig.add_scatter(x=d.alpha.tolist(), y=y, error_y=dict(array=e, thickness=1), mode='lines+markers', name=f, legendgroup=f, showlegend=j == 0,
-                            line=_line_style(i), row=1, col=j + 1, hovertemplate=f'{f}<br>α %{{x}}<br>gain %{{y:+.2f}} points<extra></extra>')
+            e = [0 if math.isnan(m.lo) else m.half_width for m in d.matched]
+            fig.add_scatter(x=d.alpha.tolist(), y=[m.estimate for m in d.matched], error_y=dict(array=e, thickness=1),
+                            mode='lines+markers', name=f, legendgroup=f, showlegend=j == 0, line=_line_style(i), row=1,
+                            col=j + 1, hovertemplate=f'{f}<br>α %{{x}}<br>gain %{{y:+.2f}} points<extra></extra>')
         fig.add_hline(y=0, line=dict(color='gray', width=1), row=1, col=j + 1)
-    fig.update_xaxes(title_text='α', type='log'); fig.update_yaxes(title_text='win-rate points over DPO', col=1)
+    fig.update_xaxes(title_text='α', type='log')
+    fig.update_yaxes(title_text='win-rate points over DPO', col=1)
     return fig.update_layout(title=title, height=400, margin=dict(t=60, l=60, r=20, b=50))
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #a7c1e026c
+def fig_rhat_hist(tokens: pd.DataFrame,       # the `tokens` table of a run
+                  n_pairs: int|None=None,      # which size (default: the largest)
+                  title: str="Each guide's token rewards r̂") -> go.Figure:
+    "Overlaid histograms of every guide's r̂ on the tokens table's pairs of one size; each sd in the legend."
+    n = n_pairs or int(tokens.n_pairs.max())
+    t, fig = tokens[tokens.n_pairs == n], go.Figure()
+    for i, c in enumerate(c for c in t if c.startswith('rhat_')):
+        x = np.concatenate(t[c].tolist())
+        fig.add_histogram(x=x, name=f"{_GUIDE_NAMES[c[5:]]} (sd {x.std(ddof=1):.3f})", opacity=0.55, nbinsx=60,
+                          marker_color=PALETTE[i % len(PALETTE)])
+    fig.update_layout(barmode='overlay', title=f'{title} ({n} pairs, {len(t) // 2} pairs shown)', height=380)
+    return fig.update_xaxes(title_text='r̂ (response tokens, both sides)').update_yaxes(title_text='tokens')
+
 # %% ../../nbs/alignment/11_tgdpo.ipynb #88506a3b
+def _strip_hover(v, hover) -> tuple:
+    "customdata (R, L, 1 + H) and the hover template for `fig_token_strip`."
+    hv = {k: np.asarray(h, float) for k, h in (hover or {}).items()}
+    cd = np.stack([v] + list(hv.values()), -1)
+    items = '<br>'.join(f'{k} %{{customdata[{i}]:.3f}}' for i, k in enumerate(['value', *hv]))
+    return cd, 'pos %{x}<br>' + items + '<extra></extra>'
+
+# %% ../../nbs/alignment/11_tgdpo.ipynb #88506a3d
 def fig_token_strip(tokens,                # (R, L) token ids or strings, one row per response
                     values,                # (R, L) the quantity that colours each token
                     row_names: list,       # R row labels
@@ -610,26 +979,26 @@ def fig_token_strip(tokens,                # (R, L) token ids or strings, one ro
                     hover: dict|None=None, # name -> (R, L) extra values shown on hover
                     title: str='Per-token values', zmid: float|None=0.0, colorscale: str='RdBu') -> go.Figure:
     "Token-coloured text: one row of coloured cells per response, the token written in each cell."
-    v = np.asarray(values, float); tok = np.asarray(tokens)
+    v, tok = np.asarray(values, float), np.asarray(tokens)
     if v.ndim != 2 or tok.shape != v.shape or len(row_names) != v.shape[0]:
-        raise ValueError(f"tokens and values must be (R, L) of one shape with R row names, got {tok.shape}, {v.shape}, {len(row_names)} names")
+        raise ValueError(f"tokens and values must be (R, L) of one shape with R row names, got {tok.shape}, {v.shape}, "
+                         f"{len(row_names)} names")
     mk = np.zeros(v.shape, bool) if marks is None else np.asarray(marks, bool)
     text = [[f"{t}{' ✓' if m else ''}" for t, m in zip(tr, mr)] for tr, mr in zip(tok, mk)]
-    hv = {k: np.asarray(h, float) for k, h in (hover or {}).items()}
-    cd = np.stack([v] + list(hv.values()), -1)                                                   # (R, L, 1 + H)
-    ht = 'pos %{x}<br>' + '<br>'.join(f'{k} %{{customdata[{i}]:.3f}}' for i, k in enumerate(['value', *hv])) + '<extra></extra>'
-    fig = go.Figure(go.Heatmap(z=v, x=list(range(v.shape[1])), y=list(row_names), text=text, texttemplate='%{text}', customdata=cd,
-                               hovertemplate=ht, colorscale=colorscale, zmid=zmid, xgap=2, ygap=2))
-    return fig.update_layout(title=title, xaxis_title='response position t', yaxis=dict(autorange='reversed'), height=120 + 45 * v.shape[0], margin=dict(t=50, l=140, r=20, b=40))
+    cd, ht = _strip_hover(v, hover)
+    fig = go.Figure(go.Heatmap(z=v, x=list(range(v.shape[1])), y=list(row_names), text=text, texttemplate='%{text}',
+                               customdata=cd, hovertemplate=ht, colorscale=colorscale, zmid=zmid, xgap=2, ygap=2))
+    return fig.update_layout(title=title, xaxis_title='response position t', yaxis=dict(autorange='reversed'),
+                             height=120 + 45 * v.shape[0], margin=dict(t=50, l=140, r=20, b=40))
 
+# %% ../../nbs/alignment/11_tgdpo.ipynb #88506a3c
 class TokenRewardExplorer(Explorer):
     "Dropdowns over pairs and quantities: `fig_token_strip` of the chosen and rejected response."
     def __init__(self, tokens: dict, quantities: dict, marks: dict|None=None, title: str='Token rewards'):
         "tokens/marks: {'chosen','rejected'} -> (N, L); quantities: name -> {'chosen','rejected'} -> (N, L)."
         if not quantities: raise ValueError("quantities must be a non-empty dict")
         self.tokens, self.q, self.marks, self.title = tokens, quantities, marks, title
-        N = len(tokens['chosen'])
-        self.pair = W.Dropdown(options=list(range(N)), value=0, description='pair')
+        self.pair = W.Dropdown(options=list(range(len(tokens['chosen']))), value=0, description='pair')
         self.qty = W.Dropdown(options=list(quantities), value=next(iter(quantities)), description='colour by')
         self.fig = go.FigureWidget(self.figure())
         for w in (self.pair, self.qty): w.observe(self._update, names='value')
