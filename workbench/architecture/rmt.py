@@ -17,55 +17,66 @@ from torch.utils.flop_counter import FlopCounterMode
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer, get_device
+from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer
+from ..core import get_device
 from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, mean_ci
+from ..measure import Interval, paired_t, best_setting, best_vs_best, interp_on_front, precondition, claim
 from ..data import workbench_bpe, lm_dataset
 from ..hooks import run_with_cache
-from ..train import TrainConfig, train, model_device
+from ..train import TrainConfig, train, model_device, perplexity
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['ARCHS', 'XAXES', 'FRONTIER_X', 'PAPER', 'store', 'retrieve', 'orthonormal_keys', 'RMSNorm', 'LMConfig',
-           'causal_attention', 'KVCache', 'Retrieve', 'Store', 'Attention', 'RMTAttention', 'MLP', 'RMTFeedForward',
-           'Block', 'LMOutput', 'CausalLM', 'StandardTransformer', 'ResidualMatrixTransformer', 'build_lm',
-           'param_count', 'non_embedding_params', 'flops_per_token', 'measured_flops', 'moment_propagation',
-           'init_moments', 'tokens_to_reach', 'train_curve', 'residual_norms', 'RMTConfig', 'load_data', 'train_unit',
-           'unit', 'run_units', 'sweep_todo', 'run_sweeps', 'run_experiment', 'curve_arrays', 'to_target', 'savings',
-           'claims', 'verdict', 'headline', 'fig_lr_sweep', 'curves_by_model', 'fig_loss_curves', 'LossCurvesExplorer',
-           'fig_frontier', 'fig_depth_moments', 'savings_table']
+__all__ = ['ARCHS', 'DIVERGED', 'BUDGETS', 'XAXES', 'FRONTIER_X', 'PAPER', 'store', 'retrieve', 'orthonormal_keys', 'RMSNorm',
+           'LMConfig', 'causal_attention', 'KVCache', 'Retrieve', 'Store', 'Attention', 'RMTAttention', 'MLP',
+           'RMTFeedForward', 'Block', 'LMOutput', 'Embedding', 'CausalLM', 'StandardTransformer',
+           'ResidualMatrixTransformer', 'build_lm', 'param_count', 'non_embedding_params', 'flops_per_token',
+           'measured_flops', 'moment_propagation', 'init_moments', 'jitter_', 'train_curve', 'residual_norms',
+           'RMTConfig', 'load_data', 'train_unit', 'unit', 'run_units', 'sweep_best', 'sweep_todo', 'run_sweeps',
+           'main_jobs', 'run_experiment', 'losses', 'sweep_bests', 'preconditions', 'flops_comparison', 'params_line',
+           'comparisons', 'claims', 'verdict', 'headline', 'current_record', 'tokens_to_reach', 'curve_arrays',
+           'to_target', 'savings', 'fig_lr_sweep', 'curves_by_model', 'fig_loss_curves', 'LossCurvesExplorer',
+           'fig_frontier', 'fig_depth_moments', 'summary_table', 'twin_table']
 
 # %% ../../nbs/architecture/50_rmt.ipynb #76ab3bb3
 def store(data: Tensor, keys: Tensor) -> Tensor:
     "Write R data vectors into a memory matrix: `data` (..., R, D_v), `keys` (R, D_k) -> (..., D_k, D_v)."
-    check_tensor('keys', keys, ndim=2, floating=True); check_tensor('data', data, floating=True)
-    if data.ndim < 2 or data.shape[-2] != keys.shape[0]: raise ValueError(f"data must have shape (..., R={keys.shape[0]}, D_v), got {tuple(data.shape)}")
+    check_tensor('keys', keys, ndim=2, floating=True)
+    check_tensor('data', data, floating=True)
+    if data.ndim < 2 or data.shape[-2] != keys.shape[0]:
+        raise ValueError(f"data must have shape (..., R={keys.shape[0]}, D_v), got {tuple(data.shape)}")
     # $M_{kv} = \sum_r w_{rk}\, x_{rv}$
     return torch.einsum('...rv,rk->...kv', data, keys)
 
 def retrieve(memory: Tensor, keys: Tensor) -> Tensor:
     "Read R vectors from a memory matrix: `memory` (..., D_k, D_v), `keys` (R, D_k) -> (..., R, D_v)."
-    check_tensor('keys', keys, ndim=2, floating=True); check_tensor('memory', memory, floating=True)
+    check_tensor('keys', keys, ndim=2, floating=True)
+    check_tensor('memory', memory, floating=True)
     if memory.ndim < 2: raise ValueError(f"memory must have shape (..., D_k, D_v), got {tuple(memory.shape)}")
     if keys.shape[1] != memory.shape[-2]:
-        raise ValueError(f"key size {keys.shape[1]} does not match the memory's key axis D_k={memory.shape[-2]}: keys must be (R, {memory.shape[-2]})")
+        raise ValueError(f"key size {keys.shape[1]} does not match the memory's key axis D_k={memory.shape[-2]}: "
+                         f"keys must be (R, {memory.shape[-2]})")
     # $x_{rv} = \sum_k r_{rk}\, M_{kv}$
     return torch.einsum('...kv,rk->...rv', memory, keys)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #46d8fa68
 def orthonormal_keys(R: int, d_key: int, seed: int=0) -> Tensor:
     "R orthonormal keys in $\\mathbb R^{D_k}$ (rows of a random orthogonal matrix), shape (R, D_k); needs R <= D_k."
-    check_int('R', R, lo=1); check_int('d_key', d_key, lo=1)
+    check_int('R', R, lo=1)
+    check_int('d_key', d_key, lo=1)
     if R > d_key: raise ValueError(f"cannot have R={R} orthonormal keys in D_k={d_key} dimensions: need R <= D_k")
-    q, _ = torch.linalg.qr(torch.randn(d_key, R, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(d_key, R, generator=g, dtype=torch.float64))
     return q.T.float().contiguous()                                  # (R, D_k)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #2743976a
 class RMSNorm(nn.Module):
-    "RMS norm over a whole residual: the last axis (a vector, `shape=(D,)`) or the last two (a matrix, `shape=(D_k, D_v)`), with an elementwise gain."
+    "RMS norm over a whole residual: the last axis (a vector, `shape=(D,)`) or the last two (a matrix, `(D_k, D_v)`)."
     def __init__(self, shape: tuple, eps: float=1e-6):
         super().__init__()
         self.shape, self.eps = tuple(shape), eps
-        self.weight = nn.Parameter(torch.ones(math.prod(self.shape)))   # stored flat: 1-D, so no weight decay, like a vector norm's gain
+        # stored flat: 1-D, so `workbench.train` applies no weight decay to it, like a vector norm's gain
+        self.weight = nn.Parameter(torch.ones(math.prod(self.shape)))
     def forward(self, x: Tensor) -> Tensor:
         dims = tuple(range(-len(self.shape), 0))
         # $\mathrm N(X) = g \odot X / \sqrt{\mathrm{mean}(X^2) + \epsilon}$, the mean over all $D_k D_v$ entries
@@ -97,19 +108,19 @@ class LMConfig:
 
     def __post_init__(self):
         check_choice('arch', self.arch, ARCHS)
-        for k in ('vocab_size', 'n_layers', 'n_heads', 'd_head', 'd_key', 'd_ff', 'max_len'): check_int(f'LMConfig.{k}', getattr(self, k), lo=1)
-        check_num('LMConfig.norm_eps', self.norm_eps, lo=0, lo_open=True); check_int('LMConfig.seed', self.seed, lo=0)
+        for k in ('vocab_size', 'n_layers', 'n_heads', 'd_head', 'd_key', 'd_ff', 'max_len'):
+            check_int(f'LMConfig.{k}', getattr(self, k), lo=1)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #4493817e
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, attention_mask: Tensor|None=None) -> Tensor:
-    "Causal softmax attention; q (B, H, T_q, d), k and v (B, H, T_k, d) with the T_q queries at the last positions -> (B, H, T_q, d)."
+    "Causal softmax attention; q (B, H, T_q, d), k and v (B, H, T_k, d), the T_q queries last -> (B, H, T_q, d)."
     Tq, Tk = q.shape[-2], k.shape[-2]
-    allow = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)        # (T_q, T_k): key s <= query t
-    if attention_mask is not None:                                                    # (B, T_k), 0 = padding
-        diag = allow & ~torch.ones_like(allow).tril(Tk - Tq - 1)                       # each query may always see itself
+    allow = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)      # (T_q, T_k): key s <= query t
+    if attention_mask is not None:                                                  # (B, T_k), 0 = padding
+        diag = allow & ~torch.ones_like(allow).tril(Tk - Tq - 1)                     # each query may always see itself
         allow = (allow & attention_mask[:, None, None, :].bool()) | diag
     # $A = \mathrm{softmax}\big(q k^\top / \sqrt{d} + \text{mask}\big)$, output $A v$
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])                           # (B, H, T_q, T_k)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])                         # (B, H, T_q, T_k)
     return s.masked_fill(~allow, float('-inf')).softmax(-1) @ v
 
 class KVCache:
@@ -117,35 +128,42 @@ class KVCache:
     def __init__(self, n_layers: int): self.kv = [None] * n_layers
     def get_seq_length(self) -> int: return 0 if self.kv[0] is None else self.kv[0][0].shape[-2]
     def update(self, layer: int, k: Tensor, v: Tensor):
-        if self.kv[layer] is not None: k, v = torch.cat([self.kv[layer][0], k], -2), torch.cat([self.kv[layer][1], v], -2)
-        self.kv[layer] = (k, v); return k, v
+        if self.kv[layer] is not None:
+            k, v = torch.cat([self.kv[layer][0], k], -2), torch.cat([self.kv[layer][1], v], -2)
+        self.kv[layer] = (k, v)
+        return k, v
 
 # %% ../../nbs/architecture/50_rmt.ipynb #e67df228
 class Retrieve(nn.Module):
     "R retrieval keys (R, D_k): residual matrix (..., D_k, D_v) -> R vectors (..., R, D_v)."
     def __init__(self, R: int, d_key: int):
-        super().__init__(); self.weight = nn.Parameter(torch.empty(R, d_key))
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(R, d_key))
     def forward(self, X: Tensor) -> Tensor: return retrieve(X, self.weight)
 
 class Store(nn.Module):
     "R storage keys (R, D_k): R vectors (..., R, D_v) -> residual matrix update (..., D_k, D_v)."
     def __init__(self, R: int, d_key: int):
-        super().__init__(); self.weight = nn.Parameter(torch.empty(R, d_key))
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(R, d_key))
     def forward(self, x: Tensor) -> Tensor: return store(x, self.weight)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #dbdc64bd
 class Attention(nn.Module):
     "Transformer multi-head attention on residual vectors: q, k, v = W_{Q,K,V} x; out = W_O concat(heads)."
     def __init__(self, c: LMConfig):
-        super().__init__(); D, self.H, self.d = c.d_model, c.n_heads, c.d_head
+        super().__init__()
+        D, self.H, self.d = c.d_model, c.n_heads, c.d_head
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(D, D, bias=False) for _ in range(4))
     def forward(self, x, layer, cache=None, attention_mask=None):   # x (B, T, D)
         B, T, _ = x.shape
-        q, k, v = (p(x).view(B, T, self.H, self.d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, T, d)
+        # (B, H, T, d) each
+        q, k, v = (p(x).view(B, T, self.H, self.d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         if cache is not None: k, v = cache.update(layer, k, v)
-        o = causal_attention(q, k, v, attention_mask).transpose(1, 2).reshape(B, T, -1)                              # (B, T, D)
+        o = causal_attention(q, k, v, attention_mask).transpose(1, 2).reshape(B, T, -1)   # (B, T, D)
         return self.o_proj(o), None
 
+# %% ../../nbs/architecture/50_rmt.ipynb #dbdc64be
 class RMTAttention(nn.Module):
     "RMT attention: Q, K, V retrieved from the residual matrix with 3R keys; head outputs stored back with R keys."
     def __init__(self, c: LMConfig):
@@ -163,25 +181,32 @@ class RMTAttention(nn.Module):
 class MLP(nn.Module):
     "Transformer FFN: $W_2\\,\\mathrm{GELU}(W_1 x)$."
     def __init__(self, c: LMConfig):
-        super().__init__(); self.up_proj, self.down_proj = nn.Linear(c.d_model, c.d_ff, bias=False), nn.Linear(c.d_ff, c.d_model, bias=False)
+        super().__init__()
+        self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
+        self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
     def forward(self, x): return self.down_proj(F.gelu(self.up_proj(x)))
 
 class RMTFeedForward(nn.Module):
     "RMT FFN: retrieve R vectors, concatenate, $W_2\\,\\mathrm{GELU}(W_1 h)$, split into R vectors and store them."
     def __init__(self, c: LMConfig):
-        super().__init__(); self.R, self.d = c.n_heads, c.d_head
+        super().__init__()
+        self.R, self.d = c.n_heads, c.d_head
         self.read, self.write = Retrieve(c.n_heads, c.d_key), Store(c.n_heads, c.d_key)
-        self.up_proj, self.down_proj = nn.Linear(c.d_model, c.d_ff, bias=False), nn.Linear(c.d_ff, c.d_model, bias=False)
+        self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
+        self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
     def forward(self, X):                                            # X (B, T, D_k, D_v)
-        h = self.read(X).flatten(-2)                                 # $h = \mathrm{concat}_h(r_{FF}^{(h)} \cdot_1 X)$: (B, T, R D_v)
+        # $h = \mathrm{concat}_h(r_{FF}^{(h)} \cdot_1 X)$: (B, T, R D_v)
+        h = self.read(X).flatten(-2)
         f = self.down_proj(F.gelu(self.up_proj(h)))                  # (B, T, R D_v)
-        return self.write(f.unflatten(-1, (self.R, self.d)))         # $\sum_h w_{FF}^{(h)} \otimes f_h$: (B, T, D_k, D_v)
+        # $\sum_h w_{FF}^{(h)} \otimes f_h$: (B, T, D_k, D_v)
+        return self.write(f.unflatten(-1, (self.R, self.d)))
 
 # %% ../../nbs/architecture/50_rmt.ipynb #07df4d35
 class Block(nn.Module):
-    "Pre-norm block, for either residual: $X \\leftarrow X + \\mathrm{MHA}(\\mathrm N(X))$, $X \\leftarrow X + \\mathrm{FF}(\\mathrm N(X))$."
+    "Pre-norm block for either residual: attention, then FFN, each added to $X$ from $\\mathrm N(X)$."
     def __init__(self, c: LMConfig, idx: int):
-        super().__init__(); self.idx, rmt = idx, c.arch == 'rmt'
+        super().__init__()
+        self.idx, rmt = idx, c.arch == 'rmt'
         self.input_layernorm = RMSNorm(c.residual_shape, c.norm_eps)
         self.self_attn = RMTAttention(c) if rmt else Attention(c)
         self.post_attention_layernorm = RMSNorm(c.residual_shape, c.norm_eps)
@@ -198,30 +223,45 @@ class LMOutput:
     loss: Tensor|None = None              # mean next-token cross-entropy when `labels` are given
     past_key_values: KVCache|None = None  # with `use_cache=True`
 
+class Embedding(nn.Module):
+    "A lookup table of `n` vectors of size `d`, stored flat (1-D) so that `workbench.train` does not weight-decay it."
+    def __init__(self, n: int, d: int):
+        super().__init__()
+        self.n, self.d = n, d
+        self.weight = nn.Parameter(torch.empty(n * d))
+    @property
+    def table(self) -> Tensor: return self.weight.view(self.n, self.d)   # (n, d)
+    def forward(self, ids: Tensor) -> Tensor: return F.embedding(ids, self.table)
+
+# %% ../../nbs/architecture/50_rmt.ipynb #799f2fc5
 def _init_weights(m: nn.Module, c: LMConfig):
-    "Fan-in init for every matrix (sigma^2 = 1/fan-in: D_k for retrieval, R for storage keys); residual writers x 1/sqrt(2L); tables N(0, 1)."
-    g = torch.Generator().manual_seed(c.seed); out = 1 / math.sqrt(2 * c.n_layers)
+    "Fan-in init (sigma^2 = 1/fan-in: D_k for retrieval, R for storage); residual writers x 1/sqrt(2L); tables N(0, 1)."
+    g, out = torch.Generator().manual_seed(c.seed), 1 / math.sqrt(2 * c.n_layers)
     for name, mod in m.named_modules():
         if isinstance(mod, (nn.Linear, Retrieve, Store)):
             fan_in = mod.weight.shape[0] if isinstance(mod, Store) else mod.weight.shape[1]
-            writes = name.endswith(('o_proj', 'down_proj', 'mlp.write')) and not (c.arch == 'rmt' and name.endswith('down_proj'))
-            with torch.no_grad(): mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) / math.sqrt(fan_in) * (out if writes else 1))
-        elif isinstance(mod, nn.Embedding):
-            with torch.no_grad(): mod.weight.copy_(torch.randn(mod.weight.shape, generator=g))
+            writes = name.endswith(('o_proj', 'down_proj', 'mlp.write'))
+            writes = writes and not (c.arch == 'rmt' and name.endswith('down_proj'))   # the RMT's FFN writes: `write`
+            w = torch.randn(mod.weight.shape, generator=g) / math.sqrt(fan_in) * (out if writes else 1)
+            with torch.no_grad(): mod.weight.copy_(w)
+        elif isinstance(mod, Embedding):
+            with torch.no_grad(): mod.table.copy_(torch.randn(mod.n, mod.d, generator=g))
 
 # %% ../../nbs/architecture/50_rmt.ipynb #ad5a0627
 class CausalLM(nn.Module):
-    "Shared body of `StandardTransformer` and `ResidualMatrixTransformer`: embeddings, L pre-norm blocks, final norm, LM head."
+    "The body of `StandardTransformer` and `ResidualMatrixTransformer`: embeddings, L blocks, final norm, LM head."
     arch = None
     def __init__(self, config: LMConfig|None=None, **kwargs):
         super().__init__()
-        if config is not None and not isinstance(config, LMConfig): raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
+        if config is not None and not isinstance(config, LMConfig):
+            raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
         c = self.config = replace(config or LMConfig(arch=self.arch), arch=self.arch, **kwargs)
-        self.embed_tokens, self.embed_positions = nn.Embedding(c.vocab_size, c.d_model), nn.Embedding(c.max_len, c.d_model)
+        self.embed_tokens, self.embed_positions = Embedding(c.vocab_size, c.d_model), Embedding(c.max_len, c.d_model)
         self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
         self.norm = RMSNorm(c.residual_shape, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self._extra(c); _init_weights(self, c)
+        self._extra(c)
+        _init_weights(self, c)
     def _extra(self, c): pass
     def embed(self, e: Tensor) -> Tensor: return e                  # (B, T, D) -> residual
     def readout(self, x: Tensor) -> Tensor: return x                # residual -> (B, T, D)
@@ -230,26 +270,33 @@ class CausalLM(nn.Module):
 @torch.no_grad()
 def _check_ids(m, input_ids, p0):
     if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
-        raise ValueError(f"input_ids must be a (B, T) integer tensor, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    if p0 + input_ids.shape[1] > m.config.max_len: raise ValueError(f"{p0} cached + {input_ids.shape[1]} new positions exceed max_len={m.config.max_len}")
+        got = getattr(input_ids, 'shape', type(input_ids).__name__)
+        raise ValueError(f"input_ids must be a (B, T) integer tensor, got {got}")
+    if p0 + input_ids.shape[1] > m.config.max_len:
+        raise ValueError(f"{p0} cached + {input_ids.shape[1]} new positions exceed max_len={m.config.max_len}")
 
-def _forward(self, input_ids, attention_mask=None, labels=None, past_key_values=None, use_cache=False, logits_to_keep=0, **kwargs) -> LMOutput:
+# %% ../../nbs/architecture/50_rmt.ipynb #c60eba4a
+def _forward(self, input_ids, attention_mask=None, labels=None, past_key_values=None, use_cache=False,
+             logits_to_keep=0, **kwargs) -> LMOutput:
     "Logits (and loss with `labels`) for `input_ids` (B, T); `past_key_values` continues a cached sequence."
     cache = past_key_values if past_key_values is not None else KVCache(len(self.layers)) if use_cache else None
-    p0 = 0 if cache is None else cache.get_seq_length(); _check_ids(self, input_ids, p0)
+    p0 = 0 if cache is None else cache.get_seq_length()
+    _check_ids(self, input_ids, p0)
     pos = torch.arange(p0, p0 + input_ids.shape[1], device=input_ids.device)
-    x = self.embed(self.embed_tokens(input_ids) + self.embed_positions(pos))        # (B, T, D) or (B, T, D_k, D_v)
+    x = self.embed(self.embed_tokens(input_ids) + self.embed_positions(pos))      # (B, T, D) or (B, T, D_k, D_v)
     for blk in self.layers: x = blk(x, cache, attention_mask)
     x = self.norm(x)
     if logits_to_keep: x = x[:, -logits_to_keep:]
-    logits = self.lm_head(self.readout(x))                                           # (B, T, V)
-    loss = None if labels is None else F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+    logits = self.lm_head(self.readout(x))                                         # (B, T, V)
+    loss = None
+    if labels is not None:
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
     return LMOutput(logits, loss, cache if use_cache else None)
 CausalLM.forward = _forward
 
 # %% ../../nbs/architecture/50_rmt.ipynb #ca104f48
 class StandardTransformer(CausalLM):
-    "The mirrored baseline: a pre-norm GPT-style causal LM with learned positions and a GELU FFN (residual vector of width D)."
+    "The mirrored baseline: a pre-norm GPT-style causal LM with learned positions and a GELU FFN (residual of width D)."
     arch = 'transformer'
 
 class ResidualMatrixTransformer(CausalLM):
@@ -257,9 +304,9 @@ class ResidualMatrixTransformer(CausalLM):
     arch = 'rmt'
     def _extra(self, c):
         self.embed_store, self.unembed_retrieve = Store(c.n_heads, c.d_key), Retrieve(c.n_heads, c.d_key)
-    def embed(self, e):                                              # $X^{(0)} = \sum_h w_E^{(h)} \otimes (E s + P n)_h$
+    def embed(self, e):                          # $X^{(0)} = \sum_h w_E^{(h)} \otimes (E s + P n)_h$
         return self.embed_store(e.unflatten(-1, (self.config.n_heads, self.config.d_head)))
-    def readout(self, X):                                            # $\mathrm{concat}_h(r_U^{(h)} \cdot_1 X)$: (B, T, R D_v)
+    def readout(self, X):                        # $\mathrm{concat}_h(r_U^{(h)} \cdot_1 X)$: (B, T, R D_v)
         return self.unembed_retrieve(X).flatten(-2)
 
 def build_lm(config: LMConfig) -> CausalLM:
@@ -286,16 +333,17 @@ def non_embedding_params(c: LMConfig) -> int:
 
 # %% ../../nbs/architecture/50_rmt.ipynb #0db03c70
 def flops_per_token(c: LMConfig, seq_len: int) -> dict:
-    "Forward FLOPs per token by part at context `seq_len` (matrix products as executed; attention over the full T x T scores)."
+    "Forward FLOPs per token by part at context `seq_len` (matrix products as executed; attention over all T x T)."
     check_int('seq_len', seq_len, 1, c.max_len)
     L, R, Dk, Dv, Dff, D, V, T = c.n_layers, c.n_heads, c.d_key, c.d_head, c.d_ff, c.d_model, c.vocab_size, seq_len
     rmt = c.arch == 'rmt'
-    out = dict(proj=L * (8 * R * Dk * Dv if rmt else 8 * D * D),        # Q, K, V, O: 4 retrievals/storages or 4 dense maps
-               attn=L * 4 * T * D,                                      # scores q k^T and A v
-               ffn=L * 4 * D * Dff,                                     # W_1, W_2
-               adapters=(L * 4 + 4) * R * Dk * Dv if rmt else 0,        # FFN read/write; embedding store, unembedding read
+    out = dict(proj=L * (8 * R * Dk * Dv if rmt else 8 * D * D),   # Q, K, V, O: 4 retrievals/storages or 4 dense maps
+               attn=L * 4 * T * D,                                 # scores q k^T and A v
+               ffn=L * 4 * D * Dff,                                # W_1, W_2
+               adapters=(L * 4 + 4) * R * Dk * Dv if rmt else 0,   # FFN read/write; embedding store, unembedding read
                head=2 * D * V)
-    out['total'] = sum(out.values()); out['train'] = 3 * out['total']  # backward = 2x forward
+    out['total'] = sum(out.values())
+    out['train'] = 3 * out['total']                                     # backward = 2x forward
     return out
 
 def measured_flops(model: CausalLM, seq_len: int, backward: bool=False) -> float:
@@ -308,107 +356,127 @@ def measured_flops(model: CausalLM, seq_len: int, backward: bool=False) -> float
     return fc.get_total_flops() / seq_len
 
 # %% ../../nbs/architecture/50_rmt.ipynb #e1f38c9d
-def moment_propagation(op: str, R: int, d_key: int, d_value: int=16, sigma_w: float=0.1, mu_in: float=0.5, sigma_in: float=1.0,
-                       n_samples: int=4096, seed: int=0) -> dict:
-    "Measured and Table-1 predicted forward output variance and backward variance ratio of `op` ('store' or 'retrieve')."
+def moment_propagation(op: str, R: int, d_key: int, d_value: int=16, sigma_w: float=0.1, mu_in: float=0.5,
+                       sigma_in: float=1.0, n_samples: int=4096, seed: int=0) -> dict:
+    "Measured and Table-1 forward output variance and backward variance ratio of `op` ('store' or 'retrieve')."
     check_choice('op', op, ('store', 'retrieve'))
     for k, v in dict(R=R, d_key=d_key, d_value=d_value, n_samples=n_samples).items(): check_int(k, v, lo=1)
-    check_num('sigma_w', sigma_w, lo=0, lo_open=True); check_num('sigma_in', sigma_in, lo=0); check_num('mu_in', mu_in)
-    g = torch.Generator().manual_seed(seed); n_in = R if op == 'store' else d_key
+    check_num('sigma_w', sigma_w, lo=0, lo_open=True)
+    check_num('sigma_in', sigma_in, lo=0)
+    check_num('mu_in', mu_in)
+    g, n_in = torch.Generator().manual_seed(seed), R if op == 'store' else d_key
     x = (mu_in + sigma_in * torch.randn(n_samples, n_in, d_value, generator=g, dtype=torch.float64)).requires_grad_()
     w = sigma_w * torch.randn(n_samples, R, d_key, generator=g, dtype=torch.float64)          # fresh keys per sample
     y = torch.einsum('nrv,nrk->nkv', x, w) if op == 'store' else torch.einsum('nkv,nrk->nrv', x, w)
     y.backward(torch.randn(y.shape, generator=g, dtype=torch.float64))
     fan_fwd, fan_bwd = (R, d_key) if op == 'store' else (d_key, R)
-    # storage: $R\sigma_w^2(\sigma_{in}^2+\mu_{in}^2)$ forward, $D_k\sigma_w^2$ backward; retrieval: $D_k$ and $R$ swapped
+    # storage: $R\sigma_w^2(\sigma_{in}^2+\mu_{in}^2)$ forward, $D_k\sigma_w^2$ backward; retrieval: swapped
     return dict(op=op, fwd=y.var().item(), fwd_pred=fan_fwd * sigma_w**2 * (sigma_in**2 + mu_in**2),
                 bwd=x.grad.var().item(), bwd_pred=fan_bwd * sigma_w**2)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #ddc3c55b
-@torch.no_grad()
-def init_moments(model: CausalLM, ids: Tensor) -> dict:
-    "Per layer: residual second moment E[X^2] and, for the RMT, measured vs Table-1 retrieval gain E[q^2]/E[N(X)^2] vs D_k mean(w_Q^2)."
-    if not isinstance(model, CausalLM): raise TypeError(f"model must be a CausalLM, got {type(model).__name__}")
-    names = ['blocks.*.hook_resid_pre', 'blocks.*.hook_resid_post'] + (['blocks.*.hook_q', 'blocks.*.hook_v'] if model.config.arch == 'rmt' else [])
-    dev = model_device(model)
-    _, c = run_with_cache(model, ids.to(dev), names=names, device=dev)                      # the cache beside the model
-    L, out = len(model.layers), dict(resid=[c['blocks.0.hook_resid_pre'].pow(2).mean().item()])
-    out['resid'] += [c[f'blocks.{i}.hook_resid_post'].pow(2).mean().item() for i in range(L)]
-    if model.config.arch == 'rmt':
-        for p in ('q', 'v'):
-            nx = [model.layers[i].input_layernorm(c[f'blocks.{i}.hook_resid_pre']).pow(2).mean().item() for i in range(L)]
-            out[f'{p}_gain'] = [c[f'blocks.{i}.hook_{p}'].pow(2).mean().item() / nx[i] for i in range(L)]
-            out[f'{p}_pred'] = [model.config.d_key * getattr(model.layers[i].self_attn, f'{p}_proj').weight.pow(2).mean().item() for i in range(L)]
+def _retrieval_gains(model: CausalLM, c: dict) -> dict:
+    "Per layer, measured E[p^2]/E[N(X)^2] of the retrieved queries and values (p = q, v) and Table 1's D_k mean(w_p^2)."
+    L, out = len(model.layers), {}
+    nx = [model.layers[i].input_layernorm(c[f'blocks.{i}.hook_resid_pre']).pow(2).mean().item() for i in range(L)]
+    for p in ('q', 'v'):
+        keys = [getattr(model.layers[i].self_attn, f'{p}_proj').weight for i in range(L)]
+        out[f'{p}_gain'] = [c[f'blocks.{i}.hook_{p}'].pow(2).mean().item() / nx[i] for i in range(L)]
+        out[f'{p}_pred'] = [model.config.d_key * keys[i].pow(2).mean().item() for i in range(L)]
     return out
 
-# %% ../../nbs/architecture/50_rmt.ipynb #510a77ed
-def tokens_to_reach(xs, losses, target: float):
-    "First x (tokens, FLOPs or seconds) where a validation-loss curve reaches `target`, interpolating linearly between evaluations; None if it never does."
-    xs, losses = np.asarray(xs, dtype=float).ravel(), np.asarray(losses, dtype=float).ravel()
-    if len(xs) != len(losses) or not len(xs): raise ValueError(f"xs and losses must be non-empty and of equal length, got {len(xs)} and {len(losses)}")
-    hit = np.flatnonzero(losses <= target)
-    if not hit.size: return None
-    i = int(hit[0])
-    if i == 0: return float(xs[0])
-    # $x^* = x_{i-1} + (x_i - x_{i-1})\,\frac{\ell_{i-1} - \ell^*}{\ell_{i-1} - \ell_i}$
-    return float(xs[i - 1] + (xs[i] - xs[i - 1]) * (losses[i - 1] - target) / (losses[i - 1] - losses[i]))
+@torch.no_grad()
+def init_moments(model: CausalLM, ids: Tensor) -> dict:
+    "Per layer: residual second moment E[X^2] and, for the RMT, the measured vs Table-1 retrieval gains."
+    if not isinstance(model, CausalLM): raise TypeError(f"model must be a CausalLM, got {type(model).__name__}")
+    rmt = model.config.arch == 'rmt'
+    names = ['blocks.*.hook_resid_pre', 'blocks.*.hook_resid_post']
+    names += ['blocks.*.hook_q', 'blocks.*.hook_v'] if rmt else []
+    dev = model_device(model)
+    _, c = run_with_cache(model, ids.to(dev), names=names, device=dev)                      # the cache beside the model
+    out = dict(resid=[c['blocks.0.hook_resid_pre'].pow(2).mean().item()])
+    out['resid'] += [c[f'blocks.{i}.hook_resid_post'].pow(2).mean().item() for i in range(len(model.layers))]
+    return out | (_retrieval_gains(model, c) if rmt else {})
+
+# %% ../../nbs/architecture/50_rmt.ipynb #1ee7a471
+@torch.no_grad()
+def jitter_(model: nn.Module, eps: float, seed: int=0) -> nn.Module:
+    "Multiply every parameter in place by (1 + eps z), z ~ N(0, 1) drawn from `seed`; eps=0 leaves it unchanged."
+    check_num('eps', eps, lo=0)
+    if eps == 0: return model
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters(): p.mul_(1 + eps * torch.randn(p.shape, generator=g).to(p))
+    return model
 
 # %% ../../nbs/architecture/50_rmt.ipynb #1ee7a472
-def train_curve(c: LMConfig,              # the model (its `seed` is replaced by `seed`)
-                train_ids: Tensor,        # (N, T) packed training rows
-                val_ids: Tensor,          # (M, T) validation rows, evaluated every `eval_every` updates and after the last
+def train_curve(c: LMConfig,                # the model (its `seed` is replaced by `seed`)
+                train_ids: Tensor,          # (N, T) packed training rows
+                val_ids: Tensor,            # (M, T) validation rows, evaluated every `eval_every` updates and last
                 steps: int, batch_size: int, lr: float,
-                eval_every: int|None=None,# None: evaluate only after the last update
-                seed: int=0,              # initialisation and data-order seed
-                callbacks=()):            # passed to `workbench.train.train`, e.g. a `workbench.viz.LiveCurves`
-    "Train `build_lm(c)` from scratch; returns (curve dict: tokens, flops, time_s, val_loss per evaluation; the trained model)."
-    check_tensor('train_ids', train_ids, ndim=2, floating=False); check_tensor('val_ids', val_ids, ndim=2, floating=False)
-    model, T = build_lm(replace(c, seed=seed)).to(get_device()), train_ids.shape[1]       # `train` keeps it there
-    tcfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every, seed=seed, progress=False)
+                eval_every: int|None=None,  # None: evaluate only after the last update
+                seed: int=0,                # initialisation and data-order seed
+                weight_decay: float=1e-4,   # AdamW decoupled weight decay on matrices (the paper's 1e-4)
+                jitter: float=0.0,          # relative perturbation of the initial weights (a numerical twin); 0: none
+                callbacks=()):              # passed to `workbench.train.train`, e.g. a `workbench.viz.LiveCurves`
+    "Train `build_lm(c)` from scratch; returns (curve dict: tokens, flops, time_s, val_loss per evaluation; the model)."
+    check_tensor('train_ids', train_ids, ndim=2, floating=False)
+    check_tensor('val_ids', val_ids, ndim=2, floating=False)
+    model, T = jitter_(build_lm(replace(c, seed=seed)), jitter, seed).to(get_device()), train_ids.shape[1]
+    tcfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every, seed=seed,
+                       weight_decay=weight_decay, progress=False)
     h = train(model, train_ids, tcfg, eval_data=val_ids, callbacks=callbacks)
-    busy = np.cumsum([batch_size * T / tps for tps in h.tokens_per_s])             # seconds after each update (log_every = 1)
-    tok = [s * batch_size * T for s in h.eval_step]
-    fpt = flops_per_token(c, T)['train']
-    return dict(tokens=tok, flops=[t * fpt for t in tok], time_s=[float(busy[s - 1]) for s in h.eval_step], val_loss=list(h.eval_loss)), model.eval()
+    busy = np.cumsum([batch_size * T / tps for tps in h.tokens_per_s])             # seconds after each update
+    tok, fpt = [s * batch_size * T for s in h.eval_step], flops_per_token(c, T)['train']
+    curve = dict(tokens=tok, flops=[t * fpt for t in tok], time_s=[float(busy[s - 1]) for s in h.eval_step],
+                 val_loss=list(h.eval_loss))
+    return curve, model.eval()
 
 # %% ../../nbs/architecture/50_rmt.ipynb #1f00e09a
 @torch.no_grad()
 def residual_norms(model: CausalLM, ids: Tensor) -> dict:
-    "'residual': (tokens, L) norms of each block's output residual; 'retrieved': (tokens, L) norms of the value vectors read by attention."
+    "'residual': (tokens, L) norms of each block's output residual; 'retrieved': (tokens, L) norms of the values read."
     if not isinstance(model, CausalLM): raise TypeError(f"model must be a CausalLM, got {type(model).__name__}")
     _, c = run_with_cache(model, ids.to(model_device(model)), names=['blocks.*.hook_resid_post', 'blocks.*.hook_v'])
     L, nd_x, nd_v = len(model.layers), len(model.config.residual_shape), 2 if model.config.arch == 'rmt' else 1
-    per = lambda name, nd: torch.stack([c[f'blocks.{k}.{name}'].flatten(-nd).norm(dim=-1).flatten() for k in range(L)], 1).numpy()
     # $\lVert X_t \rVert_F$ per token and layer; $\lVert \mathrm{concat}_h V^{(h)}_t \rVert$
-    return dict(residual=per('hook_resid_post', nd_x), retrieved=per('hook_v', nd_v))
+    norm = lambda name, nd, k: c[f'blocks.{k}.{name}'].flatten(-nd).norm(dim=-1).flatten()   # (B T,)
+    per = lambda name, nd: torch.stack([norm(name, nd, k) for k in range(L)], 1)
+    return dict(residual=per('hook_resid_post', nd_x).numpy(), retrieved=per('hook_v', nd_v).numpy())
 
 # %% ../../nbs/architecture/50_rmt.ipynb #6c57c269
 @dataclass
 class RMTConfig(ExperimentConfig):
-    "The RMT experiment: the mirrored transformer, a transformer width sweep and RMTs of several D_k, each at its own swept learning rate."
+    "RMTs against a transformer width sweep, each at its swept learning rate, at equal FLOPs, tokens and parameters."
     vocab: int = size(quick=4096, full=512)                   # BPE vocabulary size (`workbench_bpe`)
     seq_len: int = size(quick=128, full=64)                   # tokens per training row, T (= the models' positions N)
-    n_layers: int = size(quick=1, full=2)                     # L
+    n_layers: int = size(quick=1, full=4)                     # L
     n_heads: int = 4                                          # R of the RMTs = H of the transformers
-    d_head: int = size(quick=8, full=16)                      # D_v of the RMTs = D_h of the mirrored transformer (width D = n_heads * d_head)
+    d_head: int = size(quick=8, full=16)                      # D_v of the RMTs = D_h of the mirrored transformer
     d_ff: int = size(quick=128, full=256)                     # D_FF of the RMTs and the mirrored transformer (4D)
-    widths: tuple = size(quick=(4, 8), full=(12, 16, 24))     # D_h of the transformer width sweep (D_FF = 4D); must hold d_head
-    d_keys: tuple = size(quick=(2, 8), full=(4, 8, 16))       # D_k of the RMTs (residual D_k x D_v)
-    claim_dk: int|None = None                                 # the RMT the claims are about, declared before the run; None: the largest D_k
-    steps: int = size(quick=12, full=480)                     # updates per main run
+    widths: tuple = size(quick=(4, 8), full=(12, 16, 24))     # D_h of the transformer width sweep (D_FF = 4D)
+    token_widths: tuple = size(quick=(4, 8), full=(12, 16))   # widths also trained at equal tokens (the parameter line)
+    d_keys: tuple = size(quick=(2, 8), full=(4, 32))          # D_k of the RMTs (residual D_k x D_v)
+    claim_dk: int|None = None                                 # the RMT the claims are about; None: the largest D_k
+    steps: int = size(quick=12, full=300)                     # updates of the equal-token runs (sets the FLOP budget)
     batch_size: int = size(quick=4, full=32)                  # rows per update
-    eval_every: int = size(quick=4, full=24)                  # updates between validation evaluations
-    n_val: int = size(quick=16, full=128)                     # validation rows (seq_len tokens each) in every evaluation
-    train_rows: int|None = size(quick=2048, full=None)        # use only the first rows of the packed training split; None: all of it
-    n_seeds: int = size(quick=2, full=5)                      # seeds of the main runs (initialisation and data order)
-    lr_grid: tuple = size(quick=(3e-3, 1e-2), full=(8e-3, 1.6e-2, 3.2e-2))  # starting grid of every model's learning-rate sweep (geometric)
-    lr_extend: int = size(quick=0, full=2)                    # rates a sweep may add beyond each edge while the best rate sits on it
-    sweep_steps: int = size(quick=6, full=120)                # updates per sweep run
-    n_sweep_seeds: int = 1                                    # seeds per sweep point
-    threads: int = 1                                          # torch CPU threads per training process (shared cores: more threads oversubscribe them)
-    workers: int = size(quick=1, full=2)                      # training processes (1: this one; more: a pool of spawned workers)
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'n_sweep_seeds', 'lr_grid', 'lr_extend', 'widths', 'd_keys', 'claim_dk', 'threads', 'workers')
-    cache_version: ClassVar[int] = 1
+    eval_every: int = size(quick=4, full=25)                  # updates between validation evaluations of the main runs
+    n_val: int = size(quick=16, full=128)                     # validation rows: curves, learning rates, the best width
+    n_test: int = size(quick=16, full=256)                    # test rows (after the validation rows): the judged losses
+    train_rows: int|None = size(quick=2048, full=None)        # use only the first rows of the packed training split
+    n_seeds: int = size(quick=2, full=3)                      # seeds of the main runs (initialisation and data order)
+    lr_grid: tuple = size(quick=(3e-3, 1e-2), full=(0.008, 0.0113, 0.016, 0.0226))   # transformers' starting grid
+    rmt_lr_grid: tuple = size(quick=(3e-3, 1e-2), full=(0.016, 0.0226, 0.032, 0.0453))   # RMTs' starting grid
+    lr_extend: int = size(quick=0, full=3)                    # rates a sweep may add past an edge where its best sits
+    sweep_steps: int = size(quick=6, full=75)                 # updates per sweep run
+    n_sweep_seeds: int = size(quick=1, full=2)                # seeds per sweep rate
+    weight_decay: float = 1e-4                                # AdamW decoupled decay on matrices and keys (paper: 1e-4)
+    twin_eps: float = 1e-7                                    # numerical twins' relative init perturbation; 0: no twins
+    max_lr_edges: int = 0                                     # precondition: models allowed without an interior optimum
+    threads: int = 1                                          # torch threads per training process (in a unit's key)
+    workers: int = 1                                          # training processes (1: this one; more: spawned workers)
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'n_sweep_seeds', 'lr_grid', 'rmt_lr_grid', 'lr_extend', 'widths',
+                                    'token_widths', 'd_keys', 'claim_dk', 'twin_eps', 'max_lr_edges', 'workers')
+    cache_version: ClassVar[int] = 2
 
     @property
     def seeds(self) -> list: return self.seed_list(self.n_seeds)
@@ -423,60 +491,108 @@ class RMTConfig(ExperimentConfig):
 def _baseline_name(c: dict) -> str: return f"transformer D={c['n_heads'] * c['d_head']}"
 def _claim_name(c: dict) -> str: return f"RMT D_k={c['claim_dk'] or max(c['d_keys'])}"
 
+def _check_grid(name: str, v) -> list:
+    if not isinstance(v, (tuple, list)) or len(v) < 2: raise TypeError(f"{name} must hold at least 2 rates, got {v!r}")
+    lrs = [check_num(f'{name} entries', x, lo=0, lo_open=True) for x in v]
+    if any(b <= a for a, b in zip(lrs, lrs[1:])): raise ValueError(f"{name} must be increasing, got {tuple(v)}")
+    return lrs
+
 @patch_to(RMTConfig)
 def validate(self):
     "Check every field (ValueError/TypeError naming it)."
-    for k in ('vocab', 'seq_len', 'n_layers', 'n_heads', 'd_head', 'd_ff', 'steps', 'batch_size', 'n_val', 'n_seeds', 'sweep_steps', 'n_sweep_seeds', 'threads', 'workers'):
+    for k in ('vocab', 'seq_len', 'n_layers', 'n_heads', 'd_head', 'd_ff', 'steps', 'batch_size', 'n_val', 'n_test',
+              'n_seeds', 'sweep_steps', 'n_sweep_seeds', 'threads', 'workers'):
         check_int(k, getattr(self, k), lo=1)
-    check_int('eval_every', self.eval_every, 1, self.steps); check_int('lr_extend', self.lr_extend, lo=0)
+    check_int('eval_every', self.eval_every, 1, self.steps)
+    check_int('lr_extend', self.lr_extend, lo=0)
+    check_int('max_lr_edges', self.max_lr_edges, lo=0)
+    check_num('weight_decay', self.weight_decay, lo=0)
+    check_num('twin_eps', self.twin_eps, lo=0)
     if self.train_rows is not None: check_int('train_rows', self.train_rows, lo=self.batch_size)
-    for k in ('widths', 'd_keys', 'lr_grid'):
-        if not isinstance(getattr(self, k), (tuple, list)) or not getattr(self, k): raise TypeError(f"{k} must be a non-empty tuple, got {getattr(self, k)!r}")
-    for w in (*self.widths, *self.d_keys): check_int('widths and d_keys entries', w, lo=1)
-    if self.d_head not in self.widths: raise ValueError(f"widths must hold d_head={self.d_head} (the mirrored transformer), got {tuple(self.widths)}")
-    if any(self.d_ff * w % self.d_head for w in self.widths): raise ValueError(f"d_ff * width / d_head must be an int for every width (D_FF = 4D), got d_ff={self.d_ff}, widths={tuple(self.widths)}")
-    if self.claim_dk is not None and self.claim_dk not in self.d_keys: raise ValueError(f"claim_dk must be one of d_keys={tuple(self.d_keys)} or None, got {self.claim_dk!r}")
-    lrs = [check_num('lr_grid entries', v, lo=0, lo_open=True) for v in self.lr_grid]
-    if len(lrs) < 2 or any(b <= a for a, b in zip(lrs, lrs[1:])): raise ValueError(f"lr_grid must hold at least 2 increasing rates, got {tuple(self.lr_grid)}")
+    _check_grid('lr_grid', self.lr_grid)
+    _check_grid('rmt_lr_grid', self.rmt_lr_grid)
+    self._validate_models()
 
+# %% ../../nbs/architecture/50_rmt.ipynb #6c57c272
+@patch_to(RMTConfig)
+def _validate_models(self):
+    for k in ('widths', 'token_widths', 'd_keys'):
+        v = getattr(self, k)
+        if not isinstance(v, (tuple, list)) or not v: raise TypeError(f"{k} must be a non-empty tuple, got {v!r}")
+        for w in v: check_int(f'{k} entries', w, lo=1)
+    if self.d_head not in self.widths or not set(self.token_widths) <= set(self.widths):
+        raise ValueError(f"widths must hold d_head={self.d_head} (the mirrored transformer) and every token_widths "
+                         f"entry, got widths={tuple(self.widths)}, token_widths={tuple(self.token_widths)}")
+    if self.d_head not in self.token_widths: raise ValueError(f"token_widths must hold d_head={self.d_head}")
+    if any(self.d_ff * w % self.d_head for w in self.widths):
+        raise ValueError(f"d_ff * width / d_head must be an int for every width (D_FF = 4D), got d_ff={self.d_ff}")
+    if self.claim_dk is not None and self.claim_dk not in self.d_keys:
+        raise ValueError(f"claim_dk must be one of d_keys={tuple(self.d_keys)} or None, got {self.claim_dk!r}")
+    ms, P = self.models(), lambda n: param_count(self.models()[n])
+    line = [P(n) for n in self.budgets()['tokens'] if ms[n].arch == 'transformer']
+    if not min(line) <= P(self.claim_rmt) <= max(line):
+        raise ValueError(f"{self.claim_rmt} has {P(self.claim_rmt):,} parameters, outside the token_widths "
+                         f"transformers' range [{min(line):,}, {max(line):,}]: the parameter claim cannot extrapolate")
+
+# %% ../../nbs/architecture/50_rmt.ipynb #6c57c273
 @patch_to(RMTConfig)
 def models(self) -> dict:
     "name -> LMConfig of every model: the transformer width sweep (the mirrored transformer among it), then the RMTs."
     base = LMConfig('transformer', self.vocab, self.n_layers, self.n_heads, self.d_head, 1, self.d_ff, self.seq_len)
-    out = {f'transformer D={self.n_heads * w}': replace(base, d_head=w, d_ff=self.d_ff * w // self.d_head) for w in sorted(self.widths)}
+    out = {f'transformer D={self.n_heads * w}': replace(base, d_head=w, d_ff=self.d_ff * w // self.d_head)
+           for w in sorted(self.widths)}
     return out | {f'RMT D_k={dk}': replace(base, arch='rmt', d_key=dk) for dk in sorted(self.d_keys)}
+
+@patch_to(RMTConfig)
+def budgets(self) -> dict:
+    "'tokens' and 'flops' -> {model name: updates}: `steps` each, or the updates that spend the declared RMT's FLOPs."
+    ms = self.models()
+    fpt = {n: flops_per_token(mc, self.seq_len)['train'] for n, mc in ms.items()}
+    # $S_m = \mathrm{round}(S\,F_{\rm RMT}/F_m)$: the same $C = 3 F S B T$ for every model
+    flops = {n: max(1, round(self.steps * fpt[self.claim_rmt] / fpt[n])) for n, mc in ms.items()
+             if mc.arch == 'transformer' or n == self.claim_rmt}
+    tokens = {n: self.steps for n, mc in ms.items() if mc.arch == 'rmt' or mc.d_head in self.token_widths}
+    return dict(tokens=tokens, flops=flops)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5453d167
 def load_data(cfg: RMTConfig) -> tuple:
-    "(tokenizer, training rows (N, T), the first `n_val` validation rows (n_val, T)) of the prose corpus, packed at `seq_len`."
+    "(tokenizer, training rows (N, T), validation rows (n_val, T), test rows (n_test, T)) of the prose corpus."
     tok = workbench_bpe(vocab_size=cfg.vocab)
-    rows = lambda split, n: torch.from_numpy(np.asarray(lm_dataset('prose', tok, seq_len=cfg.seq_len, split=split).with_format('numpy')[:n]['input_ids']))
-    tr, va = rows('train', cfg.train_rows), rows('validation', cfg.n_val)
-    if len(va) < cfg.n_val: raise ValueError(f"n_val={cfg.n_val} but the validation split has only {len(va)} rows of {cfg.seq_len} tokens")
-    return tok, tr, va
+    split = lambda s: lm_dataset('prose', tok, seq_len=cfg.seq_len, split=s).with_format('numpy')
+    tr = torch.from_numpy(np.asarray(split('train')[:cfg.train_rows]['input_ids']))
+    held = torch.from_numpy(np.asarray(split('validation')[:cfg.n_val + cfg.n_test]['input_ids']))
+    if len(held) < cfg.n_val + cfg.n_test:
+        raise ValueError(f"n_val + n_test = {cfg.n_val + cfg.n_test} but the validation split has only "
+                         f"{len(held)} rows of {cfg.seq_len} tokens")
+    return tok, tr, held[:cfg.n_val], held[cfg.n_val:]
 
-def train_unit(data: tuple, mc: LMConfig, lr: float, seed: int, steps: int, batch_size: int, eval_every: int|None, norms: bool=False) -> dict:
-    "One training run as a JSON-able record: curve (tokens, time_s, val_loss), final loss, seconds per update, and per-layer norms if `norms`."
-    _, tr, va = data
-    c, model = train_curve(mc, tr, va, steps, batch_size, lr, eval_every, seed)
-    out = dict(curve=dict(tokens=c['tokens'], time_s=[round(t, 3) for t in c['time_s']], val_loss=[round(l, 5) for l in c['val_loss']]),
+def train_unit(data: tuple, mc: LMConfig, lr: float, seed: int, steps: int, cfg: RMTConfig, eval_every: int|None,
+               jitter: float=0.0, test: bool=True, norms: bool=False) -> dict:
+    "One training run as a JSON-able record: curve, final validation loss, test loss, seconds per update, norms."
+    _, tr, va, te = data
+    c, model = train_curve(mc, tr, va, steps, cfg.batch_size, lr, eval_every, seed, cfg.weight_decay, jitter)
+    out = dict(curve=dict(tokens=c['tokens'], time_s=[round(t, 3) for t in c['time_s']],
+                          val_loss=[round(v, 5) for v in c['val_loss']]),
                final_val_loss=c['val_loss'][-1], s_per_update=c['time_s'][-1] / steps)
+    if test: out['test_loss'] = math.log(perplexity(model, te, batch_size=cfg.batch_size))
     if norms: out['norms'] = {k: np.round(v, 3).tolist() for k, v in residual_norms(model, va[:2]).items()}
     return out
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5453d168
 def unit(cfg: RMTConfig, data: tuple, job: tuple) -> dict:
-    "The record of `job` = (phase 'sweep' | 'main', model name, learning rate, seed), from the run cache or trained now."
-    phase, name, lr, seed = job
-    mc, main = cfg.models()[name], phase == 'main'
-    key = dict(phase=phase, model=asdict(mc), lr=lr, seed=seed, steps=cfg.steps if main else cfg.sweep_steps)
-    return cached_unit('rmt', cfg, key, lambda: train_unit(data, mc, lr, seed, key['steps'], cfg.batch_size,
-                                                             cfg.eval_every if main else None, norms=main and seed == cfg.seed))
+    "The record of `job` = (phase 'sweep' | 'main' | 'twin', model, rate, seed, updates, jitter), cached or trained."
+    phase, name, lr, seed, steps, jitter = job
+    mc, sweep = cfg.models()[name], phase == 'sweep'
+    key = dict(phase=phase, model=asdict(mc), lr=lr, seed=seed, steps=steps, jitter=jitter)
+    run = lambda: train_unit(data, mc, lr, seed, steps, cfg, None if sweep else cfg.eval_every, jitter, test=not sweep,
+                             norms=phase == 'main' and seed == cfg.seed)
+    return cached_unit('rmt', cfg, key, run)
 
 _WORKER = {}
 def _worker_init(cfg_fields: dict):
-    "Start of a worker process: one torch thread, the config and the data."
-    cfg = RMTConfig(**cfg_fields); torch.set_num_threads(cfg.threads)
+    "Start of a worker process: its torch threads, the config and the data."
+    cfg = RMTConfig(**cfg_fields)
+    torch.set_num_threads(cfg.threads)
     _WORKER.update(cfg=cfg, data=load_data(cfg))
 
 def _worker_unit(job): return unit(_WORKER['cfg'], _WORKER['data'], job)
@@ -484,83 +600,233 @@ def _worker_unit(job): return unit(_WORKER['cfg'], _WORKER['data'], job)
 def run_units(cfg: RMTConfig, jobs: list, data=None, pool=None, desc: str='units') -> dict:
     "job -> record for every job: in this process (with `data`), or spread over the worker processes of `pool`."
     if pool is None: return {j: unit(cfg, data, j) for j in progress(jobs, desc)}
-    from workbench.architecture import rmt as mod                    # workers import the package's copy of these functions
+    from workbench.architecture import rmt as mod                    # workers import the package's copy
     return dict(zip(jobs, progress(pool.map(mod._worker_unit, jobs), desc, total=len(jobs))))
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5453d169
-def sweep_todo(cfg: RMTConfig, loss: dict) -> tuple:
-    "(rates still to run, chosen rate or None) from a model's mean final sweep losses so far (lr -> loss): the starting grid, then one rate past an edge (at most `lr_extend` a side) while the best rate sits on it."
-    if not loss: return [float(v) for v in cfg.lr_grid], None
-    grid, f = sorted(loss), cfg.lr_grid[1] / cfg.lr_grid[0]
-    best = min(grid, key=lambda lr: loss[lr] if math.isfinite(loss[lr]) else math.inf)
-    below, above = sum(lr < cfg.lr_grid[0] for lr in grid), sum(lr > cfg.lr_grid[-1] for lr in grid)
-    if best == grid[0] and below < cfg.lr_extend: return [float(f'{grid[0] / f:.6g}')], None
-    if best == grid[-1] and above < cfg.lr_extend: return [float(f'{grid[-1] * f:.6g}')], None
+DIVERGED = 1e3   # the loss a diverged sweep run (non-finite final loss) counts as
+
+def sweep_best(loss: dict):
+    "`best_setting` over a model's sweep so far: `loss` maps each rate to its final validation losses over the seeds."
+    lrs = sorted(loss)
+    scores = np.nan_to_num(np.array([loss[lr] for lr in lrs], dtype=float), nan=DIVERGED, posinf=DIVERGED)
+    return best_setting(lrs, scores, better='lower', ties='flag')
+
+def sweep_todo(grid, lr_extend: int, loss: dict) -> tuple:
+    "(rates still to run, `Best` or None): the starting `grid`, then one rate past an edge while the best sits there."
+    if not loss: return [float(v) for v in grid], None
+    lrs, f, best = sorted(loss), grid[1] / grid[0], sweep_best(loss)
+    below, above = sum(lr < grid[0] for lr in lrs), sum(lr > grid[-1] for lr in lrs)
+    if best.at_edge and best.index == 0 and below < lr_extend: return [float(f'{lrs[0] / f:.6g}')], None
+    if best.at_edge and best.index == len(lrs) - 1 and above < lr_extend: return [float(f'{lrs[-1] * f:.6g}')], None
     return [], best
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5453d16c
+def _grid_of(cfg: RMTConfig, name: str) -> tuple:
+    return cfg.rmt_lr_grid if cfg.models()[name].arch == 'rmt' else cfg.lr_grid
+
 def run_sweeps(cfg: RMTConfig, data=None, pool=None) -> tuple:
-    "(model -> chosen rate, sweep rows): every model's sweep, run in rounds (a round holds every model's next rates)."
-    loss, chosen, out = {n: {} for n in cfg.models()}, {}, {}
-    todo = {n: sweep_todo(cfg, {})[0] for n in loss}
+    "(model -> `Best` rate, sweep rows): every model's sweep, in rounds (a round holds every model's next rates)."
+    loss, best, out = {n: {} for n in cfg.models()}, {}, {}
+    todo = {n: [float(v) for v in _grid_of(cfg, n)] for n in loss}
     while todo:
-        jobs = [('sweep', n, lr, s) for n, lrs in todo.items() for lr in lrs for s in cfg.sweep_seeds]
-        out.update(run_units(cfg, jobs, data, pool, 'learning-rate sweeps'))
+        job = lambda n, lr, s: ('sweep', n, lr, s, cfg.sweep_steps, 0.0)
+        out.update(run_units(cfg, [job(n, lr, s) for n in todo for lr in todo[n] for s in cfg.sweep_seeds], data, pool,
+                             'learning-rate sweeps'))
         for n in list(todo):
-            for lr in todo[n]: loss[n][lr] = float(np.mean([out['sweep', n, lr, s]['final_val_loss'] for s in cfg.sweep_seeds]))
-            todo[n], best = sweep_todo(cfg, loss[n])
-            if not todo[n]: chosen[n] = best; del todo[n]
-    edge = lambda n: chosen[n] in (min(loss[n]), max(loss[n]))
-    rows = [dict(phase='sweep', model=n, lr=lr, seed=s, steps=cfg.sweep_steps, final_val_loss=out['sweep', n, lr, s]['final_val_loss'],
-                 chosen=lr == chosen[n], lr_at_edge=edge(n)) for n in loss for lr in sorted(loss[n]) for s in cfg.sweep_seeds]
-    return chosen, rows
+            for lr in todo[n]: loss[n][lr] = [out[job(n, lr, s)]['final_val_loss'] for s in cfg.sweep_seeds]
+            todo[n], b = sweep_todo(_grid_of(cfg, n), cfg.lr_extend, loss[n])
+            if not todo[n]:
+                best[n] = b
+                del todo[n]
+    rows = [dict(phase='sweep', model=n, lr=lr, seed=s, steps=cfg.sweep_steps, final_val_loss=v,
+                 chosen=lr == best[n].knob, lr_at_edge=best[n].at_edge)
+            for n in loss for lr in sorted(loss[n]) for s, v in zip(cfg.sweep_seeds, loss[n][lr])]
+    return best, rows
+
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d16e
+def main_jobs(cfg: RMTConfig, lrs: dict) -> list:
+    "Every main run (both budgets, every seed; a run in both budgets once), then the numerical twins."
+    bud = cfg.budgets()
+    jobs = [('main', n, lrs[n], s, steps, 0.0) for s in cfg.seeds for b in bud for n, steps in bud[b].items()]
+    twins = [('twin', n, lrs[n], cfg.seed, cfg.steps, cfg.twin_eps) for n in (cfg.claim_rmt, cfg.baseline)]
+    return list(dict.fromkeys(jobs)) + (twins if cfg.twin_eps > 0 else [])
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5453d16d
-def _main_row(cfg, name, mc, lr, edge, seed, u, target) -> dict:
-    "One main run's row: the model's sizes, its rate, final loss and (this seed's own curve) tokens/FLOPs/seconds to `target`."
-    c, fpt = u['curve'], flops_per_token(mc, cfg.seq_len)['train']
-    tt = tokens_to_reach(c['tokens'], c['val_loss'], target)
-    return dict(phase='main', model=name, arch=mc.arch, width=mc.d_model, d_key=mc.d_key if mc.arch == 'rmt' else None,
-                residual_size=mc.residual_size, params=param_count(mc), non_embedding_params=non_embedding_params(mc),
-                train_flops_per_token=fpt, lr=lr, lr_at_edge=edge, seed=seed, tokens=c['tokens'][-1], final_val_loss=u['final_val_loss'],
-                target=target, tokens_to_target=tt, flops_to_target=None if tt is None else tt * fpt,
-                time_s_to_target=tokens_to_reach(c['time_s'], c['val_loss'], target), s_per_update=u['s_per_update'])
+def _main_row(cfg, budget, name, best, seed, steps, u) -> dict:
+    "One main run's row in one budget: the model's sizes, its rate, the run's length, FLOPs and losses."
+    mc = cfg.models()[name]
+    fpt, tokens = flops_per_token(mc, cfg.seq_len)['train'], steps * cfg.batch_size * cfg.seq_len
+    return dict(phase='main', budget=budget, model=name, arch=mc.arch, width=mc.d_model,
+                d_key=mc.d_key if mc.arch == 'rmt' else None, residual_size=mc.residual_size, params=param_count(mc),
+                non_embedding_params=non_embedding_params(mc), train_flops_per_token=fpt, steps=steps, tokens=tokens,
+                train_flops=tokens * fpt, lr=best.knob, lr_at_edge=best.at_edge, lr_sweep_ok=best.sweep_ok, seed=seed,
+                final_val_loss=u['final_val_loss'], test_loss=u['test_loss'], s_per_update=u['s_per_update'])
+
+def _twin_row(cfg, job, u, base) -> dict:
+    "A numerical twin's row beside the run it perturbs (`base`)."
+    _, name, lr, seed, steps, eps = job
+    return dict(phase='twin', model=name, lr=lr, seed=seed, steps=steps, jitter=eps, final_val_loss=u['final_val_loss'],
+                test_loss=u['test_loss'], base_test_loss=base['test_loss'], base_final_val_loss=base['final_val_loss'])
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5453d16a
+def _start(cfg: RMTConfig, stack) -> tuple:
+    "(data, None) to train in this process, or (None, a pool of `cfg.workers` spawned worker processes)."
+    if cfg.workers == 1: return load_data(cfg), None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from workbench.architecture import rmt as mod
+    ctx = multiprocessing.get_context('spawn')
+    return None, stack.enter_context(ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=mod._worker_init,
+                                                         initargs=(asdict(cfg),)))
+
 def run_experiment(cfg: RMTConfig) -> Results:
-    "Sweep every model's learning rate, train every model for every seed at its rate, and measure the claims."
+    "Sweep every model's learning rate, train every model in both budgets for every seed, the twins, and judge."
     if not isinstance(cfg, RMTConfig): raise TypeError(f"cfg must be an RMTConfig, got {type(cfg).__name__}")
-    models = cfg.models()
     with Timer() as tm, torch_threads(cfg.threads), contextlib.ExitStack() as stack:
-        pool, data = None, None
-        if cfg.workers > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-            from workbench.architecture import rmt as mod
-            pool = stack.enter_context(ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context('spawn'),
-                                                           initializer=mod._worker_init, initargs=(asdict(cfg),)))
-        else: data = load_data(cfg)
-        lrs, sweep_rows = run_sweeps(cfg, data, pool)
-        jobs = [('main', n, lrs[n], s) for s in cfg.seeds for n in models]
+        data, pool = _start(cfg, stack)
+        best, sweep_rows = run_sweeps(cfg, data, pool)
+        jobs = main_jobs(cfg, {n: b.knob for n, b in best.items()})
         out = run_units(cfg, jobs, data, pool, 'main runs')
-    U = lambda n, s: out['main', n, lrs[n], s]
-    target = float(np.mean([U(cfg.baseline, s)['final_val_loss'] for s in cfg.seeds]))
-    edge = {r['model']: r['lr_at_edge'] for r in sweep_rows}
-    rows = sweep_rows + [_main_row(cfg, n, models[n], lrs[n], edge[n], s, U(n, s), target) for n in models for s in cfg.seeds]
-    tables = dict(curves=[dict(model=n, seed=s, **U(n, s)['curve']) for n in models for s in cfg.seeds],
-                  norms=[dict(model=n, kind=k, values=v) for n in models for k, v in U(n, cfg.seed)['norms'].items()])
-    res = Results('rmt', cfg, rows, seeds=cfg.seeds, tables=tables, wall_time_s=tm.s, notes=_notes(cfg))
+    rows, tables = _rows_and_tables(cfg, best, out)
+    res = Results('rmt', cfg, sweep_rows + rows, seeds=cfg.seeds, tables=tables, wall_time_s=tm.s, notes=_notes(cfg))
     return res.conclude(verdict, claims(res), headline(res))
 
+# %% ../../nbs/architecture/50_rmt.ipynb #5453d16f
+def _rows_and_tables(cfg: RMTConfig, best: dict, out: dict) -> tuple:
+    "Main and twin rows, and the tables: validation curves per (model, budget, seed), norms per (model, budget)."
+    U = lambda n, s, steps: out['main', n, best[n].knob, s, steps, 0.0]
+    runs = [(b, n, s, steps) for b, ms in cfg.budgets().items() for n, steps in ms.items() for s in cfg.seeds]
+    rows = [_main_row(cfg, b, n, best[n], s, steps, U(n, s, steps)) for b, n, s, steps in runs]
+    rows += [_twin_row(cfg, j, u, U(j[1], j[3], j[4])) for j, u in out.items() if j[0] == 'twin']
+    curves = [dict(model=n, budget=b, seed=s, steps=steps, **U(n, s, steps)['curve']) for b, n, s, steps in runs]
+    norms = [dict(model=n, budget=b, kind=k, values=v) for b, n, s, steps in runs if s == cfg.seed
+             for k, v in U(n, s, steps)['norms'].items()]
+    return rows, dict(curves=curves, norms=norms)
+
 def _notes(cfg) -> str:
-    mc = cfg.models()[cfg.baseline]
-    return (f"Tiny models (L={cfg.n_layers}, D={mc.d_model}, V={cfg.vocab}, T={cfg.seq_len}; the mirrored transformer has {param_count(mc):,} parameters) "
-            f"trained for {cfg.steps * cfg.batch_size * cfg.seq_len:,} tokens per run on CPU, {cfg.n_seeds} seeds, each model at its own swept "
-            f"learning rate. Target: the mirrored transformer's final seed-mean validation loss. Savings are 1 - model/baseline.")
+    mc, bud = cfg.models()[cfg.baseline], cfg.budgets()
+    return (f"Tiny models (L={cfg.n_layers}, D={mc.d_model}, V={cfg.vocab}, T={cfg.seq_len}; the mirrored transformer "
+            f"has {param_count(mc):,} parameters) trained on CPU, {cfg.n_seeds} seeds, each at its own swept rate. "
+            f"Equal tokens: {cfg.steps} updates of {cfg.batch_size} rows; equal FLOPs: the declared RMT's run, "
+            f"{', '.join(f'{n}: {s} updates' for n, s in bud['flops'].items())}. Judged: test loss (nats/token) on "
+            f"{cfg.n_test} held-out rows, paired over seeds.")
 
 # %% ../../nbs/architecture/50_rmt.ipynb #886b8a34
+BUDGETS = {'tokens': 'equal tokens', 'flops': 'equal FLOPs'}
+
+def losses(results: Results, budget: str, model: str, col: str='test_loss') -> np.ndarray:
+    "(S,) a model's `col` over the run's seeds in `budget` ('tokens' or 'flops'), in seed order."
+    check_choice('budget', budget, BUDGETS)
+    df = results.df
+    g = df[(df.phase == 'main') & (df.budget == budget) & (df.model == model)].set_index('seed')[col]
+    if g.empty: raise ValueError(f"no {budget} run of {model!r} in the {results.method} results")
+    return g.reindex(sorted(results.seeds)).to_numpy(float)
+
+def sweep_bests(results: Results) -> dict:
+    "model -> `Best` of its recorded sweep (mean final validation loss over the sweep seeds)."
+    sw = results.df[results.df.phase == 'sweep']
+    per = lambda g: {lr: h.final_val_loss.tolist() for lr, h in g.groupby('lr')}    # rate -> losses over the seeds
+    return {n: sweep_best(per(g)) for n, g in sw.groupby('model', sort=False)}
+
+def preconditions(results: Results) -> list:
+    "Every model's learning rate is an interior optimum of at least 4 swept rates (`Best.sweep_ok`)."
+    bests, n_sw = sweep_bests(results), results.df[results.df.phase == 'sweep'].seed.nunique()
+    bad = [n for n, b in bests.items() if not b.sweep_ok]
+    name = (f"models whose learning rate is not an interior optimum of ≥ 4 swept rates ({n_sw}-seed mean validation "
+            "loss)" + (f": {', '.join(bad)}" if bad else ''))
+    iv = Interval(float(len(bad)), math.nan, math.nan, len(bests), f'count over {len(bests)} models')
+    return [precondition(name, iv, results.config, 'max_lr_edges', better='lower')]
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a35
+def _transformers(results: Results, budget: str) -> list:
+    "The transformers trained in `budget`, narrowest first."
+    m = results.df[(results.df.phase == 'main') & (results.df.budget == budget) & (results.df.arch == 'transformer')]
+    return list(m.sort_values('width').model.unique())
+
+def flops_comparison(results: Results):
+    "`best_vs_best` at equal FLOPs: the declared RMT against the transformer width with the lowest validation loss."
+    rmt, trans = _claim_name(results.config), _transformers(results, 'flops')
+    L = lambda ms, col='test_loss': np.stack([losses(results, 'flops', m, col) for m in ms])   # (models, seeds)
+    width = lambda m: int(m.split('=')[1])
+    return best_vs_best([rmt], L([rmt]), [width(m) for m in trans], L(trans), better='lower',
+                        select_b=L(trans, 'final_val_loss'), how='t', unit='seeds', ties='flag')
+
+def params_line(results: Results) -> tuple:
+    "(the declared RMT's parameters, (S,) the transformer line's test loss there per seed), at equal tokens."
+    df, rmt, trans = results.df, _claim_name(results.config), _transformers(results, 'tokens')
+    P = lambda m: int(df[(df.phase == 'main') & (df.model == m)].params.iloc[0])
+    Q = np.stack([losses(results, 'tokens', m) for m in trans])                                  # (widths, seeds)
+    at = P(rmt)
+    # $\hat\ell_T(P)$: linear in $\log P$ between the widths around $P_{\rm RMT}$, per seed
+    return at, np.array([interp_on_front([P(m) for m in trans], q, at, better='lower', log_cost=True) for q in Q.T])
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a36
+def comparisons(results: Results) -> list:
+    "The paper's three savings as paired test-loss differences (nats): equal FLOPs, equal tokens, equal parameters."
+    c = results.config
+    rmt, base = _claim_name(c), _baseline_name(c)
+    bvb = flops_comparison(results)
+    best = f"transformer D={bvb.b.knob}" + (', at the edge of the width sweep' if bvb.b.at_edge else '')
+    at, line = params_line(results)
+    rmt_t, base_t = losses(results, 'tokens', rmt), losses(results, 'tokens', base)
+    return [bvb.claim(f"test loss at equal training FLOPs: {rmt} − the best transformer width at that budget "
+                      f"({best}; chosen on validation loss) (nats)"),
+            claim(f"test loss at equal tokens: {rmt} − {base} (nats)", paired_t(rmt_t, base_t), better='lower'),
+            claim(f"test loss at equal parameters and tokens: {rmt} ({at:,} parameters) − the transformer width "
+                  "line at that count (log-linear) (nats)", paired_t(rmt_t, line), better='lower')]
+
+def claims(results: Results) -> list:
+    "The precondition, then the three comparisons (the earlier design's claims for a record of it)."
+    return _legacy_claims(results) if _legacy(results) else preconditions(results) + comparisons(results)
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a37
+@verdict_rule
+def verdict(results: Results) -> str:
+    """Reproduced when the declared RMT's test loss is lower beyond its paired 95% t-interval over seeds at equal
+    training FLOPs (against the transformer width that is best at that budget), at equal tokens (against the mirrored
+    transformer) and at equal parameters (against the transformer width line); partly when one or two are; not
+    reproduced when none is, or when the RMT is worse beyond its interval at equal FLOPs."""
+    cs = [c for c in claims(results) if not c.is_precondition]
+    if not _legacy(results) and cs[0].opposite: return 'not reproduced'
+    return judge(cs)
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a3f
+def headline(results: Results) -> str:
+    "The three measured differences in words, from the claims."
+    if _legacy(results): return results.headline
+    cs, c = comparisons(results), results.config
+    iv = lambda x: f"{x.estimate:+.3f} [{x.lo:+.3f}, {x.hi:+.3f}]"
+    bvb = flops_comparison(results)
+    best, mirrored = bvb.b.knob, c['n_heads'] * c['d_head']
+    return (f"{_claim_name(c)}'s test loss minus the transformer's: at equal training FLOPs (vs D={best}, the best "
+            f"width) {iv(cs[0])}, at equal tokens (vs the mirrored D={mirrored}) {iv(cs[1])}, at equal parameters "
+            f"(vs the width line) {iv(cs[2])} nats ({len(results.seeds)} seeds, paired 95% t-intervals)")
+
+def current_record(results: Results) -> bool:
+    "Whether a record comes from this design (two budgets, test losses); the earlier design's record only loads."
+    return not _legacy(results)
+
+# %% ../../nbs/architecture/50_rmt.ipynb #510a77ed
+def tokens_to_reach(xs, losses, target: float):
+    "First x (tokens, FLOPs or seconds) where a loss curve reaches `target`, linear between evaluations; None if never."
+    xs, losses = np.asarray(xs, dtype=float).ravel(), np.asarray(losses, dtype=float).ravel()
+    if len(xs) != len(losses) or not len(xs):
+        raise ValueError(f"xs and losses must be non-empty and of equal length, got {len(xs)} and {len(losses)}")
+    hit = np.flatnonzero(losses <= target)
+    if not hit.size: return None
+    i = int(hit[0])
+    if i == 0: return float(xs[0])
+    # $x^* = x_{i-1} + (x_i - x_{i-1})\,\frac{\ell_{i-1} - \ell^*}{\ell_{i-1} - \ell_i}$
+    return float(xs[i - 1] + (xs[i] - xs[i - 1]) * (losses[i - 1] - target) / (losses[i - 1] - losses[i]))
+
+def _legacy(results: Results) -> bool:
+    "A record of the earlier design (one budget, no test losses), kept loadable."
+    return 'budget' not in results.df
+
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a3b
 def curve_arrays(results: Results) -> tuple:
-    "(tokens (J,), model -> (S, J) validation losses over the main seeds, model -> its first main row) from a run's `curves` table and rows."
+    "(tokens (J,), model -> (S, J) validation losses, model -> its first main row) of an earlier-design record."
     recs = results.tables.get('curves')
     if not recs: raise ValueError(f"the {results.method} results have no 'curves' table")
     models, seeds = list(dict.fromkeys(r['model'] for r in recs)), sorted({r['seed'] for r in recs})
@@ -572,182 +838,194 @@ def curve_arrays(results: Results) -> tuple:
     return np.array(recs[0]['tokens'], dtype=float), L, meta
 
 def to_target(tokens, L: dict, meta: dict, baseline: str, idx=None) -> tuple:
-    "(target, model -> dict(tokens, flops) to first reach it): seed-mean curves over the seeds `idx` (default all), target = the baseline's final mean loss."
+    "(target, model -> tokens and FLOPs to first reach it) on the seed-mean curves over seeds `idx` (default all)."
     if baseline not in L: raise ValueError(f"baseline {baseline!r} is not one of the models: {list(L)}")
     idx = slice(None) if idx is None else np.asarray(idx, dtype=int)
     m = {k: v[idx].mean(0) for k, v in L.items()}
     target = float(m[baseline][-1])
     out = {k: tokens_to_reach(tokens, c, target) for k, c in m.items()}
-    return target, {k: dict(tokens=t, flops=None if t is None else t * meta[k]['train_flops_per_token']) for k, t in out.items()}
+    fl = lambda k, t: None if t is None else t * meta[k]['train_flops_per_token']
+    return target, {k: dict(tokens=t, flops=fl(k, t)) for k, t in out.items()}
 
-# %% ../../nbs/architecture/50_rmt.ipynb #886b8a35
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a3c
 def savings(tokens, L: dict, meta: dict, rmt: str, baseline: str, idx=None) -> dict:
-    "The RMT's FLOPs saving against the cheapest transformer that reaches the target, and its token saving against `baseline`, on the seeds `idx` (-inf: it never reaches the target)."
+    "Earlier design: FLOPs saving vs the cheapest transformer reaching the target, tokens vs `baseline` (-inf: never)."
     _, tt = to_target(tokens, L, meta, baseline, idx)
     trans = [k for k in tt if meta[k]['arch'] == 'transformer' and tt[k]['flops'] is not None]
-    cheapest = min(trans, key=lambda k: tt[k]['flops'])              # the baseline itself always reaches its own final loss
+    cheapest = min(trans, key=lambda k: tt[k]['flops'])              # the baseline always reaches its own final loss
     r = tt[rmt]
     # $1 - F_{\rm RMT} / \min_D F_{{\rm T}(D)}$ and $1 - N_{\rm RMT} / N_{\rm T}$
-    return dict(flops=-math.inf if r['flops'] is None else 1 - r['flops'] / tt[cheapest]['flops'],
-                tokens=-math.inf if r['tokens'] is None else 1 - r['tokens'] / tt[baseline]['tokens'], cheapest=cheapest)
+    frac = lambda key, ref: -math.inf if r[key] is None else 1 - r[key] / tt[ref][key]
+    return dict(flops=frac('flops', cheapest), tokens=frac('tokens', baseline), cheapest=cheapest)
 
 def _finite(v: float) -> float: return v if math.isfinite(v) else math.nan
 
-def _boot_claim(name, stat, n, n_boot, better='higher') -> Claim:
-    "A claim from `bootstrap` over seed indices; an end made infinite by resamples where the RMT never reaches the target becomes nan (no interval)."
+def _boot_claim(name, stat, n, n_boot) -> Claim:
+    "A claim bootstrapped over seed indices; an end made infinite by never reaching the target becomes nan."
     with np.errstate(invalid='ignore'), warnings.catch_warnings():
         warnings.simplefilter('ignore', RuntimeWarning)
         iv = bootstrap(np.arange(n, dtype=float), lambda ix: stat(ix.astype(int)), n_boot=n_boot, unit='seeds')
-    return Claim(name, _finite(iv.estimate), _finite(iv.lo), _finite(iv.hi), better=better, n=iv.n,
+    return Claim(name, _finite(iv.estimate), _finite(iv.lo), _finite(iv.hi), n=iv.n,
                  ci=iv.how + ' (a resample where the RMT never reaches the target counts as -inf)')
 
-# %% ../../nbs/architecture/50_rmt.ipynb #886b8a36
-def claims(results: Results, n_boot: int=10_000) -> list:
-    "The paper's three savings for the declared RMT at the mirrored transformer's final loss: FLOPs (vs the cheapest transformer of the width sweep), tokens (vs the mirrored transformer), parameters (vs the smallest transformer that reaches it)."
+# %% ../../nbs/architecture/50_rmt.ipynb #886b8a3d
+def _legacy_claims(results: Results, n_boot: int=10_000) -> list:
+    "The earlier design's three savings at the mirrored transformer's final loss: FLOPs, tokens, parameters."
     tokens, L, meta = curve_arrays(results)
     rmt, base = _claim_name(results.config), _baseline_name(results.config)
     n, full = len(L[base]), savings(tokens, L, meta, rmt, base)
-    out = [_boot_claim(f"FLOPs saving to reach {base}'s final loss: {rmt} vs the cheapest transformer of the width sweep ({full['cheapest']} on all seeds)",
-                       lambda ix: savings(tokens, L, meta, rmt, base, ix)['flops'], n, n_boot),
-           _boot_claim(f"token saving to reach {base}'s final loss: {rmt} vs {base}",
-                       lambda ix: savings(tokens, L, meta, rmt, base, ix)['tokens'], n, n_boot)]
+    sv = lambda key: lambda ix: savings(tokens, L, meta, rmt, base, ix)[key]
+    out = [_boot_claim(f"FLOPs saving to reach {base}'s final loss: {rmt} vs the cheapest transformer of the width "
+                       f"sweep ({full['cheapest']} on all seeds)", sv('flops'), n, n_boot),
+           _boot_claim(f"token saving to reach {base}'s final loss: {rmt} vs {base}", sv('tokens'), n, n_boot)]
     _, tt = to_target(tokens, L, meta, base)
-    small = min((k for k in tt if meta[k]['arch'] == 'transformer' and tt[k]['tokens'] is not None), key=lambda k: meta[k]['params'])
-    p = 1 - meta[rmt]['params'] / meta[small]['params']
-    reached = tt[rmt]['tokens'] is not None
-    return out + [Claim(f"parameter saving: {rmt} vs the smallest transformer of the width sweep that reaches {base}'s final loss ({small})",
-                        p, p if reached else math.nan, p if reached else math.nan, n=None,
-                        ci='exact: parameter counts' if reached else f'no interval: {rmt} does not reach the target')]
-
-@verdict_rule
-def verdict(results: Results) -> str:
-    "Reproduced when the declared RMT (default: the largest D_k) reaches the mirrored transformer's final loss with fewer FLOPs than the cheapest transformer of the width sweep, fewer tokens than the mirrored transformer and fewer parameters than the smallest transformer that reaches it, each beyond its 95% CI (seed bootstrap; parameters exact); partly when at least one shows; else not reproduced."
-    return judge(claims(results))
-
-# %% ../../nbs/architecture/50_rmt.ipynb #886b8a37
-def headline(results: Results) -> str:
-    "The measured savings in words, from the claims (recomputed when `results` has none yet)."
-    cs, c = results.claims or claims(results), results.config
-    ci = lambda k: f" [{cs[k].lo:+.0%}, {cs[k].hi:+.0%}]" if math.isfinite(cs[k].lo) and math.isfinite(cs[k].hi) else ' [no interval]'
-    rmt, base, n = _claim_name(c), _baseline_name(c), len(results.seeds)
-    if not math.isfinite(cs[1].estimate): return f"{rmt} does not reach {base}'s final val loss within the run ({n} seeds); parameter saving {cs[2].estimate:+.0%}"
-    cheapest = savings(*curve_arrays(results), rmt, base)['cheapest']
-    return (f"to reach {base}'s final val loss, {rmt} saves {cs[0].estimate:+.0%}{ci(0)} FLOPs against the cheapest transformer ({cheapest}), "
-            f"{cs[1].estimate:+.0%}{ci(1)} tokens against {base} and {cs[2].estimate:+.0%} parameters ({n} seeds, 95% bootstrap CIs)")
+    reach = [k for k in tt if meta[k]['arch'] == 'transformer' and tt[k]['tokens'] is not None]
+    small = min(reach, key=lambda k: meta[k]['params'])
+    p, ok = 1 - meta[rmt]['params'] / meta[small]['params'], tt[rmt]['tokens'] is not None
+    return out + [Claim(f"parameter saving: {rmt} vs the smallest transformer of the width sweep that reaches {base}'s "
+                        f"final loss ({small})", p, p if ok else math.nan, p if ok else math.nan, n=None,
+                        ci='exact: parameter counts' if ok else f'no interval: {rmt} does not reach the target')]
 
 # %% ../../nbs/architecture/50_rmt.ipynb #e0f43e4a
+def _layout(fig: go.Figure, title: str, height: int=380) -> go.Figure:
+    return fig.update_layout(title=title, height=height, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+
 def fig_lr_sweep(df, title: str='Learning-rate sweeps: final validation loss of the short runs') -> go.Figure:
-    "One line per model of the sweep's mean final loss against the learning rate (log x), the chosen rate ringed; `df` is `Results.df`."
+    "One line per model of the sweep's mean final loss against the learning rate (log x), the chosen rate ringed."
     sw = df[df.phase == 'sweep']
     if sw.empty: raise ValueError("df has no sweep rows (phase == 'sweep')")
     fig = go.Figure()
     for k, (name, g) in enumerate(sw.groupby('model', sort=False)):
-        g, c = g.groupby('lr', as_index=False).agg(loss=('final_val_loss', 'mean'), chosen=('chosen', 'any')).sort_values('lr'), PALETTE[k % len(PALETTE)]
+        g = g.groupby('lr', as_index=False).agg(loss=('final_val_loss', 'mean'), chosen=('chosen', 'any'))
+        c, ch = PALETTE[k % len(PALETTE)], g[g.chosen]
         fig.add_scatter(x=g.lr, y=g.loss, name=name, mode='lines+markers', line=dict(color=c))
-        ch = g[g.chosen]
         fig.add_scatter(x=ch.lr, y=ch.loss, mode='markers', showlegend=False, hoverinfo='skip',
                         marker=dict(size=16, color='rgba(0,0,0,0)', line=dict(color=c, width=2)))
-    fig.update_xaxes(title_text='peak learning rate', type='log'); fig.update_yaxes(title_text='final validation loss (nats/token)')
-    return fig.update_layout(title=title, height=380, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+    fig.update_xaxes(title_text='peak learning rate', type='log')
+    fig.update_yaxes(title_text='final validation loss (nats/token)')
+    return _layout(fig, title)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #e7f37f17
 XAXES = {'tokens': 'training tokens', 'flops': 'training FLOPs (counted)', 'time_s': 'wall time of the updates (s)'}
 
 def curves_by_model(results: Results) -> dict:
-    "name -> per-seed curve dicts (tokens, flops, time_s, val_loss), as `fig_loss_curves` takes them, from a run's `curves` table."
+    "'model · budget' -> per-seed curve dicts (tokens, flops, time_s, val_loss) from a run's `curves` table."
     fpt = {r['model']: r['train_flops_per_token'] for r in results.rows if r.get('phase') == 'main'}
     out = {}
     for r in results.tables['curves']:
-        out.setdefault(r['model'], []).append(dict(tokens=r['tokens'], flops=[t * fpt[r['model']] for t in r['tokens']], time_s=r['time_s'], val_loss=r['val_loss']))
+        c = dict(tokens=r['tokens'], flops=[t * fpt[r['model']] for t in r['tokens']], time_s=r['time_s'],
+                 val_loss=r['val_loss'])
+        out.setdefault(f"{r['model']} · {BUDGETS[r['budget']]}", []).append(c)
     return out
 
-def fig_loss_curves(curves: dict,           # name -> list of curve dicts (tokens, flops, time_s, val_loss), one per seed
+# %% ../../nbs/architecture/50_rmt.ipynb #e7f37f19
+def fig_loss_curves(curves: dict,           # name -> curve dicts (tokens, flops, time_s, val_loss), one per seed
                     x: str='flops',          # 'tokens', 'flops' or 'time_s'
                     models=None,             # names to show (default: all)
-                    target: float|None=None, # a loss to mark (the baseline's final loss)
+                    target: float|None=None, # a loss to mark with a dotted line
                     title: str='Validation loss') -> go.Figure:
-    "Seed-mean validation loss (seeds faint) against tokens, counted FLOPs or wall time, one colour per model."
+    "Seed-mean validation loss (seeds faint) against tokens, counted FLOPs or wall time, one colour per run."
     check_choice('x', x, XAXES)
-    if not isinstance(curves, dict) or not curves: raise TypeError("curves must be a non-empty dict: name -> list of curve dicts")
-    models = list(curves) if models is None else list(models)
-    fig = go.Figure()
+    if not isinstance(curves, dict) or not curves:
+        raise TypeError("curves must be a non-empty dict: name -> list of curve dicts")
+    models, fig = list(curves) if models is None else list(models), go.Figure()
     for k, name in enumerate(curves):
         if name not in models: continue
         c, runs = PALETTE[k % len(PALETTE)], curves[name]
-        for r in runs: fig.add_scatter(x=r[x], y=r['val_loss'], mode='lines', line=dict(color=c, width=1), opacity=0.3, showlegend=False, hoverinfo='skip')
-        fig.add_scatter(x=np.mean([r[x] for r in runs], 0), y=np.mean([r['val_loss'] for r in runs], 0), name=name, mode='lines+markers', line=dict(color=c))
-    if target is not None: fig.add_hline(y=target, line_dash='dot', line_color='grey', annotation_text='target: mirrored transformer final loss')
-    fig.update_xaxes(title_text=XAXES[x], type='log' if x == 'flops' else None); fig.update_yaxes(title_text='validation loss (nats/token)')
-    return fig.update_layout(title=title, height=400, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+        for r in runs:
+            fig.add_scatter(x=r[x], y=r['val_loss'], mode='lines', line=dict(color=c, width=1), opacity=0.3,
+                            showlegend=False, hoverinfo='skip')
+        mean = lambda key: np.mean([r[key] for r in runs], 0)
+        fig.add_scatter(x=mean(x), y=mean('val_loss'), name=name, mode='lines+markers', line=dict(color=c))
+    if target is not None: fig.add_hline(y=target, line_dash='dot', line_color='grey')
+    fig.update_xaxes(title_text=XAXES[x], type='log' if x == 'flops' else None)
+    fig.update_yaxes(title_text='validation loss (nats/token)')
+    return _layout(fig, title, 400)
 
+# %% ../../nbs/architecture/50_rmt.ipynb #e7f37f1a
 class LossCurvesExplorer(Explorer):
-    "x-axis toggle (tokens / FLOPs / wall time) and a model selector over `fig_loss_curves`."
+    "x-axis toggle (tokens / FLOPs / wall time) and a run selector over `fig_loss_curves`."
     def __init__(self, curves: dict, target: float|None=None, title: str='Validation loss'):
         self.curves, self.target, self.title = curves, target, title
-        self.x = W.ToggleButtons(options=[('tokens', 'tokens'), ('FLOPs', 'flops'), ('wall time', 'time_s')], value='flops')
-        self.models = W.SelectMultiple(options=list(curves), value=tuple(curves), description='models', rows=min(8, len(curves)))
+        opts = [('tokens', 'tokens'), ('FLOPs', 'flops'), ('wall time', 'time_s')]
+        self.x = W.ToggleButtons(options=opts, value='flops')
+        self.models = W.SelectMultiple(options=list(curves), value=tuple(curves), description='runs',
+                                       rows=min(9, len(curves)))
         self.fig = go.FigureWidget(self.figure())
         for w in (self.x, self.models): w.observe(self._update, names='value')
         self.widget = W.VBox([self.x, self.models, self.fig])
-    def figure(self): return fig_loss_curves(self.curves, self.x.value, self.models.value or list(self.curves)[:1], self.target, self.title)
+    def figure(self):
+        shown = self.models.value or list(self.curves)[:1]
+        return fig_loss_curves(self.curves, self.x.value, shown, self.target, self.title)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #2b6e1a01
-FRONTIER_X = {'train_flops_per_token': 'training FLOPs per token', 'params': 'parameters', 'non_embedding_params': 'non-embedding parameters'}
+FRONTIER_X = {'params': 'parameters', 'non_embedding_params': 'non-embedding parameters',
+              'train_flops': 'training FLOPs of the run', 'train_flops_per_token': 'training FLOPs per token'}
 
-def fig_frontier(df, x: str='train_flops_per_token', title: str|None=None) -> go.Figure:
-    "Final validation loss (seed mean, 95% t-interval) of every model against FLOPs per token or parameters: one line per architecture; `df` is `Results.df`."
+def _points(main) -> list:
+    "(x, mean test loss, 95% half-width, label, residual size) per model of `main` rows, sorted by x."
+    pts = []
+    for name, h in main.groupby('model', sort=False):
+        iv = mean_ci(h.test_loss.to_numpy())
+        hw = (iv.hi - iv.lo) / 2 if math.isfinite(iv.lo) else 0.0
+        pts.append((h.x.iloc[0], iv.estimate, hw, name.split(' ', 1)[1], h.residual_size.iloc[0]))
+    return sorted(pts)
+
+# %% ../../nbs/architecture/50_rmt.ipynb #2b6e1a05
+def fig_frontier(df, x: str='params', budget: str|None='flops', title: str|None=None) -> go.Figure:
+    "Test loss (seed mean, 95% t-interval) of every model against `x`, one line per architecture (and budget)."
     check_choice('x', x, FRONTIER_X)
-    main = df[df.phase == 'main']
-    if main.empty: raise ValueError("df has no main rows (phase == 'main')")
+    if budget is not None: check_choice('budget', budget, BUDGETS)
+    main = df[(df.phase == 'main') & ((df.budget == budget) if budget else True)].assign(x=lambda d: d[x])
+    if main.empty: raise ValueError(f"df has no main rows{f' in budget {budget!r}' if budget else ''}")
     fig = go.Figure()
-    for k, (arch, g) in enumerate(main.groupby('arch', sort=False)):
-        pts = []
-        for name, h in g.groupby('model', sort=False):
-            iv = mean_ci(h.final_val_loss.to_numpy())
-            pts.append((h[x].iloc[0], iv.estimate, (iv.hi - iv.lo) / 2 if math.isfinite(iv.lo) else 0, name, h.residual_size.iloc[0]))
-        pts.sort()
-        fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], error_y=dict(type='data', array=[p[2] for p in pts]), name=arch,
-                        mode='lines+markers+text', text=[p[3].split(' ', 1)[1] for p in pts], textposition='top center',
-                        customdata=[p[4] for p in pts], hovertemplate='%{text}: loss %{y:.4f}, residual size %{customdata}<extra></extra>',
-                        line=dict(color=PALETTE[k % len(PALETTE)]))
-    fig.add_hline(y=float(main.target.iloc[0]), line_dash='dot', line_color='grey', annotation_text='target')
-    fig.update_xaxes(title_text=FRONTIER_X[x], type='log'); fig.update_yaxes(title_text='final validation loss (nats/token)')
-    return fig.update_layout(title=title or f'Final loss against {FRONTIER_X[x]}', height=400, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+    for k, ((b, arch), g) in enumerate(main.groupby(['budget', 'arch'], sort=False)):
+        pts = _points(g)
+        x_, y_, hw, label, resid = zip(*pts)
+        fig.add_scatter(x=x_, y=y_, error_y=dict(type='data', array=hw), name=f"{arch} · {BUDGETS[b]}",
+                        mode='lines+markers+text', text=label, textposition='top center', customdata=resid,
+                        line=dict(color=PALETTE[k % len(PALETTE)]),
+                        hovertemplate='%{text}: test loss %{y:.4f}, residual size %{customdata}<extra></extra>')
+    fig.update_xaxes(title_text=FRONTIER_X[x], type='log')
+    fig.update_yaxes(title_text='test loss (nats/token)')
+    return _layout(fig, title or f"Test loss against {FRONTIER_X[x]}" + (f", {BUDGETS[budget]}" if budget else ''), 400)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #148cfc14
 def fig_depth_moments(moments: dict, title: str='Residual second moment through depth at initialisation') -> go.Figure:
     "One line per model of E[X^2] against depth (0 = embedding), from `init_moments` outputs (name -> list over seeds)."
-    if not isinstance(moments, dict) or not moments: raise TypeError("moments must be a non-empty dict: name -> list of init_moments outputs")
+    if not isinstance(moments, dict) or not moments:
+        raise TypeError("moments must be a non-empty dict: name -> list of init_moments outputs")
     fig = go.Figure()
     for k, (name, ms) in enumerate(moments.items()):
         y = np.mean([m['resid'] for m in ms], 0)
-        fig.add_scatter(x=list(range(len(y))), y=y, name=name, mode='lines+markers', line=dict(color=PALETTE[k % len(PALETTE)]))
-    fig.update_xaxes(title_text='depth (0 = embedding, l = after block l)', dtick=1); fig.update_yaxes(title_text='E[X²] per entry')
-    return fig.update_layout(title=title, height=340, template='plotly_white', margin=dict(t=50, l=60, r=20, b=40))
+        fig.add_scatter(x=list(range(len(y))), y=y, name=name, mode='lines+markers',
+                        line=dict(color=PALETTE[k % len(PALETTE)]))
+    fig.update_xaxes(title_text='depth (0 = embedding, l = after block l)', dtick=1)
+    fig.update_yaxes(title_text='E[X²] per entry')
+    return _layout(fig, title, 340)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #427814e5
-PAPER = dict(saving_flops=0.58, saving_params=0.25, saving_tokens=0.41, wall_time_overhead=0.04)   # 305M RMT vs 405M transformer at loss 3.03
+# the paper's 305M RMT vs its 405M transformer
+PAPER = dict(saving_flops=0.58, saving_params=0.25, saving_tokens=0.41, wall_time_overhead=0.04)
 
-def savings_table(results: Results, n_boot: int=2000):
-    "Per model: sizes, chosen rate, final loss with its t-interval, tokens and FLOPs to the target, and savings against the mirrored transformer with bootstrap intervals."
+def summary_table(results: Results):
+    "Per budget and model: sizes, updates, FLOPs, chosen rate, validation loss, test loss with its t-interval, ms."
     import pandas as pd
-    tokens, L, meta = curve_arrays(results)
-    base, main = _baseline_name(results.config), results.df[results.df.phase == 'main']
-    _, tt = to_target(tokens, L, meta, base)
-    def vs(m, key):
-        def stat(ix):
-            _, t = to_target(tokens, L, meta, base, ix.astype(int))
-            return -math.inf if t[m][key] is None else 1 - t[m][key] / t[base][key]
-        with np.errstate(invalid='ignore'), warnings.catch_warnings():
-            warnings.simplefilter('ignore', RuntimeWarning)
-            return bootstrap(np.arange(len(L[m]), dtype=float), stat, n_boot=n_boot, unit='seeds')
-    out = []
-    for m, g in main.groupby('model', sort=False):
-        fl, tk, f = vs(m, 'flops'), vs(m, 'tokens'), mean_ci(g.final_val_loss.to_numpy())
-        out.append(dict(model=m, params=meta[m]['params'], non_embedding_params=meta[m]['non_embedding_params'], residual_size=meta[m]['residual_size'],
-                        train_flops_per_token=meta[m]['train_flops_per_token'], lr=meta[m]['lr'], lr_at_edge=meta[m]['lr_at_edge'],
-                        final_val_loss=f.estimate, final_lo=f.lo, final_hi=f.hi, tokens_to_target=tt[m]['tokens'], flops_to_target=tt[m]['flops'],
-                        saving_flops=_finite(fl.estimate), saving_flops_lo=_finite(fl.lo), saving_flops_hi=_finite(fl.hi),
-                        saving_tokens=_finite(tk.estimate), saving_tokens_lo=_finite(tk.lo), saving_tokens_hi=_finite(tk.hi),
-                        saving_params=1 - meta[m]['params'] / meta[base]['params'], ms_per_update=1e3 * g.s_per_update.mean()))
+    main, out = results.df[results.df.phase == 'main'], []
+    for (b, m), g in main.groupby(['budget', 'model'], sort=False):
+        iv, r = mean_ci(g.test_loss.to_numpy()), g.iloc[0]
+        out.append(dict(budget=BUDGETS[b], model=m, params=r.params, non_embedding_params=r.non_embedding_params,
+                        residual_size=r.residual_size, steps=r.steps, tokens=r.tokens, train_flops=r.train_flops,
+                        lr=r.lr, lr_sweep_ok=r.lr_sweep_ok, val_loss=g.final_val_loss.mean(), test_loss=iv.estimate,
+                        test_lo=iv.lo, test_hi=iv.hi, ms_per_update=1e3 * g.s_per_update.mean()))
     return pd.DataFrame(out)
+
+def twin_table(results: Results):
+    "Per numerical twin: the run's and its twin's test loss, their difference, and the model's test-loss sd over seeds."
+    import pandas as pd
+    df = results.df
+    tw = df[df.phase == 'twin']
+    sd = lambda m: float(np.std(losses(results, 'tokens', m), ddof=1)) if len(results.seeds) > 1 else math.nan
+    return pd.DataFrame([dict(model=r.model, seed=r.seed, jitter=r.jitter, test_loss=r.base_test_loss,
+                              twin_test_loss=r.test_loss, diff=r.test_loss - r.base_test_loss, seed_sd=sd(r.model))
+                         for r in tw.itertuples()])
