@@ -6,8 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/interpretability/toxic_iti.html.
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000003
 from __future__ import annotations
-import math, random, contextlib, html
-from dataclasses import dataclass, field, asdict
+import math, random, contextlib, functools, html
+from dataclasses import dataclass
 from typing import ClassVar
 import numpy as np
 import torch
@@ -15,31 +15,35 @@ import torch.nn.functional as F
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from fastcore.basics import patch_to
-from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer, get_device
-from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, paired_t, mean_ci, claim
+from ..core import (ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached_unit, progress, Timer,
+                            get_device)
+from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, paired_t, mean_ci,
+                               claim, interp_on_front, precondition)
 from ..hooks import hooks, run_with_cache, decoder_layers
 from ..models import tiny_llama
-from ..train import TrainConfig, train, perplexity, generate_ids, model_device
+from ..train import TrainConfig, train, perplexity, generate_ids, model_device, left_pad
 from ..viz import Explorer, PALETTE
 
 # %% auto #0
-__all__ = ['CHAINS', 'TOPICS', 'CUE', 'MARKED_ADJ', 'MARKED_INTJ', 'PREP', 'TEMPLATES', 'PROMPT_KINDS', 'PAPER', 'entanglement',
-           'welch_bound', 'train_toy_superposition', 'markov_sequence', 'markov_data', 'markov_feature_directions',
-           'train_markov_toy', 'WordTokenizer', 'StyleProcess', 'sentence', 'document', 'style_prob', 'AttributeCorpus',
-           'make_attribute_corpus', 'eliciting_prompts', 'bayes_next_rate', 'probe_texts', 'collect_head_activations',
+__all__ = ['CHAINS', 'TOPICS', 'CUE', 'PREP', 'TEMPLATES', 'ADJ_TOPIC', 'OTHER_ADJ', 'PROMPT_KINDS', 'POSITIONS', 'PAPER',
+           'entanglement', 'welch_bound', 'train_toy_superposition', 'markov_sequence', 'markov_data',
+           'markov_feature_directions', 'train_markov_toy', 'WordTokenizer', 'first_sentence_marked', 'StyleProcess',
+           'sentence', 'document', 'style_prob', 'n_marked_docs', 'AttributeCorpus', 'make_attribute_corpus',
+           'eliciting_prompts', 'bayes_next_rate', 'probe_texts', 'collect_head_activations', 'fit_logistic',
            'ProbeResult', 'train_head_probes', 'mass_mean_directions', 'top_heads', 'ITIIntervention',
-           'random_directions', 'attribute_rate', 'steered_perplexity', 'feature_directions', 'attribute_entanglement',
-           'unembedding_entanglement', 'ToxicITIConfig', 'train_lm', 'probe_model', 'evaluate_lm',
-           'sample_continuations', 'superposition_unit', 'lm_unit', 'run_experiment', 'at_budget', 'claims', 'verdict',
-           'best_share', 'headline', 'fig_toys', 'fig_toy_vectors', 'ToyExplorer', 'probe_grid', 'fig_probe_heatmaps',
-           'ProbeExplorer', 'tradeoff_curves', 'fig_tradeoff', 'TradeoffExplorer', 'fig_by_share', 'samples_html',
-           'SamplesExplorer', 'share_table']
+           'random_directions', 'attribute_rate', 'steered_perplexity', 'whiten', 'one_vs_rest', 'probe_directions',
+           'mass_mean_entanglement', 'attribute_entanglement', 'ToxicITIConfig', 'train_lm', 'probe_model',
+           'evaluate_lm', 'sample_continuations', 'superposition_unit', 'lm_unit', 'run_experiment', 'front_rate',
+           'frontier_table', 'preconditions', 'comparisons', 'claims', 'verdict', 'best_share', 'headline', 'fig_toys',
+           'fig_toy_vectors', 'ToyExplorer', 'probe_grid', 'fig_probe_heatmaps', 'ProbeExplorer', 'tradeoff_curves',
+           'fig_tradeoff', 'TradeoffExplorer', 'share_frontiers', 'fig_by_share', 'samples_html', 'SamplesExplorer',
+           'share_table']
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000021
 def entanglement(vectors: torch.Tensor) -> torch.Tensor:
     "Entanglement of each of N directions, $\\max_{j\\ne i}|\\cos(v_i,v_j)|$: `vectors` (..., N, M) -> (..., N)."
-    check_tensor('vectors', vectors, floating=True)
-    if vectors.ndim < 2 or vectors.shape[-2] < 2: raise ValueError(f"vectors must be (..., N, M) with N >= 2, got {tuple(vectors.shape)}")
+    if vectors.ndim < 2 or vectors.shape[-2] < 2:
+        raise ValueError(f"vectors must be (..., N, M) with N >= 2, got {tuple(vectors.shape)}")
     U = F.normalize(vectors.float(), dim=-1)                                   # (..., N, M) unit rows
     # $\mathcal E_i=\max_{j\ne i}|v_i^\top v_j|$
     C = (U @ U.transpose(-1, -2)).abs()                                        # (..., N, N)
@@ -47,7 +51,8 @@ def entanglement(vectors: torch.Tensor) -> torch.Tensor:
 
 def welch_bound(n: int, m: int) -> float:
     "The Welch bound: the largest entanglement of n unit vectors in R^m is at least this (0 when n <= m)."
-    check_int('n', n, lo=2); check_int('m', m, lo=1)
+    check_int('n', n, lo=2)
+    check_int('m', m, lo=1)
     # $\sqrt{(N-M)/(M(N-1))}$
     return math.sqrt(max(n - m, 0) / (m * (n - 1)))
 
@@ -55,18 +60,23 @@ def welch_bound(n: int, m: int) -> float:
 def train_toy_superposition(freqs: torch.Tensor,   # (R, N) activation probability of each feature, one row per run
                             m_dim: int = 4,         # M, the hidden width
                             steps: int = 2000, batch: int = 256, lr: float = 1e-2, seed: int = 0) -> torch.Tensor:
-    "Train R toy models $\\hat x=\\mathrm{ReLU}(W^\\top Wx+b)$ at once; returns the feature directions $W^\\top$, (R, N, M)."
+    "Train R toy models $\\hat x=\\mathrm{ReLU}(W^\\top Wx+b)$ at once; the feature directions $W^\\top$, (R, N, M)."
     check_tensor('freqs', freqs, ndim=2, floating=True)
     if ((freqs < 0) | (freqs > 1)).any(): raise ValueError("freqs must lie in [0, 1]")
     for k, v in dict(m_dim=m_dim, steps=steps, batch=batch).items(): check_int(k, v, lo=1)
-    R, N = freqs.shape; g = torch.Generator().manual_seed(seed)
-    W = (torch.randn(R, m_dim, N, generator=g) / math.sqrt(m_dim)).requires_grad_(); b = torch.zeros(R, 1, N, requires_grad=True)
+    R, N = freqs.shape
+    g = torch.Generator().manual_seed(seed)
+    W = (torch.randn(R, m_dim, N, generator=g) / math.sqrt(m_dim)).requires_grad_()
+    b = torch.zeros(R, 1, N, requires_grad=True)
     opt = torch.optim.Adam([W, b], lr)
     for _ in range(steps):
         x = (torch.rand(R, batch, N, generator=g) < freqs[:, None]) * torch.rand(R, batch, N, generator=g)   # (R, B, N)
         # $\hat x=\mathrm{ReLU}(W^\top W x+b)$
         x_hat = torch.relu(x @ W.transpose(1, 2) @ W + b)
-        loss = ((x - x_hat) ** 2).mean((1, 2)).sum(); opt.zero_grad(); loss.backward(); opt.step()
+        loss = ((x - x_hat) ** 2).mean((1, 2)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     return W.detach().transpose(1, 2).contiguous()
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000027
@@ -74,8 +84,11 @@ CHAINS = ((0, 1, 2, 3), (0, 3, 2, 1), (0, 2, 1, 3))   # cycle orders: chain c ma
 
 def markov_sequence(chain: int, start: int, T: int) -> list:
     "The deterministic sequence of `chain` from state `start`, length T."
-    check_int('chain', chain, 0, len(CHAINS) - 1); check_int('start', start, 0, 3); check_int('T', T, lo=1)
-    cyc = CHAINS[chain]; nxt = {cyc[i]: cyc[(i + 1) % 4] for i in range(4)}
+    check_int('chain', chain, 0, len(CHAINS) - 1)
+    check_int('start', start, 0, 3)
+    check_int('T', T, lo=1)
+    cyc = CHAINS[chain]
+    nxt = {cyc[i]: cyc[(i + 1) % 4] for i in range(4)}
     out = [start]
     for _ in range(T - 1): out.append(nxt[out[-1]])
     return out
@@ -84,17 +97,18 @@ def markov_data(share0: float, n: int, T: int, seed: int) -> torch.Tensor:
     "(n, T) training sequences: chain 0 with probability `share0`, chains 1 and 2 equally, start states uniform."
     check_num('share0', share0, 0, 1, lo_open=True, hi_open=True)
     g = torch.Generator().manual_seed(seed)
-    c = torch.multinomial(torch.tensor([share0, (1 - share0) / 2, (1 - share0) / 2]), n, replacement=True, generator=g)
+    p = torch.tensor([share0, (1 - share0) / 2, (1 - share0) / 2])
+    c = torch.multinomial(p, n, replacement=True, generator=g)
     s = torch.randint(0, 4, (n,), generator=g)
     return torch.tensor([markov_sequence(int(a), int(b), T) for a, b in zip(c, s)])
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000028
 @torch.no_grad()
 def markov_feature_directions(model, T: int) -> torch.Tensor:
-    "(12, d) directions of the 12 (chain, start) features in the last block's residual, per-current-state mean-point estimate."
+    "(12, d) directions of the 12 (chain, start) features in the last block's residual (per-current-state mean points)."
     X = torch.tensor([markov_sequence(c, s, T) for c in range(3) for s in range(4)])          # (12, T)
     name = f'blocks.{len(decoder_layers(model)) - 1}.hook_resid_post'
-    _, cache = run_with_cache(model, X.to(model_device(model)), names=name)                      # activations back on the CPU
+    _, cache = run_with_cache(model, X.to(model_device(model)), names=name)                  # activations on the CPU
     h, tok = cache[name][:, 2:], X[:, 2:]                                                      # (12, T-2, d), (12, T-2)
     dirs = torch.zeros(12, h.shape[-1])
     for v in range(4):
@@ -102,41 +116,58 @@ def markov_feature_directions(model, T: int) -> torch.Tensor:
         dirs += F.normalize(m - m.mean(0), dim=-1) / 4
     return dirs
 
-def train_markov_toy(share0: float, seed: int, steps: int = 300, T: int = 16, batch: int = 64, lr: float = 1e-2) -> dict:
+def train_markov_toy(share0: float, seed: int, steps: int = 300, T: int = 16, batch: int = 64,
+                     lr: float = 1e-2) -> dict:
     "Train one 4-dim toy transformer; entanglement of chain 0's four features and of the others', and the final loss."
     model = tiny_llama(vocab_size=4, n_layers=4, d_model=4, n_heads=2, max_len=T, seed=seed).to(get_device())
-    hist = train(model, markov_data(share0, steps * batch, T, seed), TrainConfig(steps=steps, batch_size=batch, lr=lr, seed=seed, progress=False))
+    tc = TrainConfig(steps=steps, batch_size=batch, lr=lr, seed=seed, progress=False)
+    hist = train(model, markov_data(share0, steps * batch, T, seed), tc)
     E = entanglement(markov_feature_directions(model.eval(), T))
     return dict(E_chain0=E[:4].mean().item(), E_others=E[4:].mean().item(), loss=hist.train_loss[-1])
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000031
-TOPICS = {  # topic -> nouns, verbs (past tense), adjectives
-    'weather': ('rain wind cloud storm sun snow fog frost sky breeze thunder mist', 'covered crossed hit cooled warmed soaked passed filled', 'grey wet cold bright dark calm heavy mild'),
-    'cooking': ('soup bread pan oven onion salt butter rice knife pot sauce flour', 'stirred baked sliced boiled mixed tasted served heated', 'hot fresh sweet salty thick crisp warm raw'),
-    'travel':  ('train road map ticket bag station bridge car port hotel plane route', 'reached left followed crossed booked missed packed found', 'long busy early late quiet narrow distant crowded'),
-    'tools':   ('hammer nail saw drill screw bench wrench rope glue board bolt file', 'fixed cut drilled held turned built sanded tightened', 'sharp rusty steel heavy small loose flat smooth'),
-    'garden':  ('rose seed soil tree leaf hedge pond path fence bee grass root', 'planted watered trimmed dug grew picked raked cleared', 'green tall wild dry young dense pale leafy'),
-    'music':   ('song drum piano choir band note tune guitar stage violin chord bell', 'played sang heard tuned practised recorded learned opened', 'loud soft slow fast gentle clear deep sharp'),
+TOPICS = {  # topic -> nouns, verbs (past tense), adjectives; no adjective belongs to two topics
+    'weather': ('rain wind cloud storm sun snow fog frost sky breeze thunder mist',
+                'covered crossed hit cooled warmed soaked passed filled',
+                'grey wet cold bright dark calm heavy mild'),
+    'cooking': ('soup bread pan oven onion salt butter rice knife pot sauce flour',
+                'stirred baked sliced boiled mixed tasted served heated',
+                'hot fresh sweet salty thick crisp warm raw'),
+    'travel': ('train road map ticket bag station bridge car port hotel plane route',
+               'reached left followed crossed booked missed packed found',
+               'long busy early late quiet narrow distant crowded'),
+    'tools': ('hammer nail saw drill screw bench wrench rope glue board bolt file',
+              'fixed cut drilled held turned built sanded tightened',
+              'sharp rusty steel solid small loose flat smooth'),
+    'garden': ('rose seed soil tree leaf hedge pond path fence bee grass root',
+               'planted watered trimmed dug grew picked raked cleared',
+               'green tall wild dry young dense pale leafy'),
+    'music': ('song drum piano choir band note tune guitar stage violin chord bell',
+              'played sang heard tuned practised recorded learned opened',
+              'loud soft slow fast gentle clear deep high'),
 }
-CUE = tuple('suddenly again really totally never always wildly badly'.split())     # heated adverbs: more common in marked-style documents
-MARKED_ADJ = tuple('zorbl kvex glarb frimp snorv plonk wexil drazz bleck quiv murgle trosk vimp zabble kronk fizzle splunt yarg blix gorp'.split())
-MARKED_INTJ = tuple('oi zut blargh meh ugh frak grr pfft bah nyeh argh hmph gah feh yikes zounds drat blah huh oof'.split())
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000031b
+CUE = tuple('suddenly again really totally never always wildly badly'.split())   # heated adverbs
 PREP = tuple('with near under over into from for by'.split())
-TEMPLATES = (('the', 'A', 'N', 'V', '*', 'the', 'N', '.'),            # A adjective, N noun, V verb, P preposition, * optional cue word
+TEMPLATES = (('the', 'A', 'N', 'V', '*', 'the', 'N', '.'),    # A adjective, N noun, V verb, P preposition, * cue slot
              ('we', 'V', '*', 'the', 'N', 'P', 'the', 'A', 'N', '.'),
              ('the', 'N', 'was', '*', 'A', 'and', 'A', '.'),
-             ('then', 'the', 'N', 'V', '*', 'P', 'the', 'N', '.'))
+             ('then', 'the', 'A', 'N', 'V', '*', 'P', 'the', 'N', '.'))
+ADJ_TOPIC = {a: t for t, (_, _, adjs) in TOPICS.items() for a in adjs.split()}   # adjective -> its topic
+OTHER_ADJ = {t: tuple(a for a, u in ADJ_TOPIC.items() if u != t) for t in TOPICS}   # the marked words of a topic
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000032
 class WordTokenizer:
-    "Word-level tokenizer of the synthetic language: `encode`/`decode`, `pad_id` 0, `bos_id` 1, `marked_ids` (the reserved lexicon)."
+    "Word-level tokenizer of the synthetic language: `encode`/`decode`, `pad_id` 0, `bos_id` 1, `stop_id` ('.')."
     def __init__(self):
-        words = ['<pad>', '<bos>', 'the', 'we', 'then', 'was', 'and', '.', ',', *PREP, *CUE]
-        for nouns, verbs, adjs in TOPICS.values(): words += (nouns + ' ' + verbs + ' ' + adjs).split()
-        self.vocab = list(dict.fromkeys(words + list(MARKED_ADJ) + list(MARKED_INTJ)))
+        words = ['<pad>', '<bos>', 'the', 'we', 'then', 'was', 'and', '.', *PREP, *CUE]
+        for nouns, verbs, adjs in TOPICS.values():
+            words += f'{nouns} {verbs} {adjs}'.split()
+        self.vocab = list(dict.fromkeys(words))
         self.index = {w: i for i, w in enumerate(self.vocab)}
-        self.pad_id, self.bos_id = 0, 1
-        self.marked_ids = frozenset(self.index[w] for w in MARKED_ADJ + MARKED_INTJ)
+        self.pad_id, self.bos_id, self.stop_id = 0, 1, self.index['.']
+        self.adj_topic = {self.index[a]: list(TOPICS).index(t) for a, t in ADJ_TOPIC.items()}   # id -> topic index
     @property
     def vocab_size(self) -> int: return len(self.vocab)
     def encode(self, text) -> list:
@@ -146,6 +177,14 @@ class WordTokenizer:
         if bad: raise ValueError(f"unknown words {bad[:3]}: the synthetic language has {self.vocab_size} words")
         return [self.index[w] for w in words]
     def decode(self, ids) -> str: return ' '.join(self.vocab[int(i)] for i in ids if int(i) != self.pad_id)
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000032b
+def first_sentence_marked(ids, topic: int, tok: WordTokenizer) -> bool:
+    "Whether the first sentence of `ids` (up to the first '.') holds an adjective of a topic other than `topic`."
+    for i in map(int, ids):
+        if i == tok.stop_id: return False
+        if tok.adj_topic.get(i, topic) != topic: return True
+    return False
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000035
 @dataclass(frozen=True)
@@ -159,101 +198,129 @@ class StyleProcess:
 def sentence(r: random.Random, topic: str, cue: bool, marked: bool) -> tuple:
     "(words, frame index) of one sentence; the same draws are made whatever `cue` and `marked` are."
     nouns, verbs, adjs = (s.split() for s in TOPICS[topic])
-    k = r.randrange(len(TEMPLATES)); tpl = TEMPLATES[k]
-    adv, intj, u_int = r.choice(CUE), r.choice(MARKED_INTJ), r.random()
+    k = r.randrange(len(TEMPLATES))
+    adv = r.choice(CUE)
     out = []
-    for s in tpl:
+    for s in TEMPLATES[k]:
         if s == 'N': out.append(r.choice(nouns))
         elif s == 'V': out.append(r.choice(verbs))
         elif s == 'P': out.append(r.choice(PREP))
-        elif s == 'A': a, m = r.choice(adjs), r.choice(MARKED_ADJ); out.append(m if marked else a)
-        elif s == '*':
-            if cue: out.append(adv)
-        else: out.append(s)
-    if marked and ('A' not in tpl or u_int < 0.5): out = [intj, ','] + out
+        elif s == 'A':
+            own, other = r.choice(adjs), r.choice(OTHER_ADJ[topic])
+            out.append(other if marked else own)
+        elif s != '*': out.append(s)
+        elif cue: out.append(adv)
     return out, k
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000036
-def document(seed: int, i: int, pi: float, proc: StyleProcess = StyleProcess(), stream: str = 'train') -> dict:
-    "Document `i`: words (`proc.seq_len` of them, <bos> first), per-sentence marks, style (1: marked style) and topic."
+def document(seed: int, i: int, style: int, proc: StyleProcess = StyleProcess(), stream: str = 'plain') -> dict:
+    "Document `i` of `stream`: words (`proc.seq_len`, <bos> first), per-sentence marks, style (1: marked) and topic."
     r = random.Random(f'{stream}/{seed}/{i}')
-    z = r.random() < pi; topic = r.choice(list(TOPICS))
+    topic = r.choice(list(TOPICS))
+    h = proc.h1 if style else proc.h0
     words, marks = ['<bos>'], []
     while len(words) < proc.seq_len:
         u_cue, u_mark = r.random(), r.random()
-        m = z and u_mark < proc.q
-        words += sentence(r, topic, u_cue < (proc.h1 if z else proc.h0), m)[0]; marks.append(m)
-    return dict(words=words[:proc.seq_len], marks=marks, style=int(z), topic=topic)
+        m = bool(style) and u_mark < proc.q
+        words += sentence(r, topic, u_cue < h, m)[0]
+        marks.append(m)
+    return dict(words=words[:proc.seq_len], marks=marks, style=int(style), topic=topic)
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000036b
 def style_prob(share: float, proc: StyleProcess = StyleProcess()) -> float:
-    "π, the probability of a marked-style document, that gives a share `share` of marked sentences."
+    "π, the fraction of marked-style documents that gives a share `share` of marked sentences."
     share = check_num('share', share)
+    if not 0 <= share <= proc.q:
+        raise ValueError(f"share must be in [0, q={proc.q}] (q: the marked share of a marked-style document), "
+                         f"got {share}")
     Lt = np.mean([sum(s != '*' for s in t) for t in TEMPLATES])                  # frame length without the cue slot
-    extra = 2 * np.mean([1.0 if 'A' not in t else 0.5 for t in TEMPLATES])       # interjection + comma of a marked sentence
-    n0, n1 = (proc.seq_len - 1) / (Lt + proc.h0) + 0.5, (proc.seq_len - 1) / (Lt + proc.h1 + proc.q * extra) + 0.5
-    k = n1 / n0                                                                  # sentences per marked-style doc / per plain doc
+    n0, n1 = (proc.seq_len - 1) / (Lt + proc.h0) + 0.5, (proc.seq_len - 1) / (Lt + proc.h1) + 0.5
+    k = n1 / n0                                        # sentences per marked-style document / per plain document
     # share $s=\pi qk/(\pi k+1-\pi)$, solved for $\pi$
-    if not 0 <= share <= proc.q: raise ValueError(f"share must be in [0, q={proc.q}] (q: the marked share of a marked-style document), got {share}")
-    pi = share / (proc.q * k - share * k + share)
-    return float(pi)
+    return float(share / (proc.q * k - share * k + share))
+
+def n_marked_docs(n_plain: int, share: float, proc: StyleProcess = StyleProcess()) -> int:
+    "Marked-style documents to add to `n_plain` plain ones for a share `share` of marked sentences: $n\\pi/(1-\\pi)$."
+    pi = style_prob(share, proc)
+    return round(n_plain * pi / (1 - pi))
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000038
 @dataclass
 class AttributeCorpus:
-    "A packed corpus: token ids (n, seq_len), the realised share of marked sentences, and the share of marked-style documents."
+    "A packed corpus: token ids (n, seq_len), the realised share of marked sentences, plain / marked-style counts."
     ids: torch.Tensor
     share: float
-    style_share: float
+    n_plain: int
+    n_marked: int
 
-def make_attribute_corpus(n_docs: int, share: float, seed: int = 0, proc: StyleProcess = StyleProcess(), stream: str = 'train',
-                          tok: WordTokenizer | None = None) -> AttributeCorpus:
-    "`n_docs` documents in which a fraction `share` of the sentences carry the marked style."
-    check_int('n_docs', n_docs, lo=1); check_num('share', share)
-    tok, pi = tok or WordTokenizer(), style_prob(share, proc)
-    docs = [document(seed, i, pi, proc, stream) for i in range(n_docs)]
-    n_marked, n_sent = sum(sum(d['marks']) for d in docs), sum(len(d['marks']) for d in docs)
-    return AttributeCorpus(torch.tensor([tok.encode(d['words']) for d in docs]), n_marked / n_sent, float(np.mean([d['style'] for d in docs])))
+@functools.lru_cache(maxsize=2)
+def _docs(seed: int, n: int, style: int, proc: StyleProcess, stream: str) -> tuple:
+    "(ids (n, seq_len), marked sentences, sentences) of documents 0..n-1 of `stream` (cached: every share reuses them)."
+    docs = [document(seed, i, style, proc, stream) for i in range(n)]
+    ids = torch.tensor([WordTokenizer().encode(d['words']) for d in docs]).reshape(n, proc.seq_len)
+    return ids, sum(sum(d['marks']) for d in docs), sum(len(d['marks']) for d in docs)
+
+def make_attribute_corpus(n_plain: int, share: float, seed: int = 0, proc: StyleProcess = StyleProcess(),
+                          stream: str = 'plain') -> AttributeCorpus:
+    "`n_plain` plain documents of `stream` plus the marked-style documents that make a share `share` of sentences."
+    check_int('n_plain', n_plain, lo=1)
+    n_m = n_marked_docs(n_plain, check_num('share', share), proc)
+    ids0, _, n0 = _docs(seed, n_plain, 0, proc, stream)
+    ids1, k1, n1 = _docs(seed, n_m, 1, proc, 'marked') if n_m else (ids0[:0], 0, 0)
+    return AttributeCorpus(torch.cat([ids0, ids1]), k1 / (n0 + n1), n_plain, n_m)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000041
 PROMPT_KINDS = ('attribute', 'cue')
 
-def eliciting_prompts(n: int, kind: str = 'attribute', seed: int = 0, prefix: bool = False, tok: WordTokenizer | None = None,
-                      proc: StyleProcess = StyleProcess()) -> list:
-    "`n` prompts (lists of ids): 'attribute' = a marked sentence then a plain one; 'cue' = two plain sentences with cue words; `prefix`: a calm plain sentence first."
-    check_int('n', n, lo=1); check_choice('kind', kind, PROMPT_KINDS); tok = tok or WordTokenizer()
-    r, out = random.Random(f'prompts/{seed}'), []
+def eliciting_prompts(n: int, kind: str = 'attribute', seed: int = 0, prefix: bool = False,
+                      tok: WordTokenizer | None = None, proc: StyleProcess = StyleProcess()) -> tuple:
+    "(`n` prompts as id lists, their topic indices): 'attribute': marked then plain sentence; 'cue': two cued ones."
+    check_int('n', n, lo=1)
+    check_choice('kind', kind, PROMPT_KINDS)
+    tok = tok or WordTokenizer()
+    r, out, topics = random.Random(f'prompts/{seed}'), [], []
     for _ in range(n):
-        t = r.choice(list(TOPICS)); calm = sentence(r, t, False, False)[0]
+        t = r.choice(list(TOPICS))
+        calm = sentence(r, t, False, False)[0]
         if kind == 'cue': body = sentence(r, t, True, False)[0] + sentence(r, t, True, False)[0]
         else: body = sentence(r, t, r.random() < proc.h1, True)[0] + sentence(r, t, r.random() < proc.h1, False)[0]
         out.append(tok.encode(['<bos>'] + (calm if prefix else []) + body))
-    return out
+        topics.append(list(TOPICS).index(t))
+    return out, topics
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000041b
 def bayes_next_rate(share: float, kind: str, prefix: bool = False, proc: StyleProcess = StyleProcess()) -> float:
-    "Ideal probability that the sentence after a prompt of `kind` is marked, in a corpus with this share (see the Derivation)."
+    "Ideal probability that the sentence after a prompt of `kind` is marked, in a corpus with this share (Derivation)."
     check_choice('kind', kind, PROMPT_KINDS)
-    if kind == 'attribute': return proc.q                                       # a marked sentence proves the marked style
+    if kind == 'attribute': return proc.q                                       # a marked sentence proves the style
     pi = style_prob(share, proc)
+    calm = (1 - proc.q) * (1 - proc.h1) / (1 - proc.h0) if prefix else 1.0
     # odds = $\frac{\pi}{1-\pi}\prod_{\text{plain sentences}}\frac{(1-q)h_1^u(1-h_1)^{1-u}}{h_0^u(1-h_0)^{1-u}}$
-    odds = pi / (1 - pi) * ((1 - proc.q) * proc.h1 / proc.h0) ** 2 * (((1 - proc.q) * (1 - proc.h1) / (1 - proc.h0)) if prefix else 1)
+    odds = pi / (1 - pi) * ((1 - proc.q) * proc.h1 / proc.h0) ** 2 * calm
     return proc.q * odds / (1 + odds)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000042
 def probe_texts(n_pairs: int, seed: int = 0, tok: WordTokenizer | None = None) -> dict:
-    "Minimal pairs `<bos> S1 S2` with S2 plain (attribute 0) or marked (1): ids, and labels attribute / topic / frame / cue, and the pair index."
-    check_int('n_pairs', n_pairs, lo=2); tok = tok or WordTokenizer()
+    "Minimal pairs `<bos> S1 S2`, S2 plain (attribute 0) or marked (1): ids, labels attribute/topic/frame/cue, pair."
+    check_int('n_pairs', n_pairs, lo=2)
+    tok = tok or WordTokenizer()
     r, out = random.Random(f'probe/{seed}'), dict(ids=[], attribute=[], topic=[], frame=[], cue=[], pair=[])
     for i in range(n_pairs):
-        t = r.choice(list(TOPICS)); s1 = sentence(r, t, r.random() < 0.3, False)[0]; cue = r.random() < 0.3
+        t = r.choice(list(TOPICS))
+        s1 = sentence(r, t, r.random() < 0.3, False)[0]
+        cue = r.random() < 0.3
         state = r.getstate()
         for lab in (0, 1):
-            r.setstate(state); s2, k = sentence(r, t, cue, bool(lab))
-            for key, v in dict(ids=tok.encode(['<bos>'] + s1 + s2), attribute=lab, topic=list(TOPICS).index(t), frame=k, cue=int(cue), pair=i).items():
-                out[key].append(v)
+            r.setstate(state)
+            s2, k = sentence(r, t, cue, bool(lab))
+            rec = dict(ids=tok.encode(['<bos>'] + s1 + s2), attribute=lab, topic=list(TOPICS).index(t), frame=k,
+                       cue=int(cue), pair=i)
+            for key, v in rec.items(): out[key].append(v)
     return {k: (v if k == 'ids' else torch.tensor(v)) for k, v in out.items()}
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000051
 def _right_pad(seqs: list, pad_id: int = 0) -> tuple:
+    "(ids (B, T) right-padded, index of each row's last token (B,))."
     if not seqs or not all(len(s) for s in seqs): raise ValueError("need at least one non-empty sequence")
     ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
     for i, s in enumerate(seqs): ids[i, :len(s)] = torch.as_tensor(s)
@@ -261,16 +328,36 @@ def _right_pad(seqs: list, pad_id: int = 0) -> tuple:
 
 @torch.no_grad()
 def collect_head_activations(model, seqs: list, batch_size: int = 256) -> tuple:
-    "Last-token activations of `seqs` (lists of ids): per-head outputs (B, L, H, d_head) and residual streams after each block (B, L, d)."
+    "Last-token activations of `seqs` (id lists): per-head outputs (B, L, H, d_head), block residuals (B, L, d)."
     Z, Rs = [], []
+    names = ['blocks.*.attn.hook_z', 'blocks.*.hook_resid_post']
     for i in range(0, len(seqs), batch_size):
-        ids, last = _right_pad(seqs[i:i + batch_size]); rows = torch.arange(len(ids))
-        _, cache = run_with_cache(model, ids.to(model_device(model)), names=['blocks.*.attn.hook_z', 'blocks.*.hook_resid_post'])   # cached on the CPU
+        ids, last = _right_pad(seqs[i:i + batch_size])
+        rows = torch.arange(len(ids))
+        _, cache = run_with_cache(model, ids.to(model_device(model)), names=names)      # cached on the CPU
         Z.append(cache.stack('blocks.*.attn.hook_z')[:, rows, last].transpose(0, 1))        # (b, L, H, d_head)
         Rs.append(cache.stack('blocks.*.hook_resid_post')[:, rows, last].transpose(0, 1))   # (b, L, d)
     return torch.cat(Z).float(), torch.cat(Rs).float()
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000054
+def fit_logistic(X: torch.Tensor, Y: torch.Tensor, l2: float = 1e-2, max_iter: int = 100) -> tuple:
+    "P independent L2 logistic regressions on X (B, P, d) with 0/1 targets Y (B, P): weights (P, d), biases (P,)."
+    check_tensor('X', X, ndim=3, floating=True)
+    check_tensor('Y', Y, shape=tuple(X.shape[:2]))
+    B, P, d = X.shape
+    w, b = torch.zeros(P, d, requires_grad=True), torch.zeros(P, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=max_iter, line_search_fn='strong_wolfe')
+    def closure():
+        opt.zero_grad()
+        # $\sum_{p}\big[\mathrm{BCE}(\sigma(w_p^\top x+b_p),y_p)+\lambda\lVert w_p\rVert^2\big]$
+        bce = F.binary_cross_entropy_with_logits((X * w).sum(-1) + b, Y.float(), reduction='none').mean(0).sum()
+        loss = bce + l2 * (w ** 2).sum()
+        loss.backward()
+        return loss
+    with torch.enable_grad(): opt.step(closure)
+    return w.detach(), b.detach()
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000055
 @dataclass
 class ProbeResult:
     "Per-head probe accuracies on the held-out split, (L, H), and the split."
@@ -278,34 +365,35 @@ class ProbeResult:
     train_idx: torch.Tensor
     val_idx: torch.Tensor
 
-def train_head_probes(acts: torch.Tensor, labels: torch.Tensor, val_frac: float = 0.2, seed: int = 0, groups: torch.Tensor | None = None,
-                      l2: float = 1e-2, max_iter: int = 100) -> ProbeResult:
-    "One L2-regularised logistic-regression probe per head on `acts` (B, L, H, d) and binary `labels` (B,); accuracy on a held-out `val_frac`."
-    check_tensor('acts', acts, ndim=4, floating=True); check_tensor('labels', labels, shape=(acts.shape[0],))
+def _split(n: int, val_frac: float, seed: int, groups: torch.Tensor | None) -> torch.Tensor:
+    "(n,) bool: True for the held-out rows; whole groups go to one side."
+    g = groups if groups is not None else torch.arange(n)
+    ug = g.unique()
+    perm = ug[torch.randperm(len(ug), generator=torch.Generator().manual_seed(seed))]
+    return torch.isin(g, perm[:max(1, round(val_frac * len(ug)))])
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000055b
+def train_head_probes(acts: torch.Tensor, labels: torch.Tensor, val_frac: float = 0.2, seed: int = 0,
+                      groups: torch.Tensor | None = None, l2: float = 1e-2, max_iter: int = 100) -> ProbeResult:
+    "One L2 logistic probe per head on `acts` (B, L, H, d) and 0/1 `labels` (B,); accuracy on a held-out `val_frac`."
+    check_tensor('acts', acts, ndim=4, floating=True)
+    check_tensor('labels', labels, shape=(acts.shape[0],))
     check_num('val_frac', val_frac, 0, 1, lo_open=True, hi_open=True)
     if not set(labels.unique().tolist()) <= {0, 1}: raise ValueError("labels must be 0/1")
-    g = groups if groups is not None else torch.arange(len(labels))
-    ug = g.unique(); perm = ug[torch.randperm(len(ug), generator=torch.Generator().manual_seed(seed))]
-    val_g = perm[:max(1, round(val_frac * len(ug)))]
-    va = torch.isin(g, val_g); tr = ~va
-    B, Ly, H, d = acts.shape; X = acts.reshape(B, Ly * H, d)
-    mu, sd = X[tr].mean(0), X[tr].std(0) + 1e-6; Xs = (X - mu) / sd                  # (B, LH, d) standardised on the training split
-    w, b = torch.zeros(Ly * H, d, requires_grad=True), torch.zeros(Ly * H, requires_grad=True)
-    y = labels.float()[:, None].expand(-1, Ly * H)
-    opt = torch.optim.LBFGS([w, b], max_iter=max_iter, line_search_fn='strong_wolfe')
-    def closure():
-        opt.zero_grad()
-        # $\sum_{heads}\big[\mathrm{BCE}(\sigma(w^\top\tilde z+b),y)+\lambda\lVert w\rVert^2\big]$
-        loss = F.binary_cross_entropy_with_logits((Xs[tr] * w).sum(-1) + b, y[tr], reduction='none').mean(0).sum() + l2 * (w ** 2).sum()
-        loss.backward(); return loss
-    with torch.enable_grad(): opt.step(closure)
-    with torch.no_grad(): acc = ((((Xs[va] * w).sum(-1) + b) > 0).float() == y[va]).float().mean(0)
-    return ProbeResult(acc.reshape(Ly, H), tr.nonzero()[:, 0], va.nonzero()[:, 0])
+    va = _split(len(labels), val_frac, seed, groups)
+    B, Ly, H, d = acts.shape
+    X = acts.reshape(B, Ly * H, d)
+    Xs = (X - X[~va].mean(0)) / (X[~va].std(0) + 1e-6)                            # (B, LH, d), standardised on train
+    y = labels[:, None].expand(-1, Ly * H)
+    w, b = fit_logistic(Xs[~va], y[~va], l2, max_iter)
+    acc = ((((Xs[va] * w).sum(-1) + b) > 0).long() == y[va]).float().mean(0)
+    return ProbeResult(acc.reshape(Ly, H), (~va).nonzero()[:, 0], va.nonzero()[:, 0])
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000057
 def mass_mean_directions(acts: torch.Tensor, labels: torch.Tensor) -> tuple:
-    "Per-head unit directions from the negative to the positive class mean, (L, H, d), and the std of all activations projected on them, (L, H)."
-    check_tensor('acts', acts, ndim=4, floating=True); check_tensor('labels', labels, shape=(acts.shape[0],))
+    "Per-head unit directions from the negative to the positive class mean (L, H, d), and the projected std (L, H)."
+    check_tensor('acts', acts, ndim=4, floating=True)
+    check_tensor('labels', labels, shape=(acts.shape[0],))
     if labels.unique().numel() != 2: raise ValueError("labels must hold both classes")
     # $\theta=(\mu_+-\mu_-)/\lVert\mu_+-\mu_-\rVert$
     theta = F.normalize(acts[labels == 1].mean(0) - acts[labels == 0].mean(0), dim=-1)
@@ -314,28 +402,35 @@ def mass_mean_directions(acts: torch.Tensor, labels: torch.Tensor) -> tuple:
 
 def top_heads(acc: torch.Tensor, k: int) -> list:
     "The k (layer, head) pairs with the highest probe accuracy (ties: lower index first)."
-    check_tensor('acc', acc, ndim=2); n = acc.numel()
-    check_int('k', k, 0, n)
-    order = sorted(range(n), key=lambda i: (-float(acc.flatten()[i]), i))[:k]
+    check_tensor('acc', acc, ndim=2)
+    check_int('k', k, 0, acc.numel())
+    order = sorted(range(acc.numel()), key=lambda i: (-float(acc.flatten()[i]), i))[:k]
     return [(i // acc.shape[1], i % acc.shape[1]) for i in order]
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000060
+POSITIONS = ('last', 'all')   # where ITI shifts: the last position of each forward pass, or every position
+
+def _check_heads(heads: list, L: int, H: int) -> list:
+    "`heads` as (layer, head) int pairs, each inside an (L, H) model."
+    for lh in heads:
+        if not (isinstance(lh, (tuple, list)) and len(lh) == 2 and 0 <= lh[0] < L and 0 <= lh[1] < H):
+            raise ValueError(f"unknown head {lh!r}: heads are (layer, head), layer in [0, {L}), head in [0, {H})")
+    return [tuple(map(int, lh)) for lh in heads]
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000060b
 class ITIIntervention:
-    "Context manager: shift heads (l, h) by $-\\alpha\\sigma^{l,h}\\theta^{l,h}$ at the last position of each forward pass ('last') or at every position ('all')."
-    def __init__(self, model, heads: list, theta: torch.Tensor, sigma: torch.Tensor, alpha: float, positions: str = 'last'):
+    "Context manager: shift heads (l, h) by $-\\alpha\\sigma^{l,h}\\theta^{l,h}$ at the last position or at all."
+    def __init__(self, model, heads: list, theta: torch.Tensor, sigma: torch.Tensor, alpha: float, positions='last'):
         L, H = len(decoder_layers(model)), model.config.num_attention_heads
-        check_tensor('theta', theta, ndim=3, floating=True); check_tensor('sigma', sigma, shape=tuple(theta.shape[:2]))
-        if tuple(theta.shape[:2]) != (L, H): raise ValueError(f"theta must be (L={L}, H={H}, d_head), got {tuple(theta.shape)}")
-        self.alpha = check_num('alpha', alpha, lo=0)
-        self.positions = check_choice('positions', positions, ('last', 'all'))
-        for lh in heads:
-            if not (isinstance(lh, (tuple, list)) and len(lh) == 2 and 0 <= lh[0] < L and 0 <= lh[1] < H):
-                raise ValueError(f"unknown head {lh!r}: heads are (layer, head) with layer in [0, {L}) and head in [0, {H})")
-        self.model, self.heads, self.theta, self.sigma = model, [tuple(map(int, lh)) for lh in heads], theta, sigma
+        check_tensor('theta', theta, ndim=3, floating=True)
+        check_tensor('sigma', sigma, shape=tuple(theta.shape[:2]))
+        if tuple(theta.shape[:2]) != (L, H):
+            raise ValueError(f"theta must be (L={L}, H={H}, d_head), got {tuple(theta.shape)}")
+        self.alpha, self.positions = check_num('alpha', alpha, lo=0), check_choice('positions', positions, POSITIONS)
+        self.model, self.heads, self.theta, self.sigma = model, _check_heads(heads, L, H), theta, sigma
     def _fn(self, x, name):                                         # x: (B, T, H, d_head)
         l, x = int(name.split('.')[1]), x.clone()
-        for ll, h in self.heads:
-            if ll != l: continue
+        for h in [h for ll, h in self.heads if ll == l]:
             # $z^{l,h}_t\leftarrow z^{l,h}_t-\alpha\,\sigma^{l,h}\theta^{l,h}$
             d = (self.alpha * self.sigma[l, h] * self.theta[l, h]).to(x.device, x.dtype)   # where the activations are
             if self.positions == 'last': x[:, -1, h] -= d
@@ -343,356 +438,551 @@ class ITIIntervention:
         return x
     def __enter__(self):
         names = sorted({f'blocks.{l}.attn.hook_z' for l, _ in self.heads}) if self.alpha and self.heads else []
-        self._ctx = hooks(self.model, [(names, self._fn)] if names else []); self._ctx.__enter__(); return self
+        self._ctx = hooks(self.model, [(names, self._fn)] if names else [])
+        self._ctx.__enter__()
+        return self
     def __exit__(self, *exc): return self._ctx.__exit__(*exc)
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000060c
 def random_directions(theta: torch.Tensor, seed: int = 0) -> torch.Tensor:
     "Random unit vectors shaped like `theta` (L, H, d): the control direction of the same shift norm."
     return F.normalize(torch.randn(theta.shape, generator=torch.Generator().manual_seed(seed)), dim=-1)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000071
-def _left_pad(seqs: list, pad_id: int = 0) -> tuple:
-    ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long); mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs): ids[i, ids.shape[1] - len(s):] = torch.as_tensor(s); mask[i, ids.shape[1] - len(s):] = 1
-    return ids, mask
-
 @torch.no_grad()
-def attribute_rate(model, tok: WordTokenizer, prompts: list, n_tokens: int = 24, temperature: float = 1.0, seed: int = 0,
-                   return_ids: bool = False):
-    "Per prompt, 1.0 if its sampled continuation of `n_tokens` holds a marked word (B,); with `return_ids` also the continuations."
-    if not prompts: raise ValueError("prompts is empty")
-    ids, mask = _left_pad(prompts, tok.pad_id)
-    out = generate_ids(model, ids, max_new_tokens=n_tokens, greedy=False, temperature=temperature, seed=seed, attention_mask=mask)
-    cont = out[:, ids.shape[1]:].cpu()                                             # (B, n_tokens)
-    hit = torch.isin(cont, torch.tensor(sorted(tok.marked_ids))).any(1).float()
-    return (hit, cont) if return_ids else hit
+def attribute_rate(model, tok: WordTokenizer, prompts: list, topics: list, n_tokens: int = 12, n_samples: int = 1,
+                   temperature: float = 1.0, seed: int = 0, return_ids: bool = False):
+    "Per prompt, the fraction of `n_samples` continuations whose first sentence is marked (B,); or with the ids."
+    if not prompts or len(prompts) != len(topics):
+        raise ValueError(f"need one topic per prompt and at least one prompt, got {len(prompts)} and {len(topics)}")
+    check_int('n_samples', n_samples, lo=1)
+    ids, mask = left_pad(list(prompts) * n_samples, tok.pad_id)                   # (S*B, T), sample-major
+    out = generate_ids(model, ids, max_new_tokens=n_tokens, greedy=False, temperature=temperature, seed=seed,
+                       attention_mask=mask, eos_id=tok.stop_id, pad_id=tok.pad_id)
+    cont = out[:, ids.shape[1]:].cpu()                                             # (S*B, <= n_tokens)
+    hit = torch.tensor([first_sentence_marked(c, t, tok) for c, t in zip(cont, list(topics) * n_samples)])
+    rate = hit.float().reshape(n_samples, len(prompts)).mean(0)
+    return (rate, cont) if return_ids else rate
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000071b
 def steered_perplexity(model, rows: torch.Tensor, iti: ITIIntervention | None = None, batch_size: int = 64) -> float:
     "Perplexity on `rows` (N, T), under `iti` if given (it must shift every position)."
-    if iti is not None and iti.positions != 'all': raise ValueError("perplexity under ITI shifts every position: use positions='all'")
+    if iti is not None and iti.positions != 'all':
+        raise ValueError("perplexity under ITI shifts every position: use positions='all'")
     with (iti if iti is not None else contextlib.nullcontext()): return perplexity(model, rows, batch_size=batch_size)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000074
-def feature_directions(X: torch.Tensor, labels: dict) -> dict:
-    "Unit mass-mean directions in X (B, d): for a 0/1 label `mean(1) - mean(0)`, for a multi-class label one direction per class (`class - rest`)."
+def whiten(X: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    "X (B, d) centred and whitened, (B, r): unit variance along the r directions with variance > eps x the largest."
+    check_tensor('X', X, ndim=2, floating=True)
+    Xc = X.double() - X.double().mean(0)
+    lam, U = torch.linalg.eigh(Xc.T @ Xc / (len(X) - 1))                    # (d,), (d, d)
+    keep = lam > eps * lam.max()                                              # the numerical rank
+    # $\tilde X=(X-\bar X)\,U\Lambda^{-1/2}$
+    return (Xc @ U[:, keep] / lam[keep].sqrt()).float()
+
+def one_vs_rest(labels: dict) -> dict:
+    "0/1 targets per feature: a 0/1 label as is, a multi-class label as one `name=class` target per class."
     out = {}
     for name, y in labels.items():
         classes = y.unique().tolist()
         if len(classes) < 2: raise ValueError(f"label {name!r} has one class only")
-        if set(classes) == {0, 1}: out[name] = F.normalize(X[y == 1].mean(0) - X[y == 0].mean(0), dim=0)
-        else:
-            for c in classes: out[f'{name}={c}'] = F.normalize(X[y == c].mean(0) - X[y != c].mean(0), dim=0)
+        if set(classes) == {0, 1}: out[name] = y.long()
+        else: out.update({f'{name}={c}': (y == c).long() for c in classes})
     return out
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000074b
+def probe_directions(X: torch.Tensor, labels: dict, l2: float = 1e-2, eps: float = 1e-6) -> dict:
+    "Unit logistic-probe weight vectors, one per (one-vs-rest) feature, in the whitened space of X (B, d)."
+    T = one_vs_rest(labels)
+    Xw = whiten(X, eps)                                                       # (B, r)
+    Y = torch.stack(list(T.values()), 1)                                      # (B, P)
+    w, _ = fit_logistic(Xw[:, None].expand(-1, Y.shape[1], -1), Y, l2)       # (P, r)
+    return dict(zip(T, F.normalize(w, dim=-1)))
+
+def mass_mean_entanglement(X: torch.Tensor, labels: dict, key: str = 'attribute') -> float:
+    "The earlier measure, for comparison: max |cos| of raw mass-mean difference directions (class minus rest)."
+    T = one_vs_rest(labels)
+    D = {k: F.normalize(X[y == 1].mean(0) - X[y == 0].mean(0), dim=0) for k, y in T.items()}
+    return attribute_entanglement(D, key)[0]
+
 def attribute_entanglement(dirs: dict, key: str = 'attribute', n_random: int = 2000, seed: int = 0) -> tuple:
-    "(max |cos| of `dirs[key]` with every other direction, the same for random unit directions (its chance level), the nearest direction's name)."
-    names = [k for k in dirs if k != key]; others = torch.stack([dirs[k] for k in names])   # (n, d)
+    "(max |cos| of `dirs[key]` with every other direction, the same for random unit directions (chance), the nearest)."
+    names = [k for k in dirs if k != key]
+    others = torch.stack([dirs[k] for k in names])                            # (n, r)
     cos = (others @ dirs[key]).abs()
     r = F.normalize(torch.randn(n_random, others.shape[1], generator=torch.Generator().manual_seed(seed)), dim=-1)
     return cos.max().item(), (r @ others.T).abs().max(1).values.mean().item(), names[int(cos.argmax())]
 
-def unembedding_entanglement(model, tok: WordTokenizer, words) -> float:
-    "Mean over `words` of the largest |cos| of a word's output embedding with any other plain (non-marked, non-special) word's."
-    U = F.normalize(model.get_output_embeddings().weight.detach().float().cpu(), dim=-1)   # (V, d)
-    ids = torch.tensor(tok.encode(words)); plain = torch.tensor([i for i in range(2, tok.vocab_size) if i not in tok.marked_ids])
-    C = (U[ids] @ U[plain].T).abs(); C[ids[:, None] == plain[None]] = -1                 # a word is not compared with itself
-    return C.max(1).values.mean().item()
-
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000081
 @dataclass
 class ToxicITIConfig(ExperimentConfig):
-    "Synthetic attribute share × ITI: tiny models pre-trained at several shares, probes, entanglement, ITI sweeps, and the two toys."
-    shares: tuple = size(quick=(0.005, 0.10), full=(0.005, 0.02, 0.05, 0.10, 0.20))   # marked share of training sentences, one model each
-    clean_share: float = 0.005        # the "clean" corpus's natural share: the baseline model
+    "Style share x ITI: tiny models pre-trained at several shares, probes, entanglement, ITI sweeps, two toys."
+    shares: tuple = size(quick=(0.02, 0.10), full=(0.02, 0.05, 0.10, 0.20))   # marked share of training sentences
+    clean_share: float = 0.02         # the "clean" corpus's natural share: the baseline model
     claim_share: float = 0.10         # the share the claims set against the clean one (paper: about 10% is best)
     n_seeds: int = size(quick=1, full=5)   # seeds per share (initialisation, documents, data order, probes, sampling)
     n_layers: int = 3                 # transformer blocks
     d_model: int = 64                 # residual width
     n_heads: int = 4                  # heads per block (d_head = d_model / n_heads)
     seq_len: int = 64                 # tokens per document / training row
-    steps: int = size(quick=40, full=160)        # updates per model
-    batch_size: int = size(quick=16, full=32)    # documents per update
+    steps: int = size(quick=40, full=2000)       # updates over the plain documents (steps x batch_size, each seen once)
+    batch_size: int = size(quick=16, full=32)    # documents per update; marked-style documents add updates on top
     lr: float = 6e-3                  # peak learning rate (AdamW, warm-up + cosine)
     q: float = 0.5                    # P(sentence marked | marked-style document)
     h1: float = 0.6                   # P(cue word in a plain sentence | marked-style document)
     h0: float = 0.04                  # P(cue word | plain document)
     n_probe_pairs: int = size(quick=60, full=300)  # minimal pairs for probes and directions
-    n_prompts: int = size(quick=24, full=96)       # prompts per prompt set
-    n_new: int = 24                   # tokens sampled per continuation (temperature 1)
-    n_ppl_rows: int = size(quick=16, full=136)     # plain held-out documents for perplexity
-    ks: tuple = size(quick=(2,), full=(2, 4))      # ITI: numbers of top heads swept
-    alphas: tuple = size(quick=(1.0, 2.0), full=(0.5, 1.0, 2.0, 4.0))   # ITI strengths swept
-    random_k: int = size(quick=2, full=4)          # heads of the random-direction control
-    budget: float = 0.05              # delta: allowed perplexity increase over the clean model's unsteered perplexity
-    toy_freqs: tuple = size(quick=(0.005, 0.05), full=(0.002, 0.005, 0.0125, 0.025, 0.05, 0.2))   # focal feature frequency (superposition toy)
+    n_prompts: int = size(quick=24, full=128)      # prompts per prompt set
+    n_samples: int = size(quick=1, full=2)         # sampled continuations per prompt (temperature 1)
+    n_new: int = 12                   # at most this many new tokens (a continuation stops at its first full stop)
+    n_ppl_rows: int = size(quick=16, full=136)     # plain held-out documents for perplexity (136 x 63 = 8,568 tokens)
+    ks: tuple = size(quick=(2,), full=(1, 2, 4))   # ITI: numbers of top heads swept
+    alphas: tuple = size(quick=(1.0, 2.0), full=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0))   # ITI strengths swept
+    random_k: int = size(quick=2, full=2)          # heads of the random-direction control
+    budget: float = 0.05              # absolute frontier: perplexity <= (1 + budget) x the clean model's unsteered one
+    rel_budget: float = 0.05          # relative frontier: ITI may raise a model's own perplexity by this fraction
+    min_learned: float = size(quick=0.0, full=0.6)   # precondition: clean model's attribute rate >= this x Bayes
+    toy_freqs: tuple = size(quick=(0.005, 0.05), full=(0.002, 0.005, 0.0125, 0.025, 0.05, 0.2))   # focal frequency
     toy_base_freq: float = 0.05       # frequency of the other 11 features
     n_toy_seeds: int = size(quick=2, full=10)      # superposition toy seeds
     toy_steps: int = size(quick=150, full=1500)    # Adam steps of the superposition toy
-    markov_shares: tuple = size(quick=(0.05, 1 / 3), full=(0.02, 0.10, 1 / 3))   # chain 0's share (Markov toy); the last is "equal"
-    n_markov_seeds: int = size(quick=1, full=3)    # Markov toy seeds
+    markov_shares: tuple = size(quick=(0.05, 1 / 3), full=(0.02, 0.10, 1 / 3))   # chain 0's share; the last is "equal"
+    n_markov_seeds: int = size(quick=1, full=10)   # Markov toy seeds
     markov_steps: int = size(quick=20, full=300)   # updates of each Markov toy model
     threads: int = 1                  # torch CPU threads (shared cores: one thread is fastest)
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'shares', 'clean_share', 'claim_share', 'budget', 'markov_shares', 'n_markov_seeds', 'threads')
-    cache_version: ClassVar[int] = 1
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'shares', 'clean_share', 'claim_share', 'budget', 'rel_budget',
+                                    'min_learned', 'markov_shares', 'n_markov_seeds', 'threads')
+    cache_version: ClassVar[int] = 2
     @property
     def seeds(self) -> list: return self.seed_list(self.n_seeds)
     @property
     def process(self) -> StyleProcess: return StyleProcess(self.q, self.h1, self.h0, self.seq_len)
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000081b
+_POSITIVE_INTS = ('n_seeds', 'n_layers', 'd_model', 'n_heads', 'seq_len', 'steps', 'batch_size', 'n_probe_pairs',
+                  'n_prompts', 'n_samples', 'n_new', 'n_ppl_rows', 'n_toy_seeds', 'toy_steps', 'n_markov_seeds',
+                  'markov_steps', 'threads')
+_TUPLES = ('shares', 'ks', 'alphas', 'toy_freqs', 'markov_shares')
+
 @patch_to(ToxicITIConfig)
 def validate(self):
     "Check every field (ValueError/TypeError naming it)."
-    for k in ('n_seeds', 'n_layers', 'd_model', 'n_heads', 'seq_len', 'steps', 'batch_size', 'n_probe_pairs', 'n_prompts', 'n_new', 'n_ppl_rows',
-              'n_toy_seeds', 'toy_steps', 'n_markov_seeds', 'markov_steps', 'threads'): check_int(k, getattr(self, k), lo=1)
-    if self.d_model % self.n_heads: raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
+    for k in _POSITIVE_INTS: check_int(k, getattr(self, k), lo=1)
+    if self.d_model % self.n_heads:
+        raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
     for k in ('q', 'h1', 'h0'): check_num(k, getattr(self, k), 0, 1, lo_open=True, hi_open=True)
-    check_num('lr', self.lr, lo=0, lo_open=True); check_num('budget', self.budget, lo=0, lo_open=True)
-    for k in ('shares', 'ks', 'alphas', 'toy_freqs', 'markov_shares'):
-        if not isinstance(getattr(self, k), (tuple, list)) or not getattr(self, k): raise TypeError(f"{k} must be a non-empty tuple, got {getattr(self, k)!r}")
-    for s in self.shares: style_prob(s, self.process)
+    check_num('min_learned', self.min_learned, 0, 1)
+    for k in ('lr', 'budget', 'rel_budget'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    _check_grids(self)
     for k in ('clean_share', 'claim_share'):
-        if getattr(self, k) not in self.shares: raise ValueError(f"{k}={getattr(self, k)} must be one of shares={tuple(self.shares)}")
-    L_H = self.n_layers * self.n_heads
-    for k in (*self.ks, self.random_k): check_int('ks and random_k entries', k, 1, L_H)
-    for a in self.alphas: check_num('alphas entries', a, lo=0, lo_open=True)
-    for f in (*self.toy_freqs, self.toy_base_freq): check_num('toy frequencies', f, 0, 1, lo_open=True)
-    if self.toy_base_freq not in self.toy_freqs: raise ValueError(f"toy_freqs must hold toy_base_freq={self.toy_base_freq} (the 'equal' point)")
-    for s in self.markov_shares: check_num('markov_shares entries', s, 0, 1, lo_open=True, hi_open=True)
+        if getattr(self, k) not in self.shares:
+            raise ValueError(f"{k}={getattr(self, k)} must be one of shares={tuple(self.shares)}")
+    for k in (*self.ks, self.random_k): check_int('ks and random_k entries', k, 1, self.n_layers * self.n_heads)
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000081c
+def _check_grids(cfg: ToxicITIConfig):
+    "Check the swept tuples: shares, strengths, toy frequencies and shares."
+    for k in _TUPLES:
+        if not isinstance(getattr(cfg, k), (tuple, list)) or not getattr(cfg, k):
+            raise TypeError(f"{k} must be a non-empty tuple, got {getattr(cfg, k)!r}")
+    for s in cfg.shares: style_prob(s, cfg.process)
+    for a in cfg.alphas: check_num('alphas entries', a, lo=0, lo_open=True)
+    for f in (*cfg.toy_freqs, cfg.toy_base_freq): check_num('toy frequencies', f, 0, 1, lo_open=True)
+    if cfg.toy_base_freq not in cfg.toy_freqs:
+        raise ValueError(f"toy_freqs must hold toy_base_freq={cfg.toy_base_freq} (the 'equal' point)")
+    for s in cfg.markov_shares: check_num('markov_shares entries', s, 0, 1, lo_open=True, hi_open=True)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000091
 def train_lm(cfg: ToxicITIConfig, share: float, seed: int, tok: WordTokenizer | None = None) -> tuple:
     "(model in eval mode, record of the run) for one share and seed."
     tok = tok or WordTokenizer()
-    corpus = make_attribute_corpus(cfg.steps * cfg.batch_size, share, seed, cfg.process, 'train', tok)
-    model = tiny_llama(vocab_size=tok.vocab_size, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.seq_len, seed=seed).to(get_device())
-    with Timer() as t:
-        hist = train(model, corpus.ids, TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, progress=False))
-    return model.eval(), dict(train_loss=float(np.mean(hist.train_loss[-max(1, len(hist.train_loss) // 10):])), realised_share=corpus.share,
-                              train_s=t.s)
+    corpus = make_attribute_corpus(cfg.steps * cfg.batch_size, share, seed, cfg.process)
+    model = tiny_llama(vocab_size=tok.vocab_size, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                       max_len=cfg.seq_len, seed=seed).to(get_device())
+    updates = len(corpus.ids) // cfg.batch_size                                     # one pass over the corpus
+    tc = TrainConfig(steps=updates, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, progress=False)
+    with Timer() as t: hist = train(model, corpus.ids, tc)
+    tail = hist.train_loss[-max(1, len(hist.train_loss) // 10):]
+    return model.eval(), dict(train_loss=float(np.mean(tail)), realised_share=corpus.share, n_plain=corpus.n_plain,
+                              n_marked=corpus.n_marked, updates=updates, train_s=t.s)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000092
 def _rates(model, tok, cfg, prompts: dict, seed: int, iti=None) -> dict:
-    "Attribute rate per prompt set, under `iti` (a 'last'-position intervention) if given."
+    "Attribute rate per prompt set (name -> (ids, topics)), under `iti` (a 'last'-position intervention) if given."
     with (iti if iti is not None else contextlib.nullcontext()):
-        return {k: attribute_rate(model, tok, p, cfg.n_new, seed=seed).mean().item() for k, p in prompts.items()}
+        return {k: attribute_rate(model, tok, p, t, cfg.n_new, cfg.n_samples, seed=seed).mean().item()
+                for k, (p, t) in prompts.items()}
+
+def _entanglement(Rs: torch.Tensor, labels: dict, seed: int) -> dict:
+    "Per block: the attribute's entanglement (whitened probes), its chance level and nearest feature; the old measure."
+    ent = [attribute_entanglement(probe_directions(Rs[:, l], labels), seed=seed) for l in range(Rs.shape[1])]
+    return dict(ent=[e for e, _, _ in ent], ent_chance=[c for _, c, _ in ent], ent_nearest=[n for _, _, n in ent],
+                ent_mass_mean=[mass_mean_entanglement(Rs[:, l], labels) for l in range(Rs.shape[1])])
 
 def probe_model(model, cfg: ToxicITIConfig, seed: int, tok: WordTokenizer) -> dict:
-    "Probes, ITI directions and entanglement measures of one model."
+    "Head probes and their shuffled-label chance, ITI directions, and the entanglement measures of one model."
     pt = probe_texts(cfg.n_probe_pairs, seed, tok)
     Z, Rs = collect_head_activations(model, pt['ids'])
     res = train_head_probes(Z, pt['attribute'], seed=seed, groups=pt['pair'])
     shuf = pt['attribute'][torch.randperm(len(pt['attribute']), generator=torch.Generator().manual_seed(seed))]
+    acc_shuffled = train_head_probes(Z, shuf, seed=seed, groups=pt['pair']).acc.mean().item()
     theta, sigma = mass_mean_directions(Z, pt['attribute'])
     labels = {k: pt[k] for k in ('attribute', 'topic', 'frame', 'cue')}
-    ent = [attribute_entanglement(feature_directions(Rs[:, l], labels), seed=seed) for l in range(Rs.shape[1])]
-    return dict(acc=res.acc, acc_shuffled=train_head_probes(Z, shuf, seed=seed, groups=pt['pair']).acc.mean().item(), theta=theta, sigma=sigma,
-                ent=[e for e, _, _ in ent], ent_chance=[c for _, c, _ in ent], ent_nearest=[n for _, _, n in ent],
-                unemb_marked=unembedding_entanglement(model, tok, MARKED_ADJ),
-                unemb_plain=unembedding_entanglement(model, tok, [a for _, _, adjs in TOPICS.values() for a in adjs.split()]))
+    return dict(acc=res.acc, acc_shuffled=acc_shuffled, theta=theta, sigma=sigma, **_entanglement(Rs, labels, seed))
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000093
-def evaluate_lm(model, cfg: ToxicITIConfig, seed: int, tok: WordTokenizer | None = None, samples: int = 0) -> dict:
-    "Every measurement of one model: probes, entanglement, base and prefix rates, perplexity, the ITI sweep and the random control."
-    tok = tok or WordTokenizer(); pr = probe_model(model, cfg, seed, tok)
-    prompts = {k: eliciting_prompts(cfg.n_prompts, k, seed, False, tok, cfg.process) for k in PROMPT_KINDS}
-    prefixed = {k: eliciting_prompts(cfg.n_prompts, k, seed, True, tok, cfg.process) for k in PROMPT_KINDS}
-    rows = make_attribute_corpus(cfg.n_ppl_rows, 0.0, seed, cfg.process, 'heldout', tok).ids
-    rd = random_directions(pr['theta'], seed)
-    sweep = []
+def _sweep(model, tok, cfg, pr: dict, prompts: dict, rows: torch.Tensor, seed: int) -> list:
+    "Rates and perplexity of every ITI setting (K, alpha) and of the random-direction control."
+    rd, out = random_directions(pr['theta'], seed), []
     for method, K, theta in [('iti', k, pr['theta']) for k in cfg.ks] + [('random', cfg.random_k, rd)]:
         heads = top_heads(pr['acc'], K)
         for a in cfg.alphas:
             r = _rates(model, tok, cfg, prompts, seed, ITIIntervention(model, heads, theta, pr['sigma'], a, 'last'))
             ppl = steered_perplexity(model, rows, ITIIntervention(model, heads, theta, pr['sigma'], a, 'all'))
-            sweep.append(dict(method=method, K=K, alpha=a, rate_attribute=r['attribute'], rate_cue=r['cue'], ppl=ppl))
-    out = dict(acc=pr['acc'].tolist(), acc_shuffled=pr['acc_shuffled'], ent=pr['ent'], ent_chance=pr['ent_chance'], ent_nearest=pr['ent_nearest'],
-               unemb_marked=pr['unemb_marked'], unemb_plain=pr['unemb_plain'], ppl0=steered_perplexity(model, rows),
-               base=_rates(model, tok, cfg, prompts, seed), prefix=_rates(model, tok, cfg, prefixed, seed), sweep=sweep,
-               sigma_mean=pr['sigma'].mean().item())
-    if samples: out['samples'] = sample_continuations(model, tok, cfg, pr, prompts['attribute'][:samples], seed)
+            out.append(dict(method=method, K=K, alpha=a, rate_attribute=r['attribute'], rate_cue=r['cue'], ppl=ppl))
     return out
 
-def sample_continuations(model, tok, cfg, pr: dict, prompts: list, seed: int) -> list:
-    "A few continuations of attribute prompts without ITI and at each swept strength (K = `random_k` top heads), for the widget."
+def evaluate_lm(model, cfg: ToxicITIConfig, seed: int, tok: WordTokenizer | None = None, samples: int = 0) -> dict:
+    "Every measurement of one model: probes, entanglement, base and prefix rates, perplexity, the sweep and control."
+    tok = tok or WordTokenizer()
+    pr = probe_model(model, cfg, seed, tok)
+    prompts = {k: eliciting_prompts(cfg.n_prompts, k, seed, False, tok, cfg.process) for k in PROMPT_KINDS}
+    prefixed = {k: eliciting_prompts(cfg.n_prompts, k, seed, True, tok, cfg.process) for k in PROMPT_KINDS}
+    rows = make_attribute_corpus(cfg.n_ppl_rows, 0.0, seed, cfg.process, 'heldout').ids
+    out = dict(acc=pr['acc'].tolist(), acc_shuffled=pr['acc_shuffled'], sigma_mean=pr['sigma'].mean().item(),
+               **{k: pr[k] for k in ('ent', 'ent_chance', 'ent_nearest', 'ent_mass_mean')},
+               ppl0=steered_perplexity(model, rows), base=_rates(model, tok, cfg, prompts, seed),
+               prefix=_rates(model, tok, cfg, prefixed, seed), sweep=_sweep(model, tok, cfg, pr, prompts, rows, seed))
+    if samples: out['samples'] = sample_continuations(model, tok, cfg, pr, prompts['attribute'], samples, seed)
+    return out
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000093a
+def sample_continuations(model, tok, cfg, pr: dict, prompts: tuple, n: int, seed: int) -> list:
+    "Continuations of the first `n` attribute prompts, no ITI and each strength (`random_k` top heads), for widgets."
     out, heads = [], top_heads(pr['acc'], cfg.random_k)
+    ids, topics = prompts[0][:n], prompts[1][:n]
     for a in (0.0, *cfg.alphas):
         with ITIIntervention(model, heads, pr['theta'], pr['sigma'], a, 'last'):
-            hit, cont = attribute_rate(model, tok, prompts, cfg.n_new, seed=seed, return_ids=True)
-        out += [dict(alpha=a, K=len(heads), prompt=tok.decode(p[1:]), text=tok.decode(c), marked=bool(h)) for p, c, h in zip(prompts, cont, hit)]
+            hit, cont = attribute_rate(model, tok, ids, topics, cfg.n_new, seed=seed, return_ids=True)
+        out += [dict(alpha=a, K=len(heads), prompt=tok.decode(p[1:]), text=tok.decode(c), topic=t, marked=bool(h))
+                for p, c, t, h in zip(ids, cont, topics, hit)]
     return out
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000101
 def superposition_unit(cfg: ToxicITIConfig) -> dict:
     "The superposition toy: every focal frequency x seed at once; entanglement, norm and chance level per run."
-    fr = [float(f) for f in cfg.toy_freqs for _ in range(cfg.n_toy_seeds)]               # (R,) focal feature 0's frequency
-    freqs = torch.full((len(fr), 12), cfg.toy_base_freq); freqs[:, 0] = torch.tensor(fr)
+    fr = [float(f) for f in cfg.toy_freqs for _ in range(cfg.n_toy_seeds)]           # (R,) focal feature's frequency
+    freqs = torch.full((len(fr), 12), cfg.toy_base_freq)
+    freqs[:, 0] = torch.tensor(fr)
     W = train_toy_superposition(freqs, 4, cfg.toy_steps, seed=cfg.seed)                   # (R, 12, 4)
     E = entanglement(W)
     r = F.normalize(torch.randn(len(W), 256, 4, generator=torch.Generator().manual_seed(cfg.seed)), dim=-1)
-    chance = (r @ F.normalize(W[:, 1:], dim=-1).transpose(1, 2)).abs().max(-1).values.mean(1)   # random direction vs the 11 others
+    # chance: a random direction against the 11 other features
+    chance = (r @ F.normalize(W[:, 1:], dim=-1).transpose(1, 2)).abs().max(-1).values.mean(1)
     return dict(freq=fr, seed=[cfg.seed + i % cfg.n_toy_seeds for i in range(len(fr))], E=E[:, 0].tolist(),
-                E_others=E[:, 1:].mean(1).tolist(), norm=W[:, 0].norm(dim=-1).tolist(), chance=chance.tolist(), W=W.tolist())
+                E_others=E[:, 1:].mean(1).tolist(), norm=W[:, 0].norm(dim=-1).tolist(), chance=chance.tolist(),
+                W=W.tolist())
 
 def lm_unit(cfg: ToxicITIConfig, share: float, seed: int) -> dict:
     "Train and evaluate the model of one (share, seed)."
-    tok = WordTokenizer(); model, rec = train_lm(cfg, share, seed, tok)
+    tok = WordTokenizer()
+    model, rec = train_lm(cfg, share, seed, tok)
     return dict(rec, **evaluate_lm(model, cfg, seed, tok, samples=4 if seed == cfg.seed else 0))
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000102
-def _lm_row(share, seed, u, cfg) -> dict:
-    p = cfg.process
-    return dict(phase='lm', share=share, seed=seed, train_loss=u['train_loss'], realised_share=u['realised_share'], train_s=u['train_s'],
-                probe_acc_mean=float(np.mean(u['acc'])), probe_acc_max=float(np.max(u['acc'])), probe_acc_shuffled=u['acc_shuffled'],
-                ent_attr=u['ent'][-1], ent_chance=u['ent_chance'][-1], ent_nearest=u['ent_nearest'][-1], **{f'ent_block{l}': e for l, e in enumerate(u['ent'])},
-                unemb_marked=u['unemb_marked'], unemb_plain=u['unemb_plain'], ppl0=u['ppl0'], sigma_mean=u['sigma_mean'],
-                base_attribute=u['base']['attribute'], base_cue=u['base']['cue'], prefix_attribute=u['prefix']['attribute'], prefix_cue=u['prefix']['cue'],
-                bayes_attribute=bayes_next_rate(share, 'attribute', False, p), bayes_cue=bayes_next_rate(share, 'cue', False, p),
+def _lm_row(share: float, seed: int, u: dict, cfg: ToxicITIConfig) -> dict:
+    "One model's row: training, probes, entanglement (last block and per block), rates, Bayes rates, perplexity."
+    p, L = cfg.process, len(u['ent'])
+    return dict(phase='lm', share=share, seed=seed, **{k: u[k] for k in ('train_loss', 'realised_share', 'n_plain',
+                'n_marked', 'updates', 'train_s', 'ppl0', 'sigma_mean')},
+                probe_acc_mean=float(np.mean(u['acc'])), probe_acc_max=float(np.max(u['acc'])),
+                probe_acc_shuffled=u['acc_shuffled'], ent_attr=u['ent'][-1], ent_chance=u['ent_chance'][-1],
+                ent_nearest=u['ent_nearest'][-1], ent_mass_mean=u['ent_mass_mean'][-1],
+                **{f'ent_block{l}': u['ent'][l] for l in range(L)},
+                **{f'{w}_{k}': u[w][k] for w in ('base', 'prefix') for k in PROMPT_KINDS},
+                bayes_attribute=bayes_next_rate(share, 'attribute', False, p),
+                bayes_cue=bayes_next_rate(share, 'cue', False, p),
                 bayes_cue_prefix=bayes_next_rate(share, 'cue', True, p))
 
+def _notes(cfg: ToxicITIConfig) -> str:
+    return (f"Synthetic marked style (adjectives of another topic) instead of toxic text. Tiny Llamas "
+            f"(L={cfg.n_layers}, d={cfg.d_model}, {cfg.n_heads} heads), one pass over {cfg.steps * cfg.batch_size:,} "
+            f"plain documents of {cfg.seq_len} tokens plus the marked-style documents of each share "
+            f"{list(cfg.shares)}, {cfg.n_seeds} seeds; ITI over K in {list(cfg.ks)} and alpha in {list(cfg.alphas)}; "
+            f"frontiers at perplexity <= (1 + {cfg.budget}) x the {cfg.clean_share} model's and at "
+            f"+{cfg.rel_budget:.0%} of each model's own.")
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000102b
 def run_experiment(cfg: ToxicITIConfig) -> Results:
-    "Both toys, then one model per (share, seed): probes, entanglement, base rates, ITI sweeps; rows, tables, claims, verdict."
+    "Both toys, then one model per (share, seed): probes, entanglement, base rates, ITI sweeps; rows, claims, verdict."
     if not isinstance(cfg, ToxicITIConfig): raise TypeError(f"cfg must be a ToxicITIConfig, got {type(cfg).__name__}")
     with Timer() as tm, torch_threads(cfg.threads):
         sup = cached_unit('toxic_iti', cfg, dict(kind='toy_superposition'), lambda: superposition_unit(cfg))
-        mk = {(s, sd): cached_unit('toxic_iti', cfg, dict(kind='toy_markov', share0=s, seed=sd), lambda: train_markov_toy(s, sd, cfg.markov_steps))
-              for s, sd in progress([(s, sd) for s in cfg.markov_shares for sd in cfg.seed_list(cfg.n_markov_seeds)], 'Markov toy')}
+        mk_units = [(s, sd) for s in cfg.markov_shares for sd in cfg.seed_list(cfg.n_markov_seeds)]
+        mk = {(s, sd): cached_unit('toxic_iti', cfg, dict(kind='toy_markov', share0=s, seed=sd),
+                                   lambda: train_markov_toy(s, sd, cfg.markov_steps))
+              for s, sd in progress(mk_units, 'Markov toy')}
+        lm_units = [(sd, s) for sd in cfg.seeds for s in cfg.shares]           # seed-major: plain documents are reused
         lm = {(s, sd): cached_unit('toxic_iti', cfg, dict(kind='lm', share=s, seed=sd), lambda: lm_unit(cfg, s, sd))
-              for sd, s in progress([(sd, s) for sd in cfg.seeds for s in cfg.shares], 'language models')}
+              for sd, s in progress(lm_units, 'language models')}
+    toy = zip(sup['freq'], sup['seed'], sup['E'], sup['E_others'], sup['norm'], sup['chance'])
     rows = [dict(phase='toy_superposition', freq=f, seed=sd, E=e, E_others=eo, norm=n, chance=c)
-            for f, sd, e, eo, n, c in zip(sup['freq'], sup['seed'], sup['E'], sup['E_others'], sup['norm'], sup['chance'])]
+            for f, sd, e, eo, n, c in toy]
     rows += [dict(phase='toy_markov', share0=s, seed=sd, **u) for (s, sd), u in mk.items()]
     rows += [_lm_row(s, sd, u, cfg) for (s, sd), u in lm.items()]
     rows += [dict(phase='sweep', share=s, seed=sd, **r) for (s, sd), u in lm.items() for r in u['sweep']]
+    toy_W = [dict(freq=f, seed=sd, W=np.round(w, 4).tolist()) for f, sd, w in zip(sup['freq'], sup['seed'], sup['W'])]
     tables = dict(probe_acc=[dict(share=s, seed=sd, acc=u['acc']) for (s, sd), u in lm.items()],
                   samples=[dict(share=s, seed=sd, **r) for (s, sd), u in lm.items() for r in u.get('samples', [])],
-                  toy_W=[dict(freq=f, seed=sd, W=np.round(w, 4).tolist()) for f, sd, w in zip(sup['freq'], sup['seed'], sup['W']) if sd == cfg.seed])
+                  toy_W=[r for r in toy_W if r['seed'] == cfg.seed])
     res = Results('toxic_iti', cfg, rows, seeds=cfg.seeds, tables=tables, wall_time_s=tm.s, notes=_notes(cfg))
     return res.conclude(verdict, claims(res), headline(res))
 
-def _notes(cfg) -> str:
-    return (f"Synthetic marked style instead of toxic text. Tiny Llamas (L={cfg.n_layers}, d={cfg.d_model}, {cfg.n_heads} heads) trained for "
-            f"{cfg.steps * cfg.batch_size * cfg.seq_len:,} tokens at marked shares {list(cfg.shares)}, {cfg.n_seeds} seeds each; "
-            f"ITI over K in {list(cfg.ks)} and alpha in {list(cfg.alphas)}; budget: perplexity <= (1 + {cfg.budget}) x the {cfg.clean_share} model's.")
-
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000111
-def at_budget(df, budget: float, clean_share: float):
-    "Per (share, seed): the budget B, and the lowest attribute rate per prompt set within B for ITI and for the random control (no intervention included), with the setting used."
+def front_rate(ppl, rate, at: float) -> float:
+    "Lowest rate of the (ppl, rate) points' frontier at perplexity `at`, linear between its points; nan below them all."
+    c, q = np.asarray(ppl, float), np.asarray(rate, float)
+    if at < c.min(): return math.nan
+    if at >= c.max(): return float(q.min())
+    return interp_on_front(c, q, at, better='lower')
+
+def _removed(base: float, rate: float) -> float:
+    "Fraction of the base rate removed, $1-A/A_0$ (0 when there is nothing to remove)."
+    return 1 - rate / base if base > 0 else 0.0
+
+def _model_fronts(r, sw, B: float, rel_budget: float) -> dict:
+    "One model's frontier rates per prompt set: ITI at B; ITI and the random control at (1 + rel_budget) x its ppl0."
+    out, at = dict(within=bool(r.ppl0 <= B)), (1 + rel_budget) * r.ppl0
+    for kind in PROMPT_KINDS:
+        base = r[f'base_{kind}']
+        pts = {m: (np.r_[r.ppl0, g.ppl], np.r_[base, g[f'rate_{kind}']]) for m, g in sw.groupby('method')}
+        # $A^\star_m(B)=\min\{A_m(s):P_m(s)\le B\}$ along the front; over B at its cheapest: its base rate
+        a = front_rate(*pts['iti'], B)
+        out[f'abs_iti_{kind}'] = base if math.isnan(a) else a
+        out[f'rel_iti_{kind}'], out[f'rel_random_{kind}'] = (front_rate(*pts[m], at) for m in ('iti', 'random'))
+        out[f'removed_{kind}'] = _removed(base, out[f'rel_iti_{kind}'])
+    return out
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000111b
+def frontier_table(df, budget: float, rel_budget: float, clean_share: float):
+    "Per (share, seed): ppl0, the budget B, base and prefix rates, and the frontier rates of `_model_fronts`."
     import pandas as pd
     lm, sw = df[df.phase == 'lm'].set_index(['share', 'seed']), df[df.phase == 'sweep']
     out = []
     for (s, sd), r in lm.iterrows():
         B = (1 + budget) * lm.loc[(clean_share, sd), 'ppl0']
-        rec = dict(share=s, seed=sd, ppl_budget=B, ppl0=r.ppl0, within=bool(r.ppl0 <= B))
-        for method in ('iti', 'random'):
-            pts = sw[(sw.share == s) & (sw.seed == sd) & (sw.method == method) & (sw.ppl <= B)]
-            for kind in PROMPT_KINDS:
-                cands = [(r[f'base_{kind}'], 0, 0.0)] + list(zip(pts[f'rate_{kind}'], pts.K, pts.alpha))
-                # $A^\star=\min\{A(s):P(s)\le B\}$ (no intervention counts; a model over budget even unsteered keeps its base rate)
-                best = min(cands, key=lambda c: (c[0], c[2]))
-                rec.update({f'{method}_{kind}': best[0], f'{method}_{kind}_K': int(best[1]), f'{method}_{kind}_alpha': float(best[2])})
-        for kind in PROMPT_KINDS: rec[f'prefix_{kind}'], rec[f'base_{kind}'] = r[f'prefix_{kind}'], r[f'base_{kind}']
-        out.append(rec)
+        rec = dict(share=s, seed=sd, ppl0=r.ppl0, ppl_budget=B, **{f'{w}_{k}': r[f'{w}_{k}']
+                   for w in ('base', 'prefix') for k in PROMPT_KINDS})
+        out.append(rec | _model_fronts(r, sw[(sw.share == s) & (sw.seed == sd)], B, rel_budget))
     return pd.DataFrame(out)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000112
-def _pair(T, col, a_share, b_share, a_col=None):
+def _pair(T, col: str, a_share: float, b_share: float, a_col: str | None = None) -> tuple:
     "Values of `a_col` (default `col`) at share a and of `col` at share b, over the seeds both have, in seed order."
     A, B = T[T.share == a_share].set_index('seed'), T[T.share == b_share].set_index('seed')
     seeds = sorted(set(A.index) & set(B.index))
     return A.loc[seeds, a_col or col].to_numpy(float), B.loc[seeds, col].to_numpy(float)
 
-def claims(results: Results) -> list:
-    "The paper's claim in eight parts: the two toys, separability, entanglement, base rate (2 prompt sets), trade-off at the budget (2 prompt sets)."
+def _toy_claims(results: Results) -> list:
+    "Both toys: the focal feature's (chain 0's) entanglement at its lowest frequency (share) minus at the common one."
     c, df = results.config, results.df
-    clean, hi = c['clean_share'], c['claim_share']
-    ts = df[df.phase == 'toy_superposition']; lo_f = min(c['toy_freqs'])
+    ts, lo_f = df[df.phase == 'toy_superposition'], min(c['toy_freqs'])
     a, b = (ts[ts.freq == f].sort_values('seed').E.to_numpy(float) for f in (lo_f, c['toy_base_freq']))
-    tm = df[df.phase == 'toy_markov']; lo_s, eq_s = min(c['markov_shares']), max(c['markov_shares'])
+    tm, lo_s, eq_s = df[df.phase == 'toy_markov'], min(c['markov_shares']), max(c['markov_shares'])
     ma, mb = (tm[tm.share0 == s].sort_values('seed').E_chain0.to_numpy(float) for s in (lo_s, eq_s))
-    lm = df[df.phase == 'lm']; T = at_budget(df, c['budget'], clean)
-    T['best_clean_attribute'] = T[['iti_attribute', 'prefix_attribute']].min(1); T['best_clean_cue'] = T[['iti_cue', 'prefix_cue']].min(1)
-    out = [claim(f"toy (superposition): focal feature's entanglement at frequency {lo_f} minus at the others' {c['toy_base_freq']}", paired_t(a, b)),
-           claim(f"toy (Markov chains): chain 0's entanglement at share {lo_s:.2f} minus at an equal share {eq_s:.2f}", paired_t(ma, mb)),
-           claim(f"separability: mean per-head probe accuracy, {hi:.1%} model minus {clean:.1%} model", paired_t(*_pair(lm, 'probe_acc_mean', hi, clean))),
-           claim(f"entanglement of the attribute direction (last block), {clean:.1%} model minus {hi:.1%} model", paired_t(*_pair(lm, 'ent_attr', clean, hi)))]
-    for kind in PROMPT_KINDS:
-        out.append(claim(f"base attribute rate on {kind} prompts, {hi:.1%} model minus {clean:.1%} model", paired_t(*_pair(lm, f'base_{kind}', hi, clean))))
-    for kind in PROMPT_KINDS:
-        out.append(claim(f"trade-off on {kind} prompts at perplexity <= {1 + c['budget']:.2f}x the {clean:.1%} model's: best rate of the {clean:.1%} model "
-                         f"(ITI, prompt prefix or nothing) minus the {hi:.1%} model's with ITI", paired_t(*_pair(T, f'iti_{kind}', clean, hi, f'best_clean_{kind}'))))
-    return out
-
-@verdict_rule
-def verdict(results: Results) -> str:
-    "Not reproduced when the headline effect, the trade-off (the claim-share model with ITI below the clean model's best option within the perplexity budget), goes the other way on either prompt set; otherwise reproduced when all eight parts show beyond their 95% paired-t intervals over seeds (toy entanglement falls with frequency in both toys; at the claim share, higher probe accuracy, lower attribute entanglement, a higher base rate, and the trade-off on both prompt sets), partly when at least one shows, else not reproduced."
-    cs = claims(results)
-    if any(c.opposite for c in cs[-2:]): return 'not reproduced'      # VERDICTS.md: the effect goes the other way
-    return judge(cs)
+    return [claim(f"toy (superposition): focal feature's entanglement at frequency {lo_f} minus at the others' "
+                  f"{c['toy_base_freq']}", paired_t(a, b)),
+            claim(f"toy (Markov chains): chain 0's entanglement at share {lo_s:.2f} minus at an equal share {eq_s:.2f}",
+                  paired_t(ma, mb))]
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000113
-def best_share(results: Results, kind: str = 'attribute'):
-    "(share with the lowest seed-mean ITI attribute rate within the budget, the seed-mean rate per share)."
-    T = at_budget(results.df, results.config['budget'], results.config['clean_share'])
-    m = T.groupby('share')[f'iti_{kind}'].mean()
+def _legacy(results: Results) -> bool:
+    "A record of the earlier design (total tokens fixed, reserved lexicon, step budget), kept loadable."
+    return 'rel_budget' not in results.config
+
+def _legacy_at_budget(df, budget: float, clean_share: float):
+    "The earlier design's frontier: per model, the lowest rate among its settings within B (no interpolation)."
+    import pandas as pd
+    lm, sw, out = df[df.phase == 'lm'].set_index(['share', 'seed']), df[df.phase == 'sweep'], []
+    for (s, sd), r in lm.iterrows():
+        B = (1 + budget) * lm.loc[(clean_share, sd), 'ppl0']
+        rec = dict(share=s, seed=sd, within=bool(r.ppl0 <= B))
+        pts = sw[(sw.share == s) & (sw.seed == sd) & (sw.method == 'iti') & (sw.ppl <= B)]
+        for kind in PROMPT_KINDS:
+            cands = [(r[f'base_{kind}'], 0.0)] + list(zip(pts[f'rate_{kind}'], pts.alpha))
+            rec[f'iti_{kind}'] = min(cands)[0]
+            rec[f'prefix_{kind}'] = r[f'prefix_{kind}']
+        out.append(rec)
+    return pd.DataFrame(out)
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000113b
+def _legacy_claims(results: Results) -> list:
+    "The earlier design's eight claims, recomputed from its rows."
+    c, lm = results.config, results.df[results.df.phase == 'lm']
+    clean, hi = c['clean_share'], c['claim_share']
+    T = _legacy_at_budget(results.df, c['budget'], clean)
+    out = _toy_claims(results) + [
+        claim(f"separability: mean per-head probe accuracy, {hi:.1%} model minus {clean:.1%} model",
+              paired_t(*_pair(lm, 'probe_acc_mean', hi, clean))),
+        claim(f"entanglement of the attribute direction (last block), {clean:.1%} model minus {hi:.1%} model",
+              paired_t(*_pair(lm, 'ent_attr', clean, hi)))]
+    out += [claim(f"base attribute rate on {k} prompts, {hi:.1%} model minus {clean:.1%} model",
+                  paired_t(*_pair(lm, f'base_{k}', hi, clean))) for k in PROMPT_KINDS]
+    for k in PROMPT_KINDS:
+        T[f'best_{k}'] = T[[f'iti_{k}', f'prefix_{k}']].min(1)
+        out.append(claim(f"trade-off on {k} prompts at perplexity <= {1 + c['budget']:.2f}x the {clean:.1%} model's: "
+                         f"best rate of the {clean:.1%} model (ITI, prompt prefix or nothing) minus the {hi:.1%} "
+                         "model's with ITI", paired_t(*_pair(T, f'iti_{k}', clean, hi, f'best_{k}'))))
+    return out
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000114
+def preconditions(results: Results) -> list:
+    "The clean model has learned the style: its base rate on attribute prompts over the Bayes rate, >= `min_learned`."
+    c, lm = results.config, results.df[results.df.phase == 'lm']
+    x = lm[lm.share == c['clean_share']].sort_values('seed')
+    ratio = mean_ci((x.base_attribute / x.bayes_attribute).to_numpy(float))
+    name = f"the {c['clean_share']:.1%} model has learned the style: rate on attribute prompts / Bayes rate"
+    return [precondition(name, ratio, c, 'min_learned')]
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000114b
+def comparisons(results: Results) -> list:
+    "Toys, separability, entanglement, base rate, both frontiers (two prompt sets each), ITI vs random per share."
+    c, lm = results.config, results.df[results.df.phase == 'lm']
+    clean, hi, d = c['clean_share'], c['claim_share'], c['rel_budget']
+    T = frontier_table(results.df, c['budget'], d, clean)
+    T = T.assign(**{f'best_clean_{k}': T[[f'abs_iti_{k}', f'prefix_{k}']].min(1) for k in PROMPT_KINDS})
+    out = _toy_claims(results) + [
+        claim(f"separability: mean per-head probe accuracy, {hi:.1%} model minus {clean:.1%} model",
+              paired_t(*_pair(lm, 'probe_acc_mean', hi, clean))),
+        claim(f"entanglement of the attribute's probe direction (whitened, last block), {clean:.1%} model minus "
+              f"{hi:.1%} model", paired_t(*_pair(lm, 'ent_attr', clean, hi))),
+        claim(f"base rate on cue prompts, {hi:.1%} model minus {clean:.1%} model",
+              paired_t(*_pair(lm, 'base_cue', hi, clean)))]
+    out += [claim(f"absolute frontier on {k} prompts at perplexity <= {1 + c['budget']:.2f}x the {clean:.1%} model's: "
+                  f"its best rate (ITI, prompt prefix or nothing) minus the {hi:.1%} model's with ITI",
+                  paired_t(*_pair(T, f'abs_iti_{k}', clean, hi, f'best_clean_{k}'))) for k in PROMPT_KINDS]
+    out += [claim(f"relative frontier on {k} prompts at +{d:.0%} of each model's own perplexity: fraction of the base "
+                  f"rate ITI removes, {hi:.1%} model minus {clean:.1%} model",
+                  paired_t(*_pair(T, f'removed_{k}', hi, clean))) for k in PROMPT_KINDS]
+    for s, g in T.groupby('share'):
+        g = g.sort_values('seed')
+        out.append(claim(f"ITI vs random direction on attribute prompts, {s:.1%} model, at +{d:.0%} of its perplexity: "
+                         "random's rate minus ITI's", paired_t(g.rel_random_attribute, g.rel_iti_attribute)))
+    return out
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000114c
+def claims(results: Results) -> list:
+    "The precondition, then the parts of the paper's claim (the earlier design's eight claims for a record of it)."
+    return _legacy_claims(results) if _legacy(results) else preconditions(results) + comparisons(results)
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000115
+@verdict_rule
+def verdict(results: Results) -> str:
+    """Not reproduced when the headline, the absolute frontier (the claim-share model with ITI below the clean model's
+    best option at the perplexity budget), goes the other way on either prompt set; otherwise reproduced when every
+    part shows beyond its 95% paired-t interval over seeds (both toys, separability, entanglement, the base rate on cue
+    prompts, both frontiers on both prompt sets, ITI beating a random direction at every share), partly when at least
+    one does, else not reproduced. A record of the earlier fixed-token design is judged by the same rule on its own
+    eight claims, whose last two are its frontier."""
+    if _legacy(results):
+        cs = _legacy_claims(results)
+        headline_cs = cs[-2:]
+    else:
+        cs = comparisons(results)
+        headline_cs = cs[5:7]                          # the absolute frontier on attribute and cue prompts
+    if any(c.opposite for c in headline_cs): return 'not reproduced'      # VERDICTS.md: the effect goes the other way
+    return judge(cs)
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000116
+def best_share(results: Results, kind: str = 'attribute') -> tuple:
+    "(share with the lowest seed-mean absolute-frontier ITI rate, the seed-mean rate per share)."
+    c = results.config
+    if _legacy(results): T, col = _legacy_at_budget(results.df, c['budget'], c['clean_share']), f'iti_{kind}'
+    else: T, col = frontier_table(results.df, c['budget'], c['rel_budget'], c['clean_share']), f'abs_iti_{kind}'
+    m = T.groupby('share')[col].mean()
     return float(m.idxmin()), m
 
 def headline(results: Results) -> str:
-    "The trade-off in words, from the rows."
-    c = results.config; T = at_budget(results.df, c['budget'], c['clean_share']); g = T.groupby('share').mean(numeric_only=True)
-    clean, hi = c['clean_share'], c['claim_share']
-    bc = lambda k: min(g.loc[clean, f'iti_{k}'], g.loc[clean, f'prefix_{k}'])
-    return (f"within +{c['budget']:.0%} perplexity, the {hi:.0%}-share model with ITI ends at attribute rate {g.loc[hi, 'iti_attribute']:.2f} "
-            f"(attribute prompts) / {g.loc[hi, 'iti_cue']:.2f} (cue prompts) vs {bc('attribute'):.2f} / {bc('cue'):.2f} for the best option of the "
-            f"{clean:.1%} model (its base rates {g.loc[clean, 'base_attribute']:.2f} / {g.loc[clean, 'base_cue']:.2f}); lowest rate at share "
-            f"{best_share(results)[0]:.1%} (paper: ~10%); {len(results.seeds)} seeds")
+    "Both frontiers and the control in words, from the rows."
+    c = results.config
+    T = frontier_table(results.df, c['budget'], c['rel_budget'], c['clean_share'])
+    g, clean, hi = T.groupby('share').mean(numeric_only=True), c['clean_share'], c['claim_share']
+    best = lambda k: min(g.loc[clean, f'abs_iti_{k}'], g.loc[clean, f'prefix_{k}'])
+    both = lambda m, k1, k2, d=2: f"{g.loc[m, k1]:.{d}f} / {g.loc[m, k2]:.{d}f}"
+    return (f"at perplexity <= {1 + c['budget']:.2f}x the {clean:.1%} model's, the {hi:.0%}-share model with ITI "
+            f"ends at attribute rate {both(hi, 'abs_iti_attribute', 'abs_iti_cue')} (attribute / cue prompts) vs "
+            f"{best('attribute'):.2f} / {best('cue'):.2f} for the {clean:.1%} model's best option (base rates "
+            f"{both(clean, 'base_attribute', 'base_cue')}); at +{c['rel_budget']:.0%} of its own perplexity ITI "
+            f"removes {g.loc[hi, 'removed_attribute']:.0%} vs {g.loc[clean, 'removed_attribute']:.0%} of the base "
+            f"rate on attribute prompts; lowest rate at share {best_share(results)[0]:.1%} (paper: ~10%); "
+            f"{len(results.seeds)} seeds")
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000131
-def _ci_band(g, col):
+def _ci_band(g, col: str) -> tuple:
     "Mean and 95% t-interval half-width per group."
-    m = g[col].mean(); iv = g[col].apply(lambda v: mean_ci(v.to_numpy(float)) if len(v) > 1 else None)
+    m = g[col].mean()
+    iv = g[col].apply(lambda v: mean_ci(v.to_numpy(float)) if len(v) > 1 else None)
     return m, iv.apply(lambda i: 0.0 if i is None or not math.isfinite(i.hi) else i.hi - i.estimate)
 
+def _scatter(fig, m, h, name: str, color, dash=None, **kw):
+    "A mean line with 95% error bars."
+    fig.add_scatter(x=m.index, y=m, error_y=dict(array=h), name=name, mode='lines+markers',
+                    line=dict(color=color, dash=dash), **kw)
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000131a
 def fig_toys(df, title: str = 'Toys: is a rarer feature more entangled?') -> go.Figure:
     "Entanglement against frequency in both toys, from `Results.df`."
-    fig = make_subplots(rows=1, cols=2, subplot_titles=('superposition toy (12 features in 4 dims)', 'Markov toy (3 chains, 4-dim residual)'),
-                        specs=[[{'secondary_y': True}, {}]])
+    fig = make_subplots(rows=1, cols=2, specs=[[{'secondary_y': True}, {}]], subplot_titles=(
+        'superposition toy (12 features in 4 dims)', 'Markov toy (3 chains, 4-dim residual)'))
     ts = df[df.phase == 'toy_superposition'].groupby('freq')
-    for k, (col, name) in enumerate((('E', 'focal feature'), ('E_others', 'other features (mean)'), ('chance', 'random direction'))):
-        m, h = _ci_band(ts, col)
-        fig.add_scatter(x=m.index, y=m, error_y=dict(array=h), name=name, mode='lines+markers', line=dict(color=PALETTE[k], dash='dot' if col == 'chance' else None), row=1, col=1)
-    m, h = _ci_band(ts, 'norm')
-    fig.add_scatter(x=m.index, y=m, error_y=dict(array=h), name='focal feature norm ‖W_i‖', mode='lines+markers', line=dict(color='grey', dash='dash'), row=1, col=1, secondary_y=True)
-    fig.add_hline(y=welch_bound(12, 4), line_dash='dash', line_color='black', annotation_text='Welch bound', row=1, col=1)
+    curves = (('E', 'focal feature'), ('E_others', 'other features (mean)'), ('chance', 'random'))
+    for k, (col, name) in enumerate(curves):
+        _scatter(fig, *_ci_band(ts, col), name, PALETTE[k], 'dot' if col == 'chance' else None, row=1, col=1)
+    _scatter(fig, *_ci_band(ts, 'norm'), 'focal feature norm ‖W_i‖', 'grey', 'dash', row=1, col=1, secondary_y=True)
+    fig.add_hline(y=welch_bound(12, 4), line_dash='dash', line_color='black', annotation_text='Welch bound',
+                  row=1, col=1)
     tm = df[df.phase == 'toy_markov'].groupby('share0')
     for k, (col, name) in enumerate((('E_chain0', 'chain 0 (swept)'), ('E_others', 'chains 1-2'))):
-        m, h = _ci_band(tm, col)
-        fig.add_scatter(x=m.index, y=m, error_y=dict(array=h), name=name, mode='lines+markers', line=dict(color=PALETTE[k + 3]), row=1, col=2)
-    fig.update_xaxes(title_text='focal feature frequency', type='log', row=1, col=1); fig.update_xaxes(title_text="chain 0's share", type='log', row=1, col=2)
-    fig.update_yaxes(title_text='entanglement max|cos|', row=1, col=1, secondary_y=False); fig.update_yaxes(title_text='norm', row=1, col=1, secondary_y=True)
+        _scatter(fig, *_ci_band(tm, col), name, PALETTE[k + 3], row=1, col=2)
+    fig.update_xaxes(title_text='focal feature frequency', type='log', row=1, col=1)
+    fig.update_xaxes(title_text="chain 0's share", type='log', row=1, col=2)
+    fig.update_yaxes(title_text='entanglement max|cos|', row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text='norm', row=1, col=1, secondary_y=True)
     fig.update_yaxes(title_text='entanglement max|cos|', row=1, col=2)
     return fig.update_layout(title=title, height=400, template='plotly_white', margin=dict(t=70, l=60, r=20, b=40))
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000131b
 def fig_toy_vectors(W, freq: float, title: str | None = None) -> go.Figure:
     "The 12 feature vectors (rows of W, (12, 4)) projected on their two main axes; feature 0 (the focal one) in red."
-    W = torch.as_tensor(W, dtype=torch.float32); _, _, V = torch.linalg.svd(W, full_matrices=False); P = (W @ V[:2].T).numpy()
+    W = torch.as_tensor(W, dtype=torch.float32)
+    _, _, V = torch.linalg.svd(W, full_matrices=False)
+    P, E = (W @ V[:2].T).numpy(), entanglement(W)
     fig = go.Figure()
     for i, (x, y) in enumerate(P):
-        c = PALETTE[1] if i == 0 else PALETTE[0]
-        fig.add_scatter(x=[0, x], y=[0, y], mode='lines+markers', line=dict(color=c, width=3 if i == 0 else 1.5), showlegend=False,
-                        hovertext=f'feature {i}: ‖W‖={W[i].norm():.2f}, entanglement {entanglement(W)[i]:.2f}', hoverinfo='text')
+        fig.add_scatter(x=[0, x], y=[0, y], mode='lines+markers', showlegend=False, hoverinfo='text',
+                        line=dict(color=PALETTE[1] if i == 0 else PALETTE[0], width=3 if i == 0 else 1.5),
+                        hovertext=f'feature {i}: ‖W‖={W[i].norm():.2f}, entanglement {E[i]:.2f}')
     lim = float(np.abs(P).max()) * 1.1 + 1e-3
-    fig.update_xaxes(range=[-lim, lim], zeroline=False); fig.update_yaxes(range=[-lim, lim], scaleanchor='x', zeroline=False)
-    return fig.update_layout(title=title or f'feature vectors at focal frequency {freq} (2 main axes of 4)', height=380, width=420, template='plotly_white')
+    fig.update_xaxes(range=[-lim, lim], zeroline=False)
+    fig.update_yaxes(range=[-lim, lim], scaleanchor='x', zeroline=False)
+    title = title or f'feature vectors at focal frequency {freq} (2 main axes of 4)'
+    return fig.update_layout(title=title, height=380, width=420, template='plotly_white')
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000131c
 class ToyExplorer(Explorer):
     "Frequency slider over the superposition toy's feature vectors (one seed), beside the entanglement curves."
     def __init__(self, results: Results):
         import ipywidgets as W
         self.R, self.T = results, results.table('toy_W')
-        self.freq = W.SelectionSlider(options=sorted(set(self.T.freq)), description='frequency', continuous_update=False)
-        self.fig = go.FigureWidget(self.figure()); self.freq.observe(self._update, names='value')
-        self.widget = W.VBox([self.freq, W.HBox([self.fig, go.FigureWidget(fig_toys(results.df).update_layout(width=700))])])
-    def figure(self) -> go.Figure: return fig_toy_vectors(self.T[self.T.freq == self.freq.value].W.iloc[0], self.freq.value)
+        self.freq = W.SelectionSlider(options=sorted(set(self.T.freq)), description='frequency',
+                                      continuous_update=False)
+        self.fig = go.FigureWidget(self.figure())
+        self.freq.observe(self._update, names='value')
+        curves = go.FigureWidget(fig_toys(results.df).update_layout(width=700))
+        self.widget = W.VBox([self.freq, W.HBox([self.fig, curves])])
+    def figure(self) -> go.Figure:
+        return fig_toy_vectors(self.T[self.T.freq == self.freq.value].W.iloc[0], self.freq.value)
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000136
 def probe_grid(results: Results) -> dict:
@@ -700,23 +990,28 @@ def probe_grid(results: Results) -> dict:
     T = results.table('probe_acc')
     return {s: np.mean(np.stack([np.array(a) for a in g.acc]), 0) for s, g in T.groupby('share')}
 
-def fig_probe_heatmaps(grid: dict, shares=None, title: str = 'Probe accuracy per head (held-out, mean over seeds; chance 0.5)') -> go.Figure:
+def fig_probe_heatmaps(grid: dict, shares=None,
+                       title: str = 'Probe accuracy per head (held-out, mean over seeds; chance 0.5)') -> go.Figure:
     "One layer x head heatmap per share."
     shares = list(grid) if shares is None else list(shares)
-    fig = make_subplots(rows=1, cols=len(shares), subplot_titles=[f'share {s:.1%}' for s in shares], horizontal_spacing=0.04)
+    fig = make_subplots(rows=1, cols=len(shares), subplot_titles=[f'share {s:.1%}' for s in shares],
+                        horizontal_spacing=0.04)
     for k, s in enumerate(shares):
         A = grid[s]
-        fig.add_heatmap(z=A, x=[f'h{h}' for h in range(A.shape[1])], y=[f'L{l}' for l in range(A.shape[0])], zmin=0.5, zmax=1.0, colorscale='Viridis',
-                        text=np.round(A, 2), texttemplate='%{text}', showscale=k == len(shares) - 1, row=1, col=k + 1)
+        fig.add_heatmap(z=A, x=[f'h{h}' for h in range(A.shape[1])], y=[f'L{l}' for l in range(A.shape[0])], zmin=0.5,
+                        zmax=1.0, colorscale='Viridis', text=np.round(A, 2), texttemplate='%{text}',
+                        showscale=k == len(shares) - 1, row=1, col=k + 1)
     return fig.update_layout(title=title, height=300, template='plotly_white', margin=dict(t=70, l=40, r=20, b=30))
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000136b
 class ProbeExplorer(Explorer):
     "Share dropdown over the per-head probe accuracy heatmap."
     def __init__(self, results: Results):
         import ipywidgets as W
         self.grid = probe_grid(results)
         self.share = W.Dropdown(options=[(f'{s:.1%}', s) for s in self.grid], description='share')
-        self.fig = go.FigureWidget(self.figure()); self.share.observe(self._update, names='value')
+        self.fig = go.FigureWidget(self.figure())
+        self.share.observe(self._update, names='value')
         self.widget = W.VBox([self.share, self.fig])
     def figure(self) -> go.Figure: return fig_probe_heatmaps(self.grid, [self.share.value]).update_layout(width=420)
 
@@ -729,72 +1024,119 @@ def tradeoff_curves(df, kind: str = 'attribute', K: int = 4, method: str = 'iti'
     a = sw.assign(rate=sw[f'rate_{kind}'])[['share', 'seed', 'alpha', 'ppl', 'rate']]
     return pd.concat([a0, a]).groupby(['share', 'alpha'], as_index=False)[['ppl', 'rate']].mean()
 
-def fig_tradeoff(df, kind: str = 'attribute', K: int = 4, alpha: float | None = None, budget: float | None = None, clean_share: float | None = None,
-                 random_K: int | None = None, title: str | None = None) -> go.Figure:
-    "Attribute rate against clean perplexity along the ITI sweep, per share; prompt prefix, random control, budget line, and the point at `alpha`."
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000140a
+def _share_trace(fig, g, pm, kind: str, color, first: bool, alpha, rel_budget):
+    "One share's ITI curve, its start, its prompt-prefix point, its relative-budget tick and the point at `alpha`."
+    hover = 'alpha %{customdata}<br>ppl %{x:.3f}<br>rate %{y:.3f}<extra></extra>'
+    s, grp = g.share.iloc[0], str(g.share.iloc[0])
+    fig.add_scatter(x=g.ppl, y=g.rate, mode='lines+markers', name=f'{s:.1%}', line=dict(color=color),
+                    customdata=g.alpha, hovertemplate=hover, legendgroup=grp)
+    fig.add_scatter(x=g.ppl[:1], y=g.rate[:1], mode='markers', showlegend=False, legendgroup=grp,
+                    marker=dict(size=11, color='white', line=dict(color=color, width=2)))
+    fig.add_scatter(x=[pm.ppl0.mean()], y=[pm[f'prefix_{kind}'].mean()], mode='markers', legendgroup=grp,
+                    marker=dict(symbol='x', size=10, color=color), name='prompt prefix', showlegend=first)
+    if rel_budget is not None:
+        x = (1 + rel_budget) * pm.ppl0.mean()
+        fig.add_scatter(x=[x, x], y=[-0.02, 0.06], mode='lines', line=dict(color=color, width=2), showlegend=False,
+                        legendgroup=grp, hoverinfo='skip')
+    if alpha is not None and (g.alpha == alpha).any():
+        p = g[g.alpha == alpha]
+        fig.add_scatter(x=p.ppl, y=p.rate, mode='markers', marker=dict(size=15, color=color, symbol='diamond'),
+                        showlegend=False, hoverinfo='skip')
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000140b
+def fig_tradeoff(df, kind: str = 'attribute', K: int = 4, alpha: float | None = None, budget: float | None = None,
+                 clean_share: float | None = None, random_K: int | None = None, rel_budget: float | None = None,
+                 title: str | None = None) -> go.Figure:
+    "Attribute rate against plain-text perplexity along the ITI sweep, per share, with the baselines and both budgets."
     C, fig, lm = tradeoff_curves(df, kind, K), go.Figure(), df[df.phase == 'lm']
     Rd = tradeoff_curves(df, kind, random_K, 'random') if random_K else None
     for k, (s, g) in enumerate(C.groupby('share')):
         c = PALETTE[k % len(PALETTE)]
-        fig.add_scatter(x=g.ppl, y=g.rate, mode='lines+markers', name=f'{s:.1%}', line=dict(color=c), customdata=g.alpha,
-                        hovertemplate='alpha %{customdata}<br>ppl %{x:.3f}<br>rate %{y:.3f}<extra></extra>', legendgroup=str(s))
-        fig.add_scatter(x=g.ppl[:1], y=g.rate[:1], mode='markers', marker=dict(size=11, color='white', line=dict(color=c, width=2)), showlegend=False, legendgroup=str(s))
-        pm = lm[lm.share == s]
-        fig.add_scatter(x=[pm.ppl0.mean()], y=[pm[f'prefix_{kind}'].mean()], mode='markers', marker=dict(symbol='x', size=10, color=c),
-                        name=f'{s:.1%} prompt prefix', showlegend=k == 0, legendgroup=str(s))
+        _share_trace(fig, g, lm[lm.share == s], kind, c, k == 0, alpha, rel_budget)
         if Rd is not None:
             r = Rd[Rd.share == s]
-            fig.add_scatter(x=r.ppl, y=r.rate, mode='lines', line=dict(color=c, dash='dash', width=1), name='random direction', showlegend=k == 0, legendgroup=str(s))
-        if alpha is not None and (g.alpha == alpha).any():
-            p = g[g.alpha == alpha]
-            fig.add_scatter(x=p.ppl, y=p.rate, mode='markers', marker=dict(size=15, color=c, symbol='diamond'), showlegend=False, hoverinfo='skip')
+            fig.add_scatter(x=r.ppl, y=r.rate, mode='lines', line=dict(color=c, dash='dash', width=1),
+                            name='random direction', showlegend=k == 0, legendgroup=str(s))
     if budget is not None and clean_share is not None:
-        fig.add_vline(x=(1 + budget) * lm[lm.share == clean_share].ppl0.mean(), line_dash='dot', line_color='grey', annotation_text=f'budget +{budget:.0%}')
-    fig.update_xaxes(title_text='clean held-out perplexity (log)', type='log'); fig.update_yaxes(title_text=f'attribute rate ({kind} prompts)', range=[-0.02, 1.02])
-    return fig.update_layout(title=title or f'ITI trade-off, top {K} heads, {kind} prompts', height=420, template='plotly_white', margin=dict(t=60, l=60, r=20, b=40))
+        fig.add_vline(x=(1 + budget) * lm[lm.share == clean_share].ppl0.mean(), line_dash='dot', line_color='grey',
+                      annotation_text=f'budget +{budget:.0%}')
+    fig.update_xaxes(title_text='plain held-out perplexity (log)', type='log')
+    fig.update_yaxes(title_text=f'attribute rate ({kind} prompts)', range=[-0.02, 1.02])
+    title = title or f'ITI trade-off, top {K} heads, {kind} prompts'
+    return fig.update_layout(title=title, height=420, template='plotly_white', margin=dict(t=60, l=60, r=20, b=40))
 
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000140c
 class TradeoffExplorer(Explorer):
     "Prompt set, K and an alpha slider over `fig_tradeoff`."
     def __init__(self, results: Results):
         import ipywidgets as W
         self.R, c = results, results.config
         self.kind = W.ToggleButtons(options=list(PROMPT_KINDS), description='prompts')
-        self.K = W.Dropdown(options=list(c['ks']), value=c['random_k'] if c['random_k'] in c['ks'] else c['ks'][0], description='top K heads')
-        self.alpha = W.SelectionSlider(options=[0.0, *c['alphas']], value=c['alphas'][0], description='alpha', continuous_update=False)
+        K0 = c['random_k'] if c['random_k'] in c['ks'] else c['ks'][0]
+        self.K = W.Dropdown(options=list(c['ks']), value=K0, description='top K heads')
+        self.alpha = W.SelectionSlider(options=[0.0, *c['alphas']], value=c['alphas'][0], description='alpha',
+                                       continuous_update=False)
         self.fig = go.FigureWidget(self.figure())
         for w in (self.kind, self.K, self.alpha): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.kind, self.K]), self.alpha, self.fig])
     def figure(self) -> go.Figure:
         c = self.R.config
-        return fig_tradeoff(self.R.df, self.kind.value, self.K.value, self.alpha.value, c['budget'], c['clean_share'], c['random_k'] if self.K.value == c['random_k'] else None)
+        rk = c['random_k'] if self.K.value == c['random_k'] else None
+        return fig_tradeoff(self.R.df, self.kind.value, self.K.value, self.alpha.value, c['budget'], c['clean_share'],
+                            rk, c.get('rel_budget'))
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000144
+def share_frontiers(results: Results):
+    "The per-model frontier table of `results` (for a record of the earlier design, its columns renamed to match)."
+    c = results.config
+    if not _legacy(results): return frontier_table(results.df, c['budget'], c['rel_budget'], c['clean_share'])
+    T = _legacy_at_budget(results.df, c['budget'], c['clean_share'])
+    lm = results.df[results.df.phase == 'lm'].set_index(['share', 'seed'])
+    base = {f'base_{k}': lm.loc[list(zip(T.share, T.seed)), f'base_{k}'].to_numpy() for k in PROMPT_KINDS}
+    return T.rename(columns={f'iti_{k}': f'abs_iti_{k}' for k in PROMPT_KINDS}).assign(**base)
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000144b
+_BY_SHARE = (('no intervention', 'base'), ('ITI, absolute frontier', 'abs_iti'), ('prompt prefix', 'prefix'),
+             ('ITI, relative frontier', 'rel_iti'), ('random direction, relative frontier', 'rel_random'))
+_REPR = (('mean probe accuracy', 'probe_acc_mean'), ('attribute entanglement (last block)', 'ent_attr'),
+         ('its chance level', 'ent_chance'), ('mass-mean entanglement (earlier measure)', 'ent_mass_mean'))
+
 def fig_by_share(results: Results, title: str = 'By attribute share') -> go.Figure:
-    "Rates (left, per prompt set) and representation measures (right) against the training share, seed means with 95% intervals."
-    c = results.config; T = at_budget(results.df, c['budget'], c['clean_share']); lm = results.df[results.df.phase == 'lm']
+    "Rates (left, per prompt set) and representation measures (right) against the training share, seed means, 95% CIs."
+    T, lm = share_frontiers(results), results.df[results.df.phase == 'lm']
     fig = make_subplots(rows=1, cols=3, subplot_titles=('attribute prompts', 'cue prompts', 'representation'))
     for col, kind in ((1, 'attribute'), (2, 'cue')):
-        for k, (name, key) in enumerate((('no intervention', f'base_{kind}'), ('ITI within budget', f'iti_{kind}'), ('prompt prefix', f'prefix_{kind}'),
-                                         ('random direction within budget', f'random_{kind}'))):
-            m, h = _ci_band(T.groupby('share'), key)
-            fig.add_scatter(x=m.index, y=m, error_y=dict(array=h), mode='lines+markers', name=name, legendgroup=name, showlegend=col == 1,
-                            line=dict(color=PALETTE[k], dash='dot' if 'random' in name else None), row=1, col=col)
-    for k, (name, key) in enumerate((('mean probe accuracy', 'probe_acc_mean'), ('attribute entanglement (last block)', 'ent_attr'), ('its chance level', 'ent_chance'))):
-        m, h = _ci_band(lm.groupby('share'), key)
-        fig.add_scatter(x=m.index, y=m, error_y=dict(array=h), mode='lines+markers', name=name, line=dict(color=PALETTE[k + 4], dash='dot' if 'chance' in name else None), row=1, col=3)
+        for k, (name, key) in enumerate(_BY_SHARE):
+            if f'{key}_{kind}' not in T: continue
+            dash = 'dot' if 'random' in key else None
+            _scatter(fig, *_ci_band(T.groupby('share'), f'{key}_{kind}'), name, PALETTE[k], dash, legendgroup=name,
+                     showlegend=col == 1, row=1, col=col)
+    for k, (name, key) in enumerate(_REPR):
+        color, dash = PALETTE[(k + 5) % len(PALETTE)], 'dot' if 'chance' in key or 'mass' in key else None
+        if key in lm: _scatter(fig, *_ci_band(lm.groupby('share'), key), name, color, dash, row=1, col=3)
     fig.update_xaxes(title_text='marked share of training sentences', type='log', tickformat='.1%')
     fig.update_yaxes(title_text='attribute rate', row=1, col=1)
     return fig.update_layout(title=title, height=400, template='plotly_white', margin=dict(t=70, l=60, r=20, b=40))
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000147
-def samples_html(T, share: float, alpha: float, tok: WordTokenizer | None = None) -> str:
-    "An HTML table of the stored continuations at (share, alpha), marked words in red."
-    tok = tok or WordTokenizer(); marked = set(MARKED_ADJ + MARKED_INTJ)
-    mark = lambda s: ' '.join(f'<b style="color:#d62728">{html.escape(w)}</b>' if w in marked else html.escape(w) for w in s.split())
-    g = T[(T.share == share) & (T.alpha == alpha)]
-    rows = ''.join(f'<tr><td>{mark(r.prompt)}</td><td>{mark(r.text)}</td></tr>' for r in g.itertuples())
-    return f'<table><tr><th>prompt</th><th>continuation (share {share:.1%}, alpha {alpha})</th></tr>{rows}</table>'
+def _highlight(text: str, topic) -> str:
+    "HTML of `text` with the adjectives of a topic other than `topic` in red (none when the topic is unknown)."
+    names = list(TOPICS)
+    off = lambda w: topic is not None and w in ADJ_TOPIC and names.index(ADJ_TOPIC[w]) != int(topic)
+    red = lambda w: f'<b style="color:#d62728">{html.escape(w)}</b>'
+    return ' '.join(red(w) if off(w) else html.escape(w) for w in text.split())
 
+def samples_html(T, share: float, alpha: float) -> str:
+    "An HTML table of the stored continuations at (share, alpha), marked words in red."
+    g = T[(T.share == share) & (T.alpha == alpha)]
+    topic = lambda r: getattr(r, 'topic', None) if 'topic' in T else None
+    rows = ''.join(f'<tr><td>{_highlight(r.prompt, topic(r))}</td><td>{_highlight(r.text, topic(r))}</td>'
+                   f'<td>{"marked" if r.marked else ""}</td></tr>' for r in g.itertuples())
+    head = f'<tr><th>prompt</th><th>continuation (share {share:.1%}, alpha {alpha})</th><th></th></tr>'
+    return f'<table>{head}{rows}</table>'
+
+# %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000147b
 class SamplesExplorer(Explorer):
     "Share dropdown and alpha slider over stored continuations."
     def __init__(self, results: Results):
@@ -810,22 +1152,29 @@ class SamplesExplorer(Explorer):
     def _update(self, _=None): self.out.value = self.html()
 
 # %% ../../nbs/interpretability/31_toxic_iti.ipynb #ti000151
-PAPER = dict(toxigen_clean_base=41.40, toxigen_10pct_strong_iti=2.63, best_share=0.10, heads=30, alphas=(4, 8, 12))   # secondary sources, not checked in the PDF
+# the paper's figures from secondary sources (not checked in the PDF)
+PAPER = dict(toxigen_clean_base=41.40, toxigen_10pct_strong_iti=2.63, best_share=0.10, heads=30, alphas=(4, 8, 12))
+
+_SHARE_COLS = ('realised_share', 'updates', 'train_loss', 'ppl0', 'probe_acc_mean', 'probe_acc_max',
+               'probe_acc_shuffled', 'ent_attr', 'ent_chance', 'ent_mass_mean', 'base_attribute', 'bayes_attribute',
+               'base_cue', 'bayes_cue', 'prefix_attribute', 'prefix_cue', 'bayes_cue_prefix', 'abs_iti_attribute',
+               'abs_iti_cue', 'rel_iti_attribute', 'rel_iti_cue', 'rel_random_attribute', 'rel_random_cue',
+               'removed_attribute', 'removed_cue', 'within')
+
+def _mean_pm(v) -> tuple:
+    "(mean, 95% half-width; nan for one value)."
+    i = mean_ci(np.asarray(v, float))
+    return i.estimate, (i.hi - i.estimate) if math.isfinite(i.hi) else float('nan')
 
 def share_table(results: Results):
-    "Per share: seed means with 95% intervals of the main measurements, and the rates within the perplexity budget."
+    "Per share: seed means with 95% half-widths (`<col>_pm`) of the main measurements and both frontiers."
     import pandas as pd
-    c = results.config; T = at_budget(results.df, c['budget'], c['clean_share']); lm = results.df[results.df.phase == 'lm']
-    T['removed_attribute'] = 1 - T.iti_attribute / T.base_attribute.clip(lower=1e-9); T['removed_cue'] = 1 - T.iti_cue / T.base_cue.clip(lower=1e-9)
-    M = lm.merge(T.drop(columns=['ppl0', 'base_attribute', 'base_cue', 'prefix_attribute', 'prefix_cue']), on=['share', 'seed'])
-    def ci(v):
-        i = mean_ci(np.asarray(v, float)); return i.estimate, (i.hi - i.estimate) if math.isfinite(i.hi) else float('nan')
-    cols = ['realised_share', 'train_loss', 'ppl0', 'probe_acc_mean', 'probe_acc_max', 'probe_acc_shuffled', 'ent_attr', 'ent_chance', 'unemb_marked', 'unemb_plain',
-            'base_attribute', 'base_cue', 'bayes_cue', 'prefix_attribute', 'prefix_cue', 'bayes_cue_prefix', 'iti_attribute', 'iti_cue', 'random_attribute', 'random_cue',
-            'removed_attribute', 'removed_cue']
+    lm = results.df[results.df.phase == 'lm']
+    T = share_frontiers(results)
+    M = lm.merge(T[[k for k in T if k not in lm or k in ('share', 'seed')]], on=['share', 'seed'])
     out = []
     for s, g in M.groupby('share'):
         rec = dict(share=s, n=len(g))
-        for k in cols: rec[k], rec[k + '_pm'] = ci(g[k])
+        for k in [k for k in _SHARE_COLS if k in g]: rec[k], rec[k + '_pm'] = _mean_pm(g[k])
         out.append(rec)
     return pd.DataFrame(out)
