@@ -125,7 +125,7 @@ def test_tokens_to_reach():
 
 
 def test_embeddings_and_norms_get_no_weight_decay_keys_and_matrices_do():
-    "The paper's code decays matrices and keys, not embeddings (apply_wd=False) or norm gains; the platform decays ndim >= 2."
+    "The paper's code decays matrices and keys, not embeddings (apply_wd=False) or norm gains (the model names them in no_weight_decay)."
     m = ResidualMatrixTransformer(C)
     decayed = {id(p) for p in param_groups(m, 1e-4)[0]['params']}
     names = {n for n, p in m.named_parameters() if id(p) in decayed}
@@ -133,7 +133,8 @@ def test_embeddings_and_norms_get_no_weight_decay_keys_and_matrices_do():
     assert {'embed_store.weight', 'unembed_retrieve.weight', 'lm_head.weight', 'layers.0.self_attn.q_proj.weight',
             'layers.1.mlp.up_proj.weight'} <= names
     ids = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(m.embed_tokens(ids), m.embed_tokens.weight.view(61, -1)[ids])
+    assert torch.equal(m.embed_tokens(ids), m.embed_tokens.weight[ids]) and m.embed_tokens.weight.ndim == 2
+    assert m.layers[0].input_layernorm.weight.shape == m.config.residual_shape == (6, 4)          # a matrix gain (D_k, D_v)
 
 
 def _tiny_rows(seed=3):

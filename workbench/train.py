@@ -181,12 +181,17 @@ def count_tokens(batch: dict) -> int:
 
 # %% ../nbs/04_train.ipynb #618bb068
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    "AdamW parameter groups: trainable matrices (ndim >= 2) with `weight_decay`, vectors without."
-    ps = [p for p in model.parameters() if p.requires_grad]
+    """AdamW parameter groups: trainable matrices (ndim >= 2) with `weight_decay`; vectors, and the parameters the model
+    names in a `no_weight_decay()` method (timm's convention, e.g. embedding tables), without."""
+    names = dict(model.named_parameters())
+    skip = set(model.no_weight_decay()) if callable(getattr(model, 'no_weight_decay', None)) else set()
+    if skip - set(names): raise ValueError(f"no_weight_decay() names unknown parameters: {sorted(skip - set(names))}")
+    ps = [(n, p) for n, p in names.items() if p.requires_grad]
     if not ps: raise ValueError("the model has no trainable parameters (models from load_model come frozen): "
                                 "call requires_grad_(True) on what should train")
-    return [dict(params=[p for p in ps if p.ndim >= 2], weight_decay=weight_decay),
-            dict(params=[p for p in ps if p.ndim < 2], weight_decay=0.0)]
+    decay = [p.ndim >= 2 and n not in skip for n, p in ps]
+    return [dict(params=[p for (_, p), d in zip(ps, decay) if d], weight_decay=weight_decay),
+            dict(params=[p for (_, p), d in zip(ps, decay) if not d], weight_decay=0.0)]
 
 # %% ../nbs/04_train.ipynb #c0607d52
 @dataclass

@@ -75,12 +75,11 @@ class RMSNorm(nn.Module):
     def __init__(self, shape: tuple, eps: float=1e-6):
         super().__init__()
         self.shape, self.eps = tuple(shape), eps
-        # stored flat: 1-D, so `workbench.train` applies no weight decay to it, like a vector norm's gain
-        self.weight = nn.Parameter(torch.ones(math.prod(self.shape)))
+        self.weight = nn.Parameter(torch.ones(self.shape))             # the gain g, no weight decay (`no_weight_decay`)
     def forward(self, x: Tensor) -> Tensor:
         dims = tuple(range(-len(self.shape), 0))
         # $\mathrm N(X) = g \odot X / \sqrt{\mathrm{mean}(X^2) + \epsilon}$, the mean over all $D_k D_v$ entries
-        return x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + self.eps) * self.weight.view(self.shape)
+        return x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + self.eps) * self.weight
 
 # %% ../../nbs/architecture/50_rmt.ipynb #5e2bd5c4
 ARCHS = ('transformer', 'rmt')
@@ -224,14 +223,12 @@ class LMOutput:
     past_key_values: KVCache|None = None  # with `use_cache=True`
 
 class Embedding(nn.Module):
-    "A lookup table of `n` vectors of size `d`, stored flat (1-D) so that `workbench.train` does not weight-decay it."
+    "A lookup table of `n` vectors of size `d` (initialised by `_init_weights`, not by torch's global generator)."
     def __init__(self, n: int, d: int):
         super().__init__()
         self.n, self.d = n, d
-        self.weight = nn.Parameter(torch.empty(n * d))
-    @property
-    def table(self) -> Tensor: return self.weight.view(self.n, self.d)   # (n, d)
-    def forward(self, ids: Tensor) -> Tensor: return F.embedding(ids, self.table)
+        self.weight = nn.Parameter(torch.empty(n, d))                   # (n, d)
+    def forward(self, ids: Tensor) -> Tensor: return F.embedding(ids, self.weight)
 
 # %% ../../nbs/architecture/50_rmt.ipynb #799f2fc5
 def _init_weights(m: nn.Module, c: LMConfig):
@@ -245,7 +242,7 @@ def _init_weights(m: nn.Module, c: LMConfig):
             w = torch.randn(mod.weight.shape, generator=g) / math.sqrt(fan_in) * (out if writes else 1)
             with torch.no_grad(): mod.weight.copy_(w)
         elif isinstance(mod, Embedding):
-            with torch.no_grad(): mod.table.copy_(torch.randn(mod.n, mod.d, generator=g))
+            with torch.no_grad(): mod.weight.copy_(torch.randn(mod.n, mod.d, generator=g))
 
 # %% ../../nbs/architecture/50_rmt.ipynb #ad5a0627
 class CausalLM(nn.Module):
@@ -263,6 +260,9 @@ class CausalLM(nn.Module):
         self._extra(c)
         _init_weights(self, c)
     def _extra(self, c): pass
+    def no_weight_decay(self) -> set:
+        "Parameters AdamW leaves undecayed (`workbench.train.param_groups`): the tables and norm gains, as the paper's code."
+        return {f'{n}.weight' for n, m in self.named_modules() if isinstance(m, (Embedding, RMSNorm))}
     def embed(self, e: Tensor) -> Tensor: return e                  # (B, T, D) -> residual
     def readout(self, x: Tensor) -> Tensor: return x                # residual -> (B, T, D)
 
