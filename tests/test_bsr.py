@@ -1,12 +1,14 @@
-"Cross-checks of `workbench.alignment.bsr`: the losses, the synthetic task, the reward model, best-of-n, the experiment API and the verdict rule on made-up rows (fast, CPU)."
+"Cross-checks of `workbench.alignment.bsr`: the losses, the synthetic task, the reward model, best-of-n, early stopping, the experiment API, the findings and the verdict rule on made-up rows (fast, CPU)."
 import math
 import numpy as np
 import pytest
 import torch
+from itertools import product
 from workbench.alignment.bsr import (bt_loss, bsr_loss, bsr_penalty, center_penalty, reward_loss, SyntheticPreferenceTask,
-    sample_pairs, sample_listwise, sample_pool, gold_reward, make_reward_model, score, evaluate, PairLoss, bon_weights, bon_curve,
-    BSRConfig, claims, verdict, SPLITS)
-from workbench.core import Results, load_results, Claim
+    sample_pairs, sample_listwise, sample_pool, gold_reward, make_reward_model, score, evaluate, PairLoss, Probe, val_metrics,
+    bon_weights, bon_curve, BSRConfig, run_experiment, claims, verdict, lam_tradeoff, cv_growth, variant_label, SPLITS)
+from workbench.core import Results, load_results, Claim, VERDICTS
+from workbench.train import TrainConfig, train
 from workbench.measure import kendall_tau_b
 from workbench.train import collate
 
@@ -138,69 +140,144 @@ def test_bon_estimator_matches_brute_force():
 
 def test_config_sizes_seeds_and_validation(monkeypatch):
     full, quick = BSRConfig(mode='full'), BSRConfig(mode='quick')
-    assert full.n_seeds >= 5 and full.bon_n >= 256 and len(full.lams) >= 3 and quick.steps < full.steps
+    assert full.n_seeds >= 5 and full.bon_n >= 256 and len(full.lams) >= 4 and quick.steps < full.steps
+    assert full.steps >= 800 and full.steps // full.probe_every >= 10           # long enough to over-fit, probed along the way
+    assert (full.min_overopt, full.min_id_tau) == (0.0, 0.2)                    # the declared thresholds
+    assert quick.min_overopt <= -2 and quick.min_id_tau <= -1                   # a quick run asks nothing
     monkeypatch.setenv('WORKBENCH_SEED', '1')
     assert BSRConfig(mode='quick').seeds[0] == 1                 # WORKBENCH_SEED changes the run
     with pytest.raises(ValueError, match='lams must hold'): BSRConfig(lam=0.3)
     with pytest.raises(ValueError, match='power of 2'): BSRConfig(bon_n=12)
     with pytest.raises(ValueError, match='bon_n'): BSRConfig(bon_n=1024, bon_pool=512)
+    with pytest.raises(ValueError, match='probe_every'): BSRConfig(steps=4, probe_every=5)
+    with pytest.raises(ValueError, match='min_overopt'): BSRConfig(min_overopt=3.0)
 
 
-def _fake_results(tau_gap, h_gap=0.1, drop_gap=0.1, center_tau=0.0, seeds=(0, 1, 2, 3, 4), noise=0.01, pre=()):
-    """Rows shaped like run_experiment's: BSR's OOD τ-b ahead of BT by `tau_gap` (TRL centering ahead of BT by `center_tau`),
-    its in-domain ‖h‖ CV below BT's by `h_gap`, its best-of-n drop below both baselines' by `drop_gap`; `pre`: precondition claims."""
+def test_label_noise_is_in_the_declared_range():
+    "At the config's temperature, 20-35% of the training labels disagree with the gold ordering (the issue asks 20-30%)."
+    cfg = BSRConfig(mode='full')
+    rows = sample_pairs(SyntheticPreferenceTask(temperature=cfg.temperature, seed=cfg.data_seed), 'id', 3000, seed=cfg.data_seed + 1)
+    flipped = np.mean([r['gold_chosen'] < r['gold_rejected'] for r in rows])
+    assert 0.2 < flipped < 0.35, flipped
+    clean = sample_pairs(SyntheticPreferenceTask(temperature=0.1, seed=cfg.data_seed), 'id', 3000, seed=cfg.data_seed + 1)
+    assert np.mean([r['gold_chosen'] < r['gold_rejected'] for r in clean]) < flipped / 2   # the earlier design's labels
+
+
+def test_probe_keeps_the_weights_of_the_best_held_out_accuracy():
+    t = SyntheticPreferenceTask(seed=2)
+    m, val = make_reward_model(t.vocab_size, seed=3), sample_pairs(t, 'id', 48, seed=4)
+    pb = Probe(m, {'id': sample_listwise(t, 'id', 6, seed=5)}, val, every=3)
+    train(m, sample_pairs(t, 'id', 96, seed=6), TrainConfig(steps=15, batch_size=16, lr=5e-3, weight_decay=0.0, progress=False),
+          loss_fn=PairLoss('bt'), callbacks=[pb])
+    acc = {r['step']: r['acc'] for r in pb.rows if r['split'] == 'val'}
+    assert sorted(acc) == [3, 6, 9, 12, 15] and {r['split'] for r in pb.rows} == {'val', 'id'}
+    assert pb.best_step == min(s for s, a in acc.items() if a == max(acc.values()))   # the first best step
+    m.load_state_dict(pb.best_state)
+    assert val_metrics(m, val)['acc'] == pytest.approx(acc[pb.best_step])
+    with pytest.raises(ValueError, match='every'): Probe(m, {}, val, every=0)
+
+
+def test_run_experiment_measures_every_rm_at_the_end_and_early_stopped():
+    cfg = BSRConfig(mode='quick', steps=6, probe_every=3, log_every=2, n_train=64, n_val=16, n_eval=16, n_prompts=8, bon_prompts=4,
+                    bon_pool=8, bon_n=8, n_sample=8, batch_size=8, lams=(1e-3, 1e-1, 1.0))
+    r = run_experiment(cfg)
+    df = r.df
+    assert set(df['stop']) == {'final', 'early'} and len(df) == 5 * len(cfg.seeds) * 2 * 5    # 5 RMs × seeds × stops × 5 rows
+    runs = df[df['record'] == 'run']
+    assert set(runs[runs['stop'] == 'early']['stop_step']) <= {3, 6} and set(runs[runs['stop'] == 'final']['stop_step']) == {6}
+    assert runs[runs['stop'] == 'early']['batch_mean_end'].isna().all() and runs[runs['stop'] == 'final']['batch_mean_end'].notna().all()
+    pr = r.table('probe')
+    assert set(pr['split']) == {'val', *SPLITS} and set(pr['variant']) == {v[0] for v in cfg.variants}
+    assert [c.role for c in r.claims] == ['precondition'] * 2 + ['claim'] * 5 and r.verdict in VERDICTS
+    assert set(r.table('bon')['variant']) == {variant_label(v[0], s) for v in cfg.variants for s in ('final', 'early')} | {'oracle (gold picks)'}
+    assert lam_tradeoff(r) is not None and 'λ trade-off' in r.headline and 'over-optimises' in r.headline
+
+
+def _fake_results(tau_gap, h_gap=0.1, drop_gap=0.1, center_tau=0.0, early_gain=0.05, seeds=(0, 1, 2, 3, 4), noise=0.01,
+                  legacy=False):
+    """Rows shaped like run_experiment's: BSR's OOD τ-b ahead of BT at the end by `tau_gap`, BT early-stopped ahead of it by
+    `early_gain`, TRL centering by `center_tau`; BSR's in-domain ‖h‖ CV below BT's by `h_gap`, its best-of-n drop below every
+    baseline's by `drop_gap`. `legacy`: the earlier design's rows (no `stop`, no early-stopped arm). Concluded as run_experiment does."""
     rng, rows = np.random.default_rng(0), []
-    for kind, coef in (('bt', 0.0), ('bsr', 1e-3), ('center', 1e-2)):
-        for s in seeds:
-            base = dict(variant=kind, loss=kind, coef=coef, seed=s)
-            for sp in SPLITS:
-                gap = 0 if sp == 'id' else tau_gap if kind == 'bsr' else center_tau if kind == 'center' else 0
-                rows.append(dict(base, record='eval', split=sp, tau=0.5 + gap + noise * rng.standard_normal(),
-                                 h_cv=0.3 - (h_gap if kind == 'bsr' else 0) + noise * rng.standard_normal()))
-            rows.append(dict(base, record='run', split=None, bon_drop=0.2 - (drop_gap if kind == 'bsr' else 0) + noise * rng.standard_normal()))
-    return Results('bsr', dict(mode='full', seed=0, lam=1e-3, center_coef=1e-2, bon_n=256), rows, seeds=list(seeds), claims=list(pre))
+    arms = [('bt', 0.0, 'final'), ('bt', 0.0, 'early'), ('bsr', 1e-3, 'final'), ('center', 1e-2, 'final')]
+    for (kind, coef, stop), s in product(arms, seeds):
+        if legacy and stop == 'early': continue
+        gap = tau_gap if kind == 'bsr' else center_tau if kind == 'center' else early_gain if stop == 'early' else 0.0
+        base = dict(variant=variant_label(kind, stop), loss=kind, coef=coef, seed=s, **({} if legacy else dict(stop=stop)))
+        for sp in SPLITS:
+            rows.append(dict(base, record='eval', split=sp, tau=0.5 + (sp != 'id') * gap + noise * rng.standard_normal(),
+                             h_cv=0.3 - (h_gap if kind == 'bsr' else 0) + noise * rng.standard_normal()))
+        rows.append(dict(base, record='run', split=None, bon_drop=0.2 - (drop_gap if kind == 'bsr' else 0) + noise * rng.standard_normal()))
+    cfg = dict(mode='full', seed=0, lam=1e-3, center_coef=1e-2, bon_n=256, min_id_tau=0.2, min_overopt=0.0)
+    r = Results('bsr', cfg, rows, seeds=list(seeds))
+    return r.conclude(verdict, claims(r))
 
 
-def _precondition(holds: bool) -> Claim:
-    "A made-up precondition (BT over-optimises: its best-of-n drop is above the declared threshold 0.05)."
-    est = 0.12 if holds else 0.01
-    return Claim("BT's best-of-n drop (made up)", est, est - 0.02, est + 0.02, null=0.05, role='precondition', threshold_from='min_bt_drop')
-
-
-def test_claims_and_verdict_rule():
+def test_claims_and_preconditions():
     cs = claims(_fake_results(0.1))
-    assert len(cs) == 5 and all(isinstance(c, Claim) for c in cs)
-    assert [c.better for c in cs] == ['lower', 'higher', 'higher', 'higher', 'lower']
-    assert all(not c.shows for c in claims(_fake_results(0.0))[1:4])
-    assert claims(_fake_results(-0.1))[1].opposite
+    assert [c.role for c in cs] == ['precondition'] * 2 + ['claim'] * 5 and all(c.holds for c in cs[:2])
+    assert [c.threshold_from for c in cs[:2]] == ['min_id_tau', 'min_overopt']
+    assert cs[3].estimate == pytest.approx(0.05, abs=0.02)                    # judged against BT early-stopped, the strongest
+    assert [c.better for c in cs[2:]] == ['lower', 'higher', 'higher', 'higher', 'lower']
+    assert all(not c.shows for c in claims(_fake_results(0.05))[3:6])
+    assert claims(_fake_results(-0.1))[3].opposite
 
 
 @pytest.mark.parametrize('kw,want', [
-    (dict(tau_gap=0.1), 'reproduced'),                                        # all five parts show
-    (dict(tau_gap=0.0), 'partly'),                                            # dispersion and best-of-n show, τ-b does not
+    (dict(tau_gap=0.1), 'reproduced'),                                        # all five parts show, ahead of BT early-stopped
+    (dict(tau_gap=0.05), 'partly'),                                           # level with BT early-stopped: τ-b no effect
     (dict(tau_gap=0.1, h_gap=0.0, drop_gap=0.0), 'partly'),                   # only the three OOD τ-b parts show
-    (dict(tau_gap=0.0, h_gap=0.0, drop_gap=0.0), 'not reproduced'),           # no effect anywhere
+    (dict(tau_gap=0.05, h_gap=0.0, drop_gap=0.0), 'not reproduced'),          # no effect anywhere
     (dict(tau_gap=-0.1, h_gap=-0.1, drop_gap=-0.1), 'not reproduced'),        # every part the other way
-    (dict(tau_gap=0.1, center_tau=0.2, h_gap=0.0, drop_gap=0.0), 'not reproduced'),  # ahead of BT but behind the stronger baseline
+    (dict(tau_gap=0.0), 'not reproduced'),                                    # behind BT early-stopped: dispersion showing does not rescue it
+    (dict(tau_gap=0.1, center_tau=0.2), 'not reproduced'),                    # ahead of BT but behind the strongest baseline
+    (dict(tau_gap=0.1, early_gain=0.0), 'untestable here'),                   # BT loses nothing by training on
+    (dict(tau_gap=0.1, legacy=True), 'reproduced'),                           # the earlier design's rows: two baselines
+    (dict(tau_gap=0.0, legacy=True), 'partly'),
 ])
 def test_verdict_rule_on_made_up_rows(kw, want):
-    assert verdict(_fake_results(**kw)) == want
+    r = _fake_results(**kw)
+    assert r.verdict == want and verdict(r) == want
 
 
-def test_tau_is_judged_against_the_stronger_baseline():
+def test_tau_is_judged_against_the_strongest_baseline():
     cs = claims(_fake_results(0.1, center_tau=0.2, h_gap=0.0, drop_gap=0.0))
-    assert all('TRL centering' in c.name and c.opposite for c in cs[1:4])    # BSR beats BT by 0.1 but trails centering by 0.1
+    assert all('TRL centering' in c.name and 'strongest' in c.name and c.opposite for c in cs[3:6])
+    legacy = claims(_fake_results(0.1, legacy=True))
+    assert len(legacy) == 5 and all('(stronger baseline)' in c.name for c in legacy[1:])   # the earlier design's claim names
 
 
 @pytest.mark.parametrize('kw', [dict(tau_gap=0.1), dict(tau_gap=0.0), dict(tau_gap=-0.1, h_gap=-0.1, drop_gap=-0.1)])
 def test_failed_precondition_makes_it_untestable(kw):
-    assert verdict(_fake_results(**kw, pre=[_precondition(False)])) == 'untestable here'
-    assert verdict(_fake_results(**kw, pre=[_precondition(True)])) == verdict(_fake_results(**kw))   # one that holds changes nothing
-    r = _fake_results(**kw)
-    r.conclude(verdict, claims(r) + [_precondition(False)])                  # the way run_experiment records it
+    r = _fake_results(**kw, early_gain=0.0)
     assert r.verdict == 'untestable here' and '| precondition |' in r.claims_markdown()
+    assert not claims(r)[1].holds and claims(r)[0].holds                    # the RM can rank; BT does not over-optimise
 
 
-def test_recorded_run_is_full_with_five_seeds():
+def test_lam_tradeoff_is_the_mean_slope_per_decade():
+    "τ-b = a_s + b_s·log10 λ exactly on each seed: the trade-off is mean(b_s), with a t-interval over seeds."
+    rng, rows, lams, b = np.random.default_rng(1), [], (1e-3, 1e-2, 1e-1, 1.0), [-0.03, -0.05, -0.02, -0.04]
+    for (s, bs), l in product(enumerate(b), lams):
+        base = dict(variant=f'BSR λ={l:g}', loss='bsr', coef=l, stop='final', seed=s, record='eval')
+        rows += [dict(base, split=sp, tau=0.4 + 0.1 * k + bs * math.log10(l)) for k, sp in enumerate(SPLITS)]
+    r = Results('bsr', dict(mode='full', seed=0), rows, seeds=list(range(4)))
+    tr = lam_tradeoff(r)
+    assert tr.estimate == pytest.approx(np.mean(b)) and tr.lo < np.mean(b) < tr.hi and tr.hi < 0
+    assert lam_tradeoff(r, 'id').estimate == pytest.approx(np.mean(b))
+    assert lam_tradeoff(Results('bsr', dict(mode='full', seed=0), [x for x in rows if x['coef'] < 0.05], seeds=[0])) is None
+
+
+def test_cv_growth_reads_the_probe_curves():
+    probe = [dict(variant='BT', seed=s, split='id', step=[1.0, 2.0, 3.0], h_cv=[0.4, 0.5, 0.4 + g]) for s, g in enumerate([0.1, 0.2, 0.3])]
+    r = Results('bsr', dict(mode='full', seed=0), [dict(x=1)], seeds=[0, 1, 2], tables=dict(probe=probe))
+    assert cv_growth(r).estimate == pytest.approx(0.2)
+    with pytest.raises(ValueError, match='no probe curve'): cv_growth(r, 'BSR')
+
+
+def test_recorded_run_is_full_with_five_seeds_and_recomputes():
     r = load_results('bsr')
-    assert r.mode == 'full' and len(r.seeds) >= 5 and len(r.claims) == 5
+    parts = [c for c in r.claims if not c.is_precondition]
+    assert r.mode == 'full' and len(r.seeds) >= 5 and len(parts) == 5
+    assert verdict(r) == r.verdict and [c.name for c in claims(r)] == [c.name for c in r.claims]
+    if 'stop' in r.df:                                                        # a run of this design records its preconditions
+        assert [c.threshold_from for c in r.claims if c.is_precondition] == ['min_id_tau', 'min_overopt']

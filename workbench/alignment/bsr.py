@@ -6,7 +6,8 @@ Docs: https://workbench-dev.github.io/workbench/alignment/bsr.html.md"""
 
 # %% ../../nbs/alignment/10_bsr.ipynb #bcabcd33
 from __future__ import annotations
-import math, time, os, json, shutil, tempfile
+import json, math, tempfile, time
+from itertools import product
 from pathlib import Path
 from dataclasses import dataclass
 from typing import ClassVar
@@ -17,27 +18,34 @@ from torch import nn
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
-from ..core import ExperimentConfig, Results, Claim, judge, verdict_rule, size, seed_everything, cached_unit, progress, Timer, atomic_write_json, atomic_dir
-from ..measure import check_int, check_num, check_choice, check_tensor, check_same_shape, kendall_tau_b, mean_ci, paired_t, claim
+from fastcore.basics import patch_to
+from ..core import (ExperimentConfig, Results, Claim, judge, verdict_rule, size, seed_everything, cached_unit,
+                            progress, Timer, atomic_write_json, atomic_dir, get_device)
+from ..measure import (Interval, check_int, check_num, check_choice, check_tensor, check_same_shape, claim,
+                               curve_slope, kendall_tau_b, mean_ci, paired_t, precondition)
 from ..models import tiny_llama, load_pretrained
-from ..core import get_device
 from ..hooks import run_with_cache
 from ..train import TrainConfig, train, collate, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['LOSSES', 'PAD', 'BOS', 'SEP', 'N_TEMPLATE_WORDS', 'ID_GENERATORS', 'OOD_GENERATORS', 'SPLITS', 'HEAD_INPUTS',
+__all__ = ['LOSSES', 'PAD', 'BOS', 'SEP', 'N_TEMPLATE_WORDS', 'ID_GENERATORS', 'OOD_GENERATORS', 'SPLITS', 'HEAD_INPUTS', 'STOPS',
            'bt_loss', 'bsr_penalty', 'bsr_loss', 'center_penalty', 'reward_loss', 'SyntheticPreferenceTask',
            'gold_reward', 'sample_prompt', 'sample_response', 'sample_pairs', 'sample_listwise', 'sample_pool',
            'bon_weights', 'bon_curve', 'RewardModel', 'make_reward_model', 'save_reward_model', 'load_reward_model',
-           'score', 'evaluate', 'PairLoss', 'Probe', 'BSRConfig', 'make_data', 'run_unit', 'run_experiment', 'claims',
-           'verdict', 'headline', 'fig_trajectory', 'fig_bon', 'BoNExplorer', 'fig_sweep', 'SweepExplorer',
-           'fig_decomposition']
+           'score', 'evaluate', 'probe_metrics', 'val_metrics', 'PairLoss', 'Probe', 'BSRConfig', 'make_data',
+           'run_unit', 'variant_label', 'run_experiment', 'preconditions', 'comparisons', 'claims', 'verdict',
+           'lam_tradeoff', 'cv_growth', 'headline', 'fig_trajectory', 'fig_bon', 'BoNExplorer', 'fig_sweep',
+           'SweepExplorer', 'fig_decomposition', 'fig_probe', 'ProbeExplorer']
 
 # %% ../../nbs/alignment/10_bsr.ipynb #21069890
 def _check_rewards(r_w, r_l):
-    check_same_shape(chosen_rewards=check_tensor('chosen_rewards', r_w, ndim=1), rejected_rewards=check_tensor('rejected_rewards', r_l, ndim=1))
-    if len(r_w) < 2: raise ValueError(f"need a batch of at least 2 pairs (a batch of one has no batch statistic), got {len(r_w)}")
+    "Both rewards 1-D tensors of one shape, at least 2 pairs."
+    check_tensor('chosen_rewards', r_w, ndim=1)
+    check_tensor('rejected_rewards', r_l, ndim=1)
+    check_same_shape(chosen_rewards=r_w, rejected_rewards=r_l)
+    if len(r_w) < 2:
+        raise ValueError(f"need a batch of at least 2 pairs (a batch of one has no batch statistic), got {len(r_w)}")
 
 def bt_loss(chosen_rewards: torch.Tensor,   # (B,) r_θ(x, y_w)
             rejected_rewards: torch.Tensor, # (B,) r_θ(x, y_l)
@@ -75,6 +83,7 @@ def center_penalty(chosen_rewards: torch.Tensor,   # (B,)
     # $\frac1B\sum_i (r^w_i+r^l_i)^2$
     return (chosen_rewards + rejected_rewards).square().mean()
 
+# %% ../../nbs/alignment/10_bsr.ipynb #rl0a1c01
 LOSSES = ('bt', 'bsr', 'center')
 
 def reward_loss(chosen_rewards, rejected_rewards,
@@ -82,7 +91,8 @@ def reward_loss(chosen_rewards, rejected_rewards,
                 coef: float=0.0,   # λ for 'bsr', c for 'center'; ignored for 'bt'
                ) -> torch.Tensor:
     "One of the three training losses."
-    check_choice('kind', kind, LOSSES); check_num('coef', coef, lo=0)
+    check_choice('kind', kind, LOSSES)
+    check_num('coef', coef, lo=0)
     if kind == 'bsr': return bsr_loss(chosen_rewards, rejected_rewards, coef)
     base = bt_loss(chosen_rewards, rejected_rewards)
     return base if kind == 'bt' else base + coef * center_penalty(chosen_rewards, rejected_rewards)
@@ -90,23 +100,26 @@ def reward_loss(chosen_rewards, rejected_rewards,
 # %% ../../nbs/alignment/10_bsr.ipynb #840ccc83
 PAD, BOS, SEP = 0, 1, 2
 N_TEMPLATE_WORDS = 8
-ID_GENERATORS = ((0.9, 8, 0.1), (0.6, 10, 0.1), (0.4, 8, 0.2), (0.75, 12, 0.0))  # (purity p, mean length ℓ, repeat ρ)
+ID_GENERATORS = ((0.9, 8, 0.1), (0.6, 10, 0.1), (0.4, 8, 0.2), (0.75, 12, 0.0))  # (purity p, length ℓ, repeat ρ)
 OOD_GENERATORS = ((0.85, 17, 0.4), (0.5, 15, 0.5), (0.95, 6, 0.6))
 SPLITS = ('id', 'prompt_ood', 'response_ood', 'mutual_ood')
 
+# %% ../../nbs/alignment/10_bsr.ipynb #tk0a1c01
 @dataclass
 class SyntheticPreferenceTask:
     "Prompts, responses and a gold reward over a small token vocabulary; deterministic given `seed`."
     n_topics: int = 8            # topic groups
     topic_size: int = 6          # tokens per topic
     n_filler: int = 8            # filler tokens
-    temperature: float = 0.1     # BT temperature of the training labels (label noise)
+    temperature: float = 0.5     # BT temperature of the labels (label noise)
     seed: int = 0                # seed of the templates
     def __post_init__(self):
         for k in ('n_topics', 'topic_size', 'n_filler'): check_int(k, getattr(self, k), lo=2)
         check_num('temperature', self.temperature, lo=0, lo_open=True)
-        self.templates = np.random.default_rng(self.seed).integers(3, 3 + N_TEMPLATE_WORDS, size=(6, 3))  # 4 ID + 2 held out
-        self.topic0 = 3 + N_TEMPLATE_WORDS; self.filler0 = self.topic0 + self.n_topics * self.topic_size
+        rng = np.random.default_rng(self.seed)
+        self.templates = rng.integers(3, 3 + N_TEMPLATE_WORDS, size=(6, 3))   # 4 in-domain + 2 held out
+        self.topic0 = 3 + N_TEMPLATE_WORDS
+        self.filler0 = self.topic0 + self.n_topics * self.topic_size
     @property
     def vocab_size(self) -> int: return self.filler0 + self.n_filler
 
@@ -119,23 +132,24 @@ def _topic_of(task, prompt):
 def gold_reward(task: SyntheticPreferenceTask, prompt, response) -> float:
     "r*(x, y) = 2·purity + 0.5·distinct fraction − 0.1·max(0, |y| − 12)."
     if len(response) == 0: raise ValueError("response is empty")
-    k, y = _topic_of(task, prompt), [int(v) for v in response]
-    lo = task.topic0 + k * task.topic_size
+    y = [int(v) for v in response]
+    lo = task.topic0 + _topic_of(task, prompt) * task.topic_size
     purity = sum(lo <= v < lo + task.topic_size for v in y) / len(y)
     # $r^*=2\,\mathrm{purity}+0.5\,\#\mathrm{distinct}/|y|-0.1\max(0,|y|-12)$
     return 2 * purity + 0.5 * len(set(y)) / len(y) - 0.1 * max(0, len(y) - 12)
 
+# %% ../../nbs/alignment/10_bsr.ipynb #sm0a1c01
 def sample_prompt(task, rng, ood: bool) -> list[int]:
     "BOS, template, 2 topic tokens, SEP (held-out templates, topic first, when `ood`)."
-    k = int(rng.integers(task.n_topics)); lo = task.topic0 + k * task.topic_size
+    lo = task.topic0 + int(rng.integers(task.n_topics)) * task.topic_size
     tmpl = task.templates[int(rng.integers(4, 6) if ood else rng.integers(0, 4))].tolist()
     topic = rng.integers(lo, lo + task.topic_size, size=2).tolist()
     return [BOS] + (topic + tmpl if ood else tmpl + topic) + [SEP]
 
 def sample_response(task, rng, prompt, gen) -> list[int]:
     "A response from generator gen = (purity, mean length, repeat probability)."
-    p, ell, rho = gen; k = _topic_of(task, prompt); lo = task.topic0 + k * task.topic_size
-    out = []
+    p, ell, rho = gen
+    lo, out = task.topic0 + _topic_of(task, prompt) * task.topic_size, []
     for _ in range(max(2, ell + int(rng.integers(-2, 3)))):
         if out and rng.random() < rho: out.append(out[-1])
         elif rng.random() < p: out.append(int(rng.integers(lo, lo + task.topic_size)))
@@ -145,49 +159,60 @@ def sample_response(task, rng, prompt, gen) -> list[int]:
 
 # %% ../../nbs/alignment/10_bsr.ipynb #15c80f86
 def _split_parts(split):
+    "(held-out prompts?, generators) of a scenario."
     if split not in SPLITS: raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return split in ('prompt_ood', 'mutual_ood'), OOD_GENERATORS if split in ('response_ood', 'mutual_ood') else ID_GENERATORS
+    gens = OOD_GENERATORS if split in ('response_ood', 'mutual_ood') else ID_GENERATORS
+    return split in ('prompt_ood', 'mutual_ood'), gens
 
+def _responses(task, rng, x, gens, k: int) -> list:
+    "k responses to prompt x, each from a generator drawn uniformly from `gens`."
+    return [sample_response(task, rng, x, gens[int(rng.integers(len(gens)))]) for _ in range(k)]
+
+# %% ../../nbs/alignment/10_bsr.ipynb #sm0a1c03
 def sample_pairs(task: SyntheticPreferenceTask, split: str, n: int, seed: int=0) -> list[dict]:
     "n preference rows {chosen_input_ids, rejected_input_ids, gold_chosen, gold_rejected}; labels ~ BT(gold / τ)."
     check_int('n', n, lo=1)
-    ood, gens = _split_parts(split); rng, rows = np.random.default_rng(seed), []
+    (ood, gens), rng, rows = _split_parts(split), np.random.default_rng(seed), []
     for _ in range(n):
         x = sample_prompt(task, rng, ood)
-        ys = [sample_response(task, rng, x, gens[int(rng.integers(len(gens)))]) for _ in range(2)]
+        ys = _responses(task, rng, x, gens, 2)
         g = [gold_reward(task, x, y) for y in ys]
-        # P(y_0 ≻ y_1) = σ((r*_0 − r*_1)/τ)
-        first = rng.random() < 1 / (1 + math.exp(-(g[0] - g[1]) / task.temperature))
-        w, l = (0, 1) if first else (1, 0)
-        rows.append(dict(chosen_input_ids=torch.tensor(x + ys[w]), rejected_input_ids=torch.tensor(x + ys[l]),
-                         gold_chosen=g[w], gold_rejected=g[l]))
+        # $P(y_0\succ y_1)=\sigma\big((r^*_0-r^*_1)/\tau\big)$
+        w = 0 if rng.random() < 1 / (1 + math.exp(-(g[0] - g[1]) / task.temperature)) else 1
+        rows.append(dict(chosen_input_ids=torch.tensor(x + ys[w]), rejected_input_ids=torch.tensor(x + ys[1 - w]),
+                         gold_chosen=g[w], gold_rejected=g[1 - w]))
     return rows
+
+# %% ../../nbs/alignment/10_bsr.ipynb #sm0a1c02
+def _listwise(task, rng, n_prompts: int, k: int, ood_of, gens) -> dict:
+    "n_prompts prompts (held out when `ood_of(p)`), k responses each from `gens`: {'seqs', 'gold' (n_prompts, k)}."
+    seqs, gold = [], []
+    for p in range(n_prompts):
+        x = sample_prompt(task, rng, ood_of(p))
+        ys = _responses(task, rng, x, gens, k)
+        seqs += [x + y for y in ys]
+        gold.append([gold_reward(task, x, y) for y in ys])
+    return dict(seqs=seqs, gold=torch.tensor(gold))
 
 def sample_listwise(task: SyntheticPreferenceTask, split: str, n_prompts: int, k: int=4, seed: int=0) -> dict:
     "n_prompts prompts with k responses each: {'seqs': n_prompts*k id lists, 'gold': (n_prompts, k)}."
     check_int('k', k, lo=2)
-    ood, gens = _split_parts(split); rng, seqs, gold = np.random.default_rng(seed), [], []
-    for _ in range(n_prompts):
-        x = sample_prompt(task, rng, ood)
-        ys = [sample_response(task, rng, x, gens[int(rng.integers(len(gens)))]) for _ in range(k)]
-        seqs += [x + y for y in ys]; gold.append([gold_reward(task, x, y) for y in ys])
-    return dict(seqs=seqs, gold=torch.tensor(gold))
+    ood, gens = _split_parts(split)
+    return _listwise(task, np.random.default_rng(seed), n_prompts, k, lambda p: ood, gens)
 
 # %% ../../nbs/alignment/10_bsr.ipynb #bn0a1c02
 def sample_pool(task: SyntheticPreferenceTask, n_prompts: int, k: int, seed: int=0) -> dict:
-    "n_prompts prompts (in-domain and held-out alternately), k candidates each from all generators: {'seqs': n_prompts*k id lists, 'gold': (n_prompts, k)}."
-    check_int('n_prompts', n_prompts, lo=1); check_int('k', k, lo=2)
-    rng, seqs, gold, gens = np.random.default_rng(seed), [], [], ID_GENERATORS + OOD_GENERATORS
-    for p in range(n_prompts):
-        x = sample_prompt(task, rng, ood=bool(p % 2))
-        ys = [sample_response(task, rng, x, gens[int(rng.integers(len(gens)))]) for _ in range(k)]
-        seqs += [x + y for y in ys]; gold.append([gold_reward(task, x, y) for y in ys])
-    return dict(seqs=seqs, gold=torch.tensor(gold))
+    "n_prompts prompts (in-domain and held-out in turn), k candidates each from every generator: {'seqs', 'gold'}."
+    check_int('n_prompts', n_prompts, lo=1)
+    check_int('k', k, lo=2)
+    rng = np.random.default_rng(seed)
+    return _listwise(task, rng, n_prompts, k, lambda p: bool(p % 2), ID_GENERATORS + OOD_GENERATORS)
 
 # %% ../../nbs/alignment/10_bsr.ipynb #bn0a1c05
 def bon_weights(N: int, n: int) -> torch.Tensor:
     "(N,) probability that the j-th lowest of N candidates is the best of a uniformly random n-subset."
-    check_int('N', N, lo=1); check_int('n', n, lo=1, hi=N)
+    check_int('N', N, lo=1)
+    check_int('n', n, lo=1, hi=N)
     j = torch.arange(1, N + 1, dtype=torch.float64)
     lc = lambda a, b: torch.lgamma(a + 1) - torch.lgamma(b + 1) - torch.lgamma(a - b + 1)     # log C(a, b)
     # $w_j=\binom{j-1}{n-1}/\binom{N}{n}$
@@ -195,16 +220,18 @@ def bon_weights(N: int, n: int) -> torch.Tensor:
     w = torch.where(j >= n, w, torch.zeros_like(w))
     return w / w.sum()                                           # exact sum 1 (lgamma rounds at large N)
 
+# %% ../../nbs/alignment/10_bsr.ipynb #bn0a1c07
 def bon_curve(proxy: torch.Tensor,   # (P, N) proxy rewards of each prompt's candidates
               gold: torch.Tensor,    # (P, N) their gold rewards
               ns,                    # the n to evaluate, each <= N
              ) -> dict:
     "Expected gold reward G(n) and standardised proxy of the best-of-n pick, mean over prompts, and KL_BoN(n)."
-    check_same_shape(proxy=proxy, gold=gold); check_tensor('proxy', proxy, ndim=2)
-    P, N = proxy.shape; order = proxy.argsort(1)
+    check_same_shape(proxy=proxy, gold=gold)
+    check_tensor('proxy', proxy, ndim=2)
+    order = proxy.argsort(1)
     g, pr = gold.double().gather(1, order), proxy.double().gather(1, order)          # (P, N) ascending by proxy
-    z = (pr - pr.mean(1, keepdim=True)) / pr.std(1, keepdim=True).clamp_min(1e-12)    # proxy in units of the pool's spread
-    W_ = torch.stack([bon_weights(N, int(n)) for n in ns])                            # (len(ns), N)
+    z = (pr - pr.mean(1, keepdim=True)) / pr.std(1, keepdim=True).clamp_min(1e-12)    # proxy in pool spreads
+    W_ = torch.stack([bon_weights(proxy.shape[1], int(n)) for n in ns])              # (len(ns), N)
     # $G(n)=\sum_j w_j(n)\,r^*_{(j)}$, $\mathrm{KL}_{BoN}=\log n-(n-1)/n$
     return dict(n=[int(n) for n in ns], kl=[math.log(n) - (n - 1) / n for n in ns],
                 gold=(g @ W_.T).mean(0).tolist(), proxy_z=(z @ W_.T).mean(0).tolist())
@@ -213,13 +240,15 @@ def bon_curve(proxy: torch.Tensor,   # (P, N) proxy rewards of each prompt's can
 HEAD_INPUTS = ('residual', 'final_norm')
 
 class RewardModel(nn.Module):
-    "A decoder backbone (`.model`, with `.layers` and `.norm`) and a scalar head `.score`: rewards (B,) for right-padded ids."
+    "A decoder backbone `.model` (with `.layers`, `.norm`) and a scalar head `.score`: rewards (B,) of padded ids."
     def __init__(self, backbone: nn.Module, d_model: int, head_input: str='residual', seed: int=0):
         super().__init__()
         self.head_input = check_choice('head_input', head_input, HEAD_INPUTS)
-        if head_input == 'residual': backbone.norm = nn.Identity()   # the head reads the residual stream after the last block
+        if head_input == 'residual': backbone.norm = nn.Identity()   # the head reads the last block's residual stream
         self.model = backbone
-        with torch.random.fork_rng(): torch.manual_seed(seed); self.score = nn.Linear(d_model, 1, bias=False)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.score = nn.Linear(d_model, 1, bias=False)
     def features(self, input_ids, attention_mask=None) -> torch.Tensor:
         "h (B, d): the score head's input at the last non-pad token."
         if attention_mask is None: attention_mask = torch.ones_like(input_ids)
@@ -228,14 +257,17 @@ class RewardModel(nn.Module):
     def forward(self, input_ids, attention_mask=None):
         return self.score(self.features(input_ids, attention_mask)).squeeze(-1)                 # (B,)
 
-def make_reward_model(vocab_size: int, n_layers: int=2, d_model: int=32, n_heads: int=4, head_input: str='residual', seed: int=0) -> RewardModel:
+# %% ../../nbs/alignment/10_bsr.ipynb #mk0a1c01
+def make_reward_model(vocab_size: int, n_layers: int=2, d_model: int=32, n_heads: int=4, head_input: str='residual',
+                      seed: int=0) -> RewardModel:
     "A tiny Llama decoder (no LM head) with a scalar reward head, seeded, on the settings' device."
-    lm = tiny_llama(vocab_size=vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=64, tie=False, seed=seed)
+    lm = tiny_llama(vocab_size=vocab_size, n_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=64, tie=False,
+                    seed=seed)
     return RewardModel(lm.model, d_model, head_input, seed=seed).to(get_device())
 
 # %% ../../nbs/alignment/10_bsr.ipynb #sv0a1c02
 def save_reward_model(model: RewardModel, path) -> Path:
-    "Write `model` to the folder `path` atomically: backbone via `save_pretrained`, score head as safetensors, settings as JSON."
+    "Write `model` to the folder `path` atomically: the backbone (`save_pretrained`), the head and the settings."
     if not isinstance(model, RewardModel): raise TypeError(f"model must be a RewardModel, got {type(model).__name__}")
     from safetensors.torch import save_file
     with atomic_dir(path, marker='reward_model.json') as tmp:      # a crash leaves the earlier save whole
@@ -244,51 +276,74 @@ def save_reward_model(model: RewardModel, path) -> Path:
         atomic_write_json(tmp/'reward_model.json', dict(head_input=model.head_input, d_model=model.score.in_features))
     return Path(path)
 
+# %% ../../nbs/alignment/10_bsr.ipynb #sv0a1c04
 def load_reward_model(path) -> RewardModel:
     "The `RewardModel` saved by `save_reward_model` in the folder `path`, in eval mode."
     from safetensors.torch import load_file
     path = Path(path)
-    if not (path/'reward_model.json').is_file(): raise FileNotFoundError(f"{path} holds no saved reward model (reward_model.json is missing)")
+    if not (path/'reward_model.json').is_file():
+        raise FileNotFoundError(f"{path} holds no saved reward model (reward_model.json is missing)")
     meta = json.loads((path/'reward_model.json').read_text())
     rm = RewardModel(load_pretrained(path/'backbone', 'AutoModel', device='cpu'), meta['d_model'], meta['head_input'])
     rm.score.weight.data.copy_(load_file(path/'score.safetensors')['weight'])
     return rm.eval()
 
 # %% ../../nbs/alignment/10_bsr.ipynb #01da610a
+_HOOKS = ['blocks.*.hook_resid_post', 'hook_final_norm']   # every block's output, then the score head's input
+
 @torch.no_grad()
 def score(model: RewardModel, seqs: list, batch_size: int=512) -> dict:
-    "Rewards `r` (N,), score-head input norms `h` (N,), `cos` θ to W_p (N,), residual norms after each block `resid` (N, L)."
+    "Rewards `r` (N,), head-input norms `h` (N,), `cos` θ to W_p (N,), residual norms after each block `resid` (N, L)."
     if not isinstance(model, RewardModel): raise TypeError(f"model must be a RewardModel, got {type(model).__name__}")
-    model.eval(); out = dict(r=[], h=[], cos=[], resid=[]); w = model.score.weight[0].cpu()    # (d,)
-    dev = model_device(model)
+    model.eval()
+    out, w, dev = dict(r=[], h=[], cos=[], resid=[]), model.score.weight[0].cpu(), model_device(model)   # w: (d,)
     for i in range(0, len(seqs), batch_size):
         b = collate([{'input_ids': torch.as_tensor(s)} for s in seqs[i:i + batch_size]])
         b.setdefault('attention_mask', torch.ones_like(b['input_ids']))
-        r, cache = run_with_cache(model, {k: v.to(dev) for k, v in b.items()}, names=['blocks.*.hook_resid_post', 'hook_final_norm'])
-        r = r.cpu()
+        r, cache = run_with_cache(model, {k: v.to(dev) for k, v in b.items()}, names=_HOOKS)
         idx, last = torch.arange(len(r)), b['attention_mask'].sum(1) - 1
         acts = [a[idx, last].cpu() for a in cache.values()]                           # L+1 of (b, d); the last is h
-        out['r'].append(r); out['h'].append(acts[-1].norm(dim=-1)); out['cos'].append(F.cosine_similarity(acts[-1], w[None], dim=-1))
+        out['r'].append(r.cpu())
+        out['h'].append(acts[-1].norm(dim=-1))
+        out['cos'].append(F.cosine_similarity(acts[-1], w[None], dim=-1))
         out['resid'].append(torch.stack([a.norm(dim=-1) for a in acts[:-1]], 1))
     return {k: torch.cat(v) for k, v in out.items()}
 
 # %% ../../nbs/alignment/10_bsr.ipynb #ca3dbe56
+def _cv(x: torch.Tensor) -> float: return (x.std() / x.mean()).item()
+
+def _tau(r: torch.Tensor, gold: torch.Tensor) -> float:
+    "Mean over prompts of Kendall τ-b between rewards r (P·k,) and gold rewards (P, k)."
+    return float(np.nanmean(kendall_tau_b(r.view(*gold.shape), gold).numpy()))     # NaN for a constant row
+
 def evaluate(model: RewardModel, pairs: list[dict], listwise: dict) -> dict:
     "Pairwise accuracy and mean Kendall τ-b against the gold reward; spread of rewards, ‖h‖ and cos θ."
-    s = score(model, [r['chosen_input_ids'] for r in pairs] + [r['rejected_input_ids'] for r in pairs]); B = len(pairs)
+    B = len(pairs)
+    s = score(model, [p['chosen_input_ids'] for p in pairs] + [p['rejected_input_ids'] for p in pairs])
     r, h, cos, wp = s['r'], s['h'], s['cos'], model.score.weight.norm().item()
-    gd = torch.tensor([p['gold_chosen'] - p['gold_rejected'] for p in pairs]); keep = gd != 0
-    rl = score(model, listwise['seqs'])['r']; P, k = listwise['gold'].shape
-    tau = kendall_tau_b(rl.view(P, k), listwise['gold'])                            # (P,), NaN for a constant row
-    return dict(acc=((r[:B] - r[B:]).sign() == gd.sign())[keep].float().mean().item(), tau=float(np.nanmean(tau.numpy())),
+    gd = torch.tensor([p['gold_chosen'] - p['gold_rejected'] for p in pairs])
+    right = ((r[:B] - r[B:]).sign() == gd.sign())[gd != 0]
+    return dict(acc=right.float().mean().item(), tau=_tau(score(model, listwise['seqs'])['r'], listwise['gold']),
                 reward_mean=r.mean().item(), reward_std=r.std().item(), reward_absmax=r.abs().max().item(),
-                h_mean=h.mean().item(), h_cv=(h.std() / h.mean()).item(), cos_mean=cos.mean().item(), cos_std=cos.std().item(),
+                h_mean=h.mean().item(), h_cv=_cv(h), cos_mean=cos.mean().item(), cos_std=cos.std().item(),
                 reward_std_h_fixed=(wp * h.mean() * cos).std().item(),   # reward spread with every ‖h‖ set to its mean
-                wp_norm=wp, resid_cv=(s['resid'][:, -1].std() / s['resid'][:, -1].mean()).item())
+                wp_norm=wp, resid_cv=_cv(s['resid'][:, -1]))
+
+# %% ../../nbs/alignment/10_bsr.ipynb #pb0a1c02
+def probe_metrics(model: RewardModel, listwise: dict) -> dict:
+    "Kendall τ-b, ‖h‖ CV and mean reward on a listwise set's responses: one probe point of a scenario."
+    s = score(model, listwise['seqs'])
+    return dict(tau=_tau(s['r'], listwise['gold']), h_cv=_cv(s['h']), reward_mean=s['r'].mean().item())
+
+def val_metrics(model: RewardModel, pairs: list[dict]) -> dict:
+    "Pairwise accuracy and BT loss on held-out pairs against their (noisy) labels: what early stopping may see."
+    r = score(model, [p['chosen_input_ids'] for p in pairs] + [p['rejected_input_ids'] for p in pairs])['r']
+    r_w, r_l = r[:len(pairs)], r[len(pairs):]
+    return dict(acc=(r_w > r_l).float().mean().item(), loss=bt_loss(r_w, r_l).item())
 
 # %% ../../nbs/alignment/10_bsr.ipynb #94d52983
 class PairLoss:
-    "`loss_fn(model, batch)` for `workbench.train.train`: `reward_loss(r_w, r_l, kind, coef)`; `.log` holds each training batch's reward and ‖h‖ statistics."
+    "`loss_fn(model, batch)` for `train`: `reward_loss(r_w, r_l, kind, coef)`; `.log` keeps training-batch stats."
     def __init__(self, kind: str='bt', coef: float=0.0):
         reward_loss(torch.zeros(2), torch.zeros(2), kind, coef)   # validate kind and coef now, not mid-training
         self.kind, self.coef, self.log = kind, coef, []
@@ -301,211 +356,365 @@ class PairLoss:
             with torch.no_grad():
                 r, hn = torch.cat([r_w, r_l]), torch.cat([h_w, h_l]).norm(dim=-1)                 # (2B,)
                 self.log.append(dict(batch_mean=r.mean().item(), batch_std=r.std().item(), h_mean=hn.mean().item(),
-                                     h_cv=(hn.std() / hn.mean()).item(), loss=loss.item()))
+                                     h_cv=_cv(hn), loss=loss.item()))
         return loss
 
+# %% ../../nbs/alignment/10_bsr.ipynb #pr0a1c01
 class Probe:
-    "Callback: every `every` updates, evaluate the model on fixed splits and keep the rows."
-    def __init__(self, model, sets: dict, every: int):
-        self.model, self.sets, self.every, self.rows = model, sets, check_int('every', every, lo=1), []
+    "Callback: every `every` updates, probe the listwise `sets` and the held-out `val` pairs; keep the best weights."
+    def __init__(self, model: RewardModel, sets: dict, val: list, every: int):
+        self.model, self.sets, self.val, self.every = model, sets, val, check_int('every', every, lo=1)
+        self.rows, self.best_acc, self.best_step, self.best_state = [], -1.0, None, None
     def __call__(self, hist):
         if not hist.step or hist.step[-1] % self.every: return
-        for split, (pairs, lw) in self.sets.items():
-            ev = evaluate(self.model, pairs, lw)
-            self.rows.append(dict(step=hist.step[-1], split=split, **{k: ev[k] for k in ('acc', 'tau', 'h_cv', 'reward_mean')}))
+        step, v = hist.step[-1], val_metrics(self.model, self.val)
+        self.rows.append(dict(step=step, split='val', **v))
+        self.rows += [dict(step=step, split=sp, **probe_metrics(self.model, lw)) for sp, lw in self.sets.items()]
+        if v['acc'] > self.best_acc:                     # early stopping: the first step with the best accuracy
+            self.best_acc, self.best_step = v['acc'], step
+            self.best_state = {k: t.detach().clone() for k, t in self.model.state_dict().items()}
         self.model.train()
 
 # %% ../../nbs/alignment/10_bsr.ipynb #e94c57b4
 @dataclass
 class BSRConfig(ExperimentConfig):
-    "The BSR experiment: BT, BSR (a λ sweep) and TRL centering RMs on the synthetic task, per seed; quick and full sizes."
-    n_seeds: int = size(quick=2, full=5)              # training seeds per variant (init and data order): seed, seed+1, ...
+    "The BSR experiment: BT, BSR (a λ sweep) and TRL centering RMs, each at the end and early-stopped, per seed."
+    n_seeds: int = size(quick=2, full=5)              # training seeds per variant (init, data order): seed, seed+1, ...
     lam: float = 1e-3                                 # λ of the BSR RM the claims judge (the paper's recipe)
     lams: tuple = size(quick=(1e-3,), full=(1e-3, 1e-2, 1e-1, 1.0))  # the λ sweep (holds `lam`)
     center_coef: float = 1e-2                         # c of TRL's per-pair centering baseline
     head_input: str = 'residual'                      # the score head reads 'residual' (pre-final-norm) or 'final_norm'
     n_layers: int = size(quick=2, full=3)             # decoder blocks of the RM backbone
     d_model: int = size(quick=32, full=48)            # residual width
-    n_train: int = size(quick=384, full=1024)         # training pairs (in-domain)
-    steps: int = size(quick=40, full=200)             # optimizer updates
+    temperature: float = 0.5                          # BT temperature of the training and held-out labels
+    n_train: int = size(quick=384, full=1024)         # training pairs (in-domain), seen for many epochs
+    n_val: int = size(quick=64, full=512)             # held-out in-domain pairs (noisy labels) for early stopping
+    steps: int = size(quick=40, full=1500)            # optimizer updates of every RM
     batch_size: int = 32                              # pairs per update (the B in λ·B·r̄²)
-    lr: float = 1e-3                                  # AdamW peak learning rate (warm-up 10%, cosine)
-    n_eval: int = size(quick=128, full=256)           # eval pairs per split
-    n_prompts: int = size(quick=32, full=128)         # eval prompts per split for Kendall τ-b (4 responses each)
-    probe_every: int = size(quick=20, full=25)        # evaluate in-domain and mutual-OOD every N updates
-    log_every: int = 5                                # keep the batch trajectory every N updates
+    lr: float = 1e-3                                  # AdamW peak learning rate (warm-up 10%, cosine to lr/10)
+    n_eval: int = size(quick=128, full=256)           # eval pairs per scenario (pairwise accuracy)
+    n_prompts: int = size(quick=32, full=128)         # eval prompts per scenario for Kendall τ-b (4 responses each)
+    probe_every: int = size(quick=10, full=100)       # probe every scenario and the held-out pairs every N updates
+    log_every: int = size(quick=5, full=10)           # keep the training-batch trajectory every N updates
     bon_prompts: int = size(quick=16, full=64)        # prompts for best-of-n
     bon_pool: int = size(quick=64, full=512)          # candidates per prompt (N of the estimator)
     bon_n: int = size(quick=32, full=256)             # largest n of best-of-n (a power of 2, <= bon_pool)
     n_sample: int = size(quick=64, full=150)          # in-domain responses whose ‖h‖, cos θ and r the tables keep
-    temperature: float = 0.1                          # label noise of the training pairs
-    data_seed: int = 1234                             # seed of the task, the train, eval and best-of-n sets
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'lams', 'lam', 'center_coef')
-    cache_version: ClassVar[int] = 1
+    data_seed: int = 1234                             # seed of the task and of the train, held-out, eval and pool sets
+    min_id_tau: float = size(quick=-1.0, full=0.2)    # precondition: in-domain τ-b of BT early-stopped, CI >=
+    min_overopt: float = size(quick=-2.0, full=0.0)   # precondition: OOD τ-b of BT early-stopped − at the end, CI >=
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'lams', 'lam', 'center_coef', 'min_id_tau', 'min_overopt')
+    cache_version: ClassVar[int] = 2
 
-    def validate(self):
-        for k in ('n_seeds', 'n_layers', 'd_model', 'n_train', 'steps', 'n_eval', 'n_prompts', 'probe_every', 'log_every',
-                  'bon_prompts', 'n_sample'): check_int(k, getattr(self, k), lo=1)
-        check_int('batch_size', self.batch_size, lo=2, hi=self.n_train); check_int('data_seed', self.data_seed, lo=0)
-        check_int('bon_pool', self.bon_pool, lo=2); check_int('bon_n', self.bon_n, lo=2, hi=self.bon_pool)
-        if self.bon_n & (self.bon_n - 1): raise ValueError(f"bon_n must be a power of 2, got {self.bon_n}")
-        for k in ('lam', 'center_coef', 'lr', 'temperature'): check_num(k, getattr(self, k), lo=0, lo_open=True)
-        self.lams = tuple(check_num('lams[i]', l, lo=0, lo_open=True) for l in self.lams)
-        if not any(math.isclose(self.lam, l) for l in self.lams): raise ValueError(f"lams must hold lam={self.lam}, got {self.lams}")
-        check_choice('head_input', self.head_input, HEAD_INPUTS)
-    @property
-    def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
-    @property
-    def variants(self) -> list[tuple]:
-        "(label, loss kind, coefficient) of every RM trained per seed."
-        return [('BT', 'bt', 0.0), *[(f'BSR λ={l:g}', 'bsr', l) for l in self.lams], (f'center c={self.center_coef:g}', 'center', self.center_coef)]
-    @property
-    def bon_ns(self) -> list[int]: return [2**i for i in range(int(math.log2(self.bon_n)) + 1)]
+# %% ../../nbs/alignment/10_bsr.ipynb #cfg0a1c1
+_POSITIVE = ('n_seeds', 'n_layers', 'd_model', 'n_train', 'n_val', 'steps', 'n_eval', 'n_prompts', 'probe_every',
+             'log_every', 'bon_prompts', 'n_sample')
+
+@patch_to(BSRConfig)
+def validate(self):
+    for k in _POSITIVE: check_int(k, getattr(self, k), lo=1)
+    check_int('batch_size', self.batch_size, lo=2, hi=self.n_train)
+    check_int('probe_every', self.probe_every, hi=self.steps)            # at least one probe: early stopping needs it
+    check_int('data_seed', self.data_seed, lo=0)
+    check_int('bon_n', self.bon_n, lo=2, hi=check_int('bon_pool', self.bon_pool, lo=2))
+    if self.bon_n & (self.bon_n - 1): raise ValueError(f"bon_n must be a power of 2, got {self.bon_n}")
+    for k in ('lam', 'center_coef', 'lr', 'temperature'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    check_num('min_id_tau', self.min_id_tau, lo=-1, hi=1)
+    check_num('min_overopt', self.min_overopt, lo=-2, hi=2)
+    self.lams = tuple(check_num('lams[i]', l, lo=0, lo_open=True) for l in self.lams)
+    if not any(math.isclose(self.lam, l) for l in self.lams):
+        raise ValueError(f"lams must hold lam={self.lam}, got {self.lams}")
+    check_choice('head_input', self.head_input, HEAD_INPUTS)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #cfg0a1c3
+@patch_to(BSRConfig, as_prop=True)
+def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
+
+@patch_to(BSRConfig, as_prop=True)
+def variants(self) -> list[tuple]:
+    "(label, loss kind, coefficient) of every RM trained per seed."
+    bsr = [(f'BSR λ={l:g}', 'bsr', l) for l in self.lams]
+    return [('BT', 'bt', 0.0), *bsr, (f'center c={self.center_coef:g}', 'center', self.center_coef)]
+
+@patch_to(BSRConfig, as_prop=True)
+def bon_ns(self) -> list[int]: return [2**i for i in range(int(math.log2(self.bon_n)) + 1)]
 
 # %% ../../nbs/alignment/10_bsr.ipynb #0873d446
 def make_data(cfg: BSRConfig) -> dict:
     "The task and every data set the RMs share, drawn from `cfg.data_seed`."
-    task = SyntheticPreferenceTask(temperature=cfg.temperature, seed=cfg.data_seed); ds = cfg.data_seed
-    ev = {s: (sample_pairs(task, s, cfg.n_eval, seed=ds + 2 + i), sample_listwise(task, s, cfg.n_prompts, seed=ds + 2 + i)) for i, s in enumerate(SPLITS)}
-    probe = {s: (ev[s][0][:128], {'seqs': ev[s][1]['seqs'][:128], 'gold': ev[s][1]['gold'][:32]}) for s in ('id', 'mutual_ood')}
-    return dict(task=task, train=sample_pairs(task, 'id', cfg.n_train, seed=ds + 1), eval=ev, probe=probe,
+    ds = cfg.data_seed
+    task = SyntheticPreferenceTask(temperature=cfg.temperature, seed=ds)
+    ev = {s: (sample_pairs(task, s, cfg.n_eval, seed=ds + 2 + i),             # (pairs, listwise) per scenario
+              sample_listwise(task, s, cfg.n_prompts, seed=ds + 2 + i)) for i, s in enumerate(SPLITS)}
+    return dict(task=task, train=sample_pairs(task, 'id', cfg.n_train, seed=ds + 1), eval=ev,
+                val=sample_pairs(task, 'id', cfg.n_val, seed=ds + 20),
                 pool=sample_pool(task, cfg.bon_prompts, cfg.bon_pool, seed=ds + 7),
                 sample=[p['chosen_input_ids'] for p in ev['id'][0][:cfg.n_sample]])
 
 def _r4(xs): return [round(float(x), 4) for x in xs]
 
+# %% ../../nbs/alignment/10_bsr.ipynb #un0a1c01
+def _measure(model: RewardModel, cfg: BSRConfig, data: dict) -> dict:
+    "A trained RM's metrics per scenario and its best-of-n curve on the shared pool."
+    pool = data['pool']
+    proxy = score(model, pool['seqs'])['r'].view(*pool['gold'].shape)           # (P, N)
+    bon = bon_curve(proxy, pool['gold'], cfg.bon_ns)
+    return dict(eval={s: evaluate(model, *data['eval'][s]) for s in SPLITS},
+                bon={k: v if k == 'n' else _r4(v) for k, v in bon.items()})
+
+def _trajectory(log: list, every: int) -> dict:
+    "Every `every`-th training batch's statistics, as lists."
+    log = log[every - 1::every]
+    return dict(step=[every * (i + 1) for i in range(len(log))], **{k: _r4(r[k] for r in log) for k in log[0]})
+
+def _sample(model: RewardModel, seqs: list) -> dict:
+    "‖h‖, cos θ, r and every block's residual norm on a few responses."
+    s = score(model, seqs)
+    return dict(h=_r4(s['h']), cos=_r4(s['cos']), r=_r4(s['r']), resid=[_r4(x) for x in s['resid'].T])
+
+# %% ../../nbs/alignment/10_bsr.ipynb #un0a1c02
 def run_unit(cfg: BSRConfig, data: dict, kind: str, coef: float, seed: int) -> dict:
-    "Train one RM and measure it: metrics per split, probe rows, batch trajectory, best-of-n curve, a sample of ‖h‖, cos θ, r."
+    "Train one RM; measure it at the end and at its early-stopping step (best held-out accuracy among the probes)."
     model = make_reward_model(data['task'].vocab_size, cfg.n_layers, cfg.d_model, head_input=cfg.head_input, seed=seed)
-    lossf, probe = PairLoss(kind, coef), Probe(model, data['probe'], cfg.probe_every)
+    lossf = PairLoss(kind, coef)
+    probe = Probe(model, {s: data['eval'][s][1] for s in SPLITS}, data['val'], cfg.probe_every)
     tc = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=0.0, seed=seed, progress=False)
     with Timer() as t: train(model, data['train'], tc, loss_fn=lossf, callbacks=[probe])
-    log = lossf.log[cfg.log_every - 1::cfg.log_every]
-    traj = dict(step=[cfg.log_every * (i + 1) for i in range(len(log))], **{k: _r4(r[k] for r in log) for k in log[0]})
-    pool = data['pool']; P, N = pool['gold'].shape
-    bon = bon_curve(score(model, pool['seqs'])['r'].view(P, N), pool['gold'], cfg.bon_ns)
-    smp = score(model, data['sample'])
-    return dict(final={s: evaluate(model, *data['eval'][s]) for s in SPLITS}, probe=probe.rows, traj=traj, train_s=t.s,
-                bon={k: _r4(v) if k != 'n' else v for k, v in bon.items()},
-                sample=dict(h=_r4(smp['h']), cos=_r4(smp['cos']), r=_r4(smp['r']), resid=[_r4(x) for x in smp['resid'].T]))
+    out = dict(final=_measure(model, cfg, data), probe=probe.rows, traj=_trajectory(lossf.log, cfg.log_every),
+               train_s=t.s, es_step=probe.best_step, sample=_sample(model, data['sample']))
+    model.load_state_dict(probe.best_state)
+    return dict(out, early=_measure(model, cfg, data))
 
 # %% ../../nbs/alignment/10_bsr.ipynb #rx0a1c02
+STOPS = ('final', 'early')
+
+def variant_label(label: str, stop: str) -> str:
+    "The row label of a variant measured at the end ('final') or at its early-stopping step ('early')."
+    return label if check_choice('stop', stop, STOPS) == 'final' else f'{label}, early-stopped'
+
 def _bon_summary(b: dict) -> dict:
-    g = b['gold']; k = int(np.argmax(g))
+    g = b['gold']
+    k = int(np.argmax(g))
     return dict(bon_gold_n1=g[0], bon_gold_peak=g[k], bon_peak_n=b['n'][k], bon_gold_nmax=g[-1], bon_drop=g[k] - g[-1])
 
+def _run_stats(cfg: BSRConfig, u: dict, stop: str) -> dict:
+    "The run row's own numbers; the batch trajectory belongs to the RM trained to the end."
+    bm = u['traj']['batch_mean']
+    late = dict(batch_mean_end=float(np.mean(bm[len(bm) // 2:])), batch_mean_absmax=float(np.max(np.abs(bm))))
+    return dict(wp_norm=u[stop]['eval']['id']['wp_norm'], stop_step=cfg.steps if stop == 'final' else u['es_step'],
+                train_s=u['train_s'], **(late if stop == 'final' else dict.fromkeys(late)))
+
+# %% ../../nbs/alignment/10_bsr.ipynb #rx0a1c04
 def _rows(cfg: BSRConfig, out: dict) -> list[dict]:
     rows = []
-    for (lab, kind, coef), s in ((v, s) for v in cfg.variants for s in cfg.seeds):
-        u, base = out[lab, s], dict(variant=lab, loss=kind, coef=coef, seed=s)
-        rows += [dict(base, record='eval', split=sp, **u['final'][sp]) for sp in SPLITS]
-        tr = u['traj']; half = len(tr['batch_mean']) // 2
-        rows.append(dict(base, record='run', split=None, **_bon_summary(u['bon']), wp_norm=u['final']['id']['wp_norm'],
-                         batch_mean_end=float(np.mean(tr['batch_mean'][half:])), batch_mean_absmax=float(np.max(np.abs(tr['batch_mean']))),
-                         train_s=u['train_s']))
+    for (lab, kind, coef), s, stop in product(cfg.variants, cfg.seeds, STOPS):
+        u = out[lab, s]
+        base = dict(variant=variant_label(lab, stop), loss=kind, coef=coef, stop=stop, seed=s)
+        rows += [dict(base, record='eval', split=sp, **u[stop]['eval'][sp]) for sp in SPLITS]
+        rows.append(dict(base, record='run', split=None, **_bon_summary(u[stop]['bon']), **_run_stats(cfg, u, stop)))
     return rows
 
+def _probe_curves(rows: list) -> list[dict]:
+    "Probe rows (one per step and scenario) as one curve per scenario: {split, step: [...], metric: [...]}."
+    out = []
+    for sp in dict.fromkeys(r['split'] for r in rows):
+        rs = [r for r in rows if r['split'] == sp]
+        out.append(dict(split=sp, **{m: _r4(r[m] for r in rs) for m in rs[0] if m != 'split'}))
+    return out
+
+# %% ../../nbs/alignment/10_bsr.ipynb #rx0a1c05
 def _tables(cfg: BSRConfig, out: dict, data: dict) -> dict:
-    V = [(lab, s, dict(variant=lab, seed=s)) for lab, _, _ in cfg.variants for s in cfg.seeds]
-    pool = data['pool']; oracle = bon_curve(pool['gold'], pool['gold'], cfg.bon_ns)
-    probe = [dict(k, split=sp, **{m: _r4(r[m] for r in out[lab, s]['probe'] if r['split'] == sp) for m in ('step', 'acc', 'tau', 'h_cv', 'reward_mean')})
-             for lab, s, k in V for sp in ('id', 'mutual_ood')]
-    return dict(traj=[dict(k, **out[lab, s]['traj']) for lab, s, k in V], probe=probe,
-                bon=[dict(k, **out[lab, s]['bon']) for lab, s, k in V] + [dict(variant='oracle (gold picks)', seed=None, **{k: _r4(v) if k != 'n' else v for k, v in oracle.items()})],
-                sample=[dict(variant=lab, seed=cfg.seeds[0], **out[lab, cfg.seeds[0]]['sample']) for lab, _, _ in cfg.variants])
+    runs = [(lab, s, dict(variant=lab, seed=s)) for lab, _, _ in cfg.variants for s in cfg.seeds]
+    pool, s0 = data['pool'], cfg.seeds[0]
+    oracle = {k: v if k == 'n' else _r4(v) for k, v in bon_curve(pool['gold'], pool['gold'], cfg.bon_ns).items()}
+    bon = [dict(k, variant=variant_label(lab, st), **out[lab, s][st]['bon']) for lab, s, k in runs for st in STOPS]
+    bon.append(dict(variant='oracle (gold picks)', seed=None, **oracle))
+    return dict(traj=[dict(k, es_step=out[lab, s]['es_step'], **out[lab, s]['traj']) for lab, s, k in runs],
+                probe=[dict(k, **c) for lab, s, k in runs for c in _probe_curves(out[lab, s]['probe'])],
+                bon=bon, sample=[dict(variant=lab, seed=s0, **out[lab, s0]['sample']) for lab, _, _ in cfg.variants])
 
 # %% ../../nbs/alignment/10_bsr.ipynb #rx0a1c03
 def run_experiment(cfg: BSRConfig) -> Results:
-    "Train every variant × seed (each a cached unit), then rows, tables, claims and the verdict."
+    "Train every variant × seed (each a cached unit), then rows, tables, preconditions, claims and the verdict."
     if not isinstance(cfg, BSRConfig): raise TypeError(f"cfg must be a BSRConfig, got {type(cfg).__name__}")
-    t0 = time.perf_counter(); data = make_data(cfg); out = {}
+    t0, data, out = time.perf_counter(), make_data(cfg), {}
     units = [(lab, kind, coef, s) for lab, kind, coef in cfg.variants for s in cfg.seeds]
     for lab, kind, coef, s in progress(units, desc='bsr: variant × seed'):
         seed_everything(s)
-        out[lab, s] = cached_unit('bsr', cfg, dict(loss=kind, coef=coef, seed=s), lambda: run_unit(cfg, data, kind, coef, s))
-    res = Results('bsr', cfg, _rows(cfg, out), seeds=cfg.seeds, tables=_tables(cfg, out, data), wall_time_s=time.perf_counter() - t0,
-                  notes=f"tiny Llama RM ({cfg.n_layers} layers, d={cfg.d_model}, score head on the {cfg.head_input} stream) trained from scratch "
-                        f"on a synthetic preference task; {len(cfg.seeds)} seeds per variant; best-of-n from a pool of {cfg.bon_pool} per prompt")
+        unit = lambda: run_unit(cfg, data, kind, coef, s)
+        out[lab, s] = cached_unit('bsr', cfg, dict(loss=kind, coef=coef, seed=s), unit)
+    notes = (f"tiny Llama RM ({cfg.n_layers} layers, d={cfg.d_model}, score head on the {cfg.head_input} stream) "
+             f"trained from scratch for {cfg.steps} updates on {cfg.n_train} synthetic pairs labelled at BT "
+             f"temperature {cfg.temperature}; early stopping on {cfg.n_val} held-out pairs; {len(cfg.seeds)} seeds per "
+             f"variant; best-of-n from a pool of {cfg.bon_pool} per prompt")
+    res = Results('bsr', cfg, _rows(cfg, out), seeds=cfg.seeds, tables=_tables(cfg, out, data),
+                  wall_time_s=time.perf_counter() - t0, notes=notes)
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/alignment/10_bsr.ipynb #cl0a1c02
-def _arm(df, kind, coef, split, metric):
-    "Per-seed values of `metric` for the RM (kind, coef), sorted by seed."
+def _legacy(results: Results) -> bool:
+    "A record of the earlier design (200 updates, labels at temperature 0.1, no early stopping), kept loadable."
+    return 'stop' not in results.df
+
+def _arm(df, arm: tuple, split: str|None, metric: str) -> np.ndarray:
+    "Per-seed values of `metric` for arm (loss kind, coef, stop), sorted by seed; split None: its 'run' row."
+    kind, coef, stop = arm
     d = df[(df['loss'] == kind) & np.isclose(df['coef'].astype(float), coef)]
+    if 'stop' in d: d = d[d['stop'] == stop]
     d = d[d['record'] == 'run'] if split is None else d[(d['record'] == 'eval') & (d['split'] == split)]
     return d.sort_values('seed')[metric].to_numpy(float)
 
-def _label(kind, coef): return 'BT' if kind == 'bt' else f'BSR λ={coef:g}' if kind == 'bsr' else f'TRL centering c={coef:g}'
+# %% ../../nbs/alignment/10_bsr.ipynb #cl0a1c06
+def _label(arm: tuple) -> str:
+    kind, coef, stop = arm
+    lab = 'BT' if kind == 'bt' else f'BSR λ={coef:g}' if kind == 'bsr' else f'TRL centering c={coef:g}'
+    return variant_label(lab, stop)
 
-def claims(results: Results) -> list[Claim]:
-    "The three parts of the paper's claim as paired effects over seeds: dispersion, OOD τ-b per scenario, best-of-n drop."
-    df, C = results.df, results.config
-    bsr, bt, cen = ('bsr', C['lam']), ('bt', 0.0), ('center', C['center_coef'])
-    out = [claim(f"‖h‖ CV on in-domain responses: {_label(*bsr)} − BT", paired_t(_arm(df, *bsr, 'id', 'h_cv'), _arm(df, *bt, 'id', 'h_cv')), better='lower')]
+def _ood_tau(df, arm: tuple) -> np.ndarray:
+    "Per-seed Kendall τ-b averaged over the three OOD scenarios."
+    return np.mean([_arm(df, arm, sp, 'tau') for sp in SPLITS[1:]], 0)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #cl0a1c03
+def _arms(C: dict) -> dict:
+    "The judged BSR arm and the baselines, as (loss kind, coef, stop)."
+    bt, center = ('bt', 0.0, 'final'), ('center', C['center_coef'], 'final')
+    return dict(bsr=('bsr', C['lam'], 'final'), bt=bt, bt_early=('bt', 0.0, 'early'), center=center)
+
+def preconditions(results: Results) -> list[Claim]:
+    "The RM can rank (BT early-stopped, in-domain τ-b) and BT over-optimises (OOD τ-b lost by training on)."
+    df, C, a = results.df, results.config, _arms(results.config)
+    can = mean_ci(_arm(df, a['bt_early'], 'id', 'tau'))
+    lost = paired_t(_ood_tau(df, a['bt_early']), _ood_tau(df, a['bt']))
+    return [precondition("BT early-stopped, in-domain Kendall τ-b (chance 0): the RM can rank", can, C, 'min_id_tau'),
+            precondition("BT over-optimises: mean OOD τ-b, early-stopped on held-out pairs − trained to the end",
+                         lost, C, 'min_overopt')]
+
+# %% ../../nbs/alignment/10_bsr.ipynb #cl0a1c04
+def comparisons(results: Results, baselines: tuple|None=None) -> list[Claim]:
+    "BSR at `lam`: ‖h‖ CV − BT's; OOD τ-b − the strongest baseline, per scenario; best-of-n drop − the strongest."
+    df, a = results.df, _arms(results.config)
+    bsr, bases = a['bsr'], baselines or (a['bt'], a['bt_early'], a['center'])
+    diff = lambda b, sp, m: paired_t(_arm(df, bsr, sp, m), _arm(df, b, sp, m))
+    which = 'stronger' if len(bases) == 2 else 'strongest'                   # the earlier design had two baselines
+    cv = diff(a['bt'], 'id', 'h_cv')
+    out = [claim(f"‖h‖ CV on in-domain responses: {_label(bsr)} − BT", cv, better='lower')]
     for sp in SPLITS[1:]:
-        base = max((bt, cen), key=lambda b: _arm(df, *b, sp, 'tau').mean())
-        out.append(claim(f"Kendall τ-b on {sp}: {_label(*bsr)} − {_label(*base)} (stronger baseline)",
-                         paired_t(_arm(df, *bsr, sp, 'tau'), _arm(df, *base, sp, 'tau')), better='higher'))
-    base = min((bt, cen), key=lambda b: _arm(df, *b, None, 'bon_drop').mean())
-    out.append(claim(f"best-of-n gold drop from its peak by n={C['bon_n']}: {_label(*bsr)} − {_label(*base)} (stronger baseline)",
-                     paired_t(_arm(df, *bsr, None, 'bon_drop'), _arm(df, *base, None, 'bon_drop')), better='lower'))
-    return out
+        b = max(bases, key=lambda b: _arm(df, b, sp, 'tau').mean())
+        out.append(claim(f"Kendall τ-b on {sp}: {_label(bsr)} − {_label(b)} ({which} baseline)", diff(b, sp, 'tau')))
+    b = min(bases, key=lambda b: _arm(df, b, None, 'bon_drop').mean())
+    name = f"best-of-n gold drop from its peak by n={results.config['bon_n']}: {_label(bsr)} − {_label(b)}"
+    return out + [claim(f"{name} ({which} baseline)", diff(b, None, 'bon_drop'), better='lower')]
 
+# %% ../../nbs/alignment/10_bsr.ipynb #cl0a1c07
+def claims(results: Results) -> list[Claim]:
+    "The preconditions, then the five parts of the paper's claim (for a record of the earlier design, its five parts)."
+    if _legacy(results):
+        a = _arms(results.config)
+        return comparisons(results, (a['bt'], a['center']))
+    return preconditions(results) + comparisons(results)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #cl0a1c05
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when every claim (lower ‖h‖ dispersion than BT; higher OOD Kendall τ-b than the stronger baseline in each of the three OOD scenarios; a smaller best-of-n drop than the stronger baseline) shows beyond its paired 95% CI over seeds, partly when at least one does, else not reproduced."
-    return judge(claims(results))
+    """Not reproduced when BSR at the paper's λ falls below the strongest baseline (BT, BT early-stopped on
+    held-out pairs, TRL centering) beyond the paired 95% CI over seeds in an OOD scenario's Kendall τ-b or in the
+    best-of-n drop; otherwise reproduced when every part (lower in-domain ‖h‖ CV than BT; higher τ-b than the
+    strongest baseline in each of the three OOD scenarios; a smaller best-of-n drop than the strongest baseline)
+    shows beyond its paired 95% CI, partly when some do, else not reproduced."""
+    cs = [c for c in claims(results) if not c.is_precondition]
+    if any(c.opposite for c in cs[1:]): return 'not reproduced'
+    return judge(cs)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #fd0a1c02
+def lam_tradeoff(results: Results, split: str|None=None) -> Interval|None:
+    "Slope of τ-b (`split`, or the OOD mean) against log10 λ over BSR's sweep, per seed; mean, t-interval over seeds."
+    df = results.df
+    lams = sorted(df[df['loss'] == 'bsr']['coef'].astype(float).unique())
+    if len(lams) < 3: return None
+    arms = [('bsr', l, 'final') for l in lams]
+    tau = np.stack([_ood_tau(df, a) if split is None else _arm(df, a, split, 'tau') for a in arms], 1)   # (S, L)
+    # $\hat\beta_s=\sum_l (x_l-\bar x)(\tau_{sl}-\bar\tau_s)/\sum_l (x_l-\bar x)^2,\ x_l=\log_{10}\lambda_l$
+    return curve_slope(tau, x=np.log10(lams), frac=1.0)
+
+def cv_growth(results: Results, variant: str='BT', split: str='id') -> Interval:
+    "‖h‖ CV of `variant` on `split`'s probe: at the last probe − at the first, paired over seeds."
+    pr = results.table('probe')
+    d = pr[(pr['variant'] == variant) & (pr['split'] == split)].sort_values('seed')
+    if not len(d): raise ValueError(f"no probe curve of {variant!r} on {split!r}")
+    return paired_t([c[-1] for c in d['h_cv']], [c[0] for c in d['h_cv']])
+
+# %% ../../nbs/alignment/10_bsr.ipynb #fd0a1c03
+def _ci(i: Interval, d: int=3) -> str: return f"{i.estimate:+.{d}f} [{i.lo:+.{d}f}, {i.hi:+.{d}f}]"
 
 def headline(results: Results) -> str:
-    "Our measured figure in words: each claim's effect and interval."
-    cs = claims(results); f = lambda c: f"{c.estimate:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]"
-    return (f"BSR λ={results.config['lam']:g} vs BT ‖h‖ CV {f(cs[0])}; OOD τ-b vs the stronger baseline: "
-            + ', '.join(f"{sp} {f(c)}" for sp, c in zip(SPLITS[1:], cs[1:4])) + f"; best-of-{results.config['bon_n']} drop {f(cs[4])} "
-            f"({sum(c.shows for c in cs)}/{len(cs)} claims beyond the paired CI over {len(results.seeds)} seeds)")
+    "Our measured figure in words: the over-optimisation precondition, each claim, and the λ trade-off."
+    cs, C = claims(results), results.config
+    pre, parts = [c for c in cs if c.is_precondition], [c for c in cs if not c.is_precondition]
+    tr = lam_tradeoff(results)
+    ood = ', '.join(f"{sp} {_ci(c)}" for sp, c in zip(SPLITS[1:], parts[1:4]))
+    return ((f"BT over-optimises (OOD τ-b, early-stopped − at the end) {_ci(pre[1])}; " if pre else '')
+            + f"BSR λ={C['lam']:g} vs BT ‖h‖ CV {_ci(parts[0])}; OOD τ-b vs the strongest baseline: {ood}; "
+            + f"best-of-{C['bon_n']} drop {_ci(parts[4])} ({sum(c.shows for c in parts)}/{len(parts)} claims beyond "
+            + f"the paired CI over {len(results.seeds)} seeds)"
+            + (f"; λ trade-off: mean OOD τ-b {_ci(tr)} per decade of λ" if tr else ''))
 
 # %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c01
 def _band(fig, x, ys, name, color, dash=None, showlegend=True, **rc):
     "Mean over the rows of `ys` (seeds) with a 95% t-band."
-    ys = np.asarray(ys, float); x = list(x); m = ys.mean(0)
+    ys, x = np.asarray(ys, float), list(x)
     if len(ys) > 1:
         iv = [mean_ci(ys[:, j]) for j in range(ys.shape[1])]
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=[i.lo for i in iv] + [i.hi for i in iv][::-1], fill='toself', fillcolor=color, opacity=0.15,
-                                 line=dict(width=0), hoverinfo='skip', showlegend=False, legendgroup=name), **rc)
-    fig.add_trace(go.Scatter(x=x, y=m, name=name, line=dict(color=color, dash=dash), legendgroup=name, showlegend=showlegend), **rc)
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=[i.lo for i in iv] + [i.hi for i in iv][::-1], fill='toself',
+                                 fillcolor=color, opacity=0.15, line=dict(width=0), hoverinfo='skip', showlegend=False,
+                                 legendgroup=name), **rc)
+    fig.add_trace(go.Scatter(x=x, y=ys.mean(0), name=name, line=dict(color=color, dash=dash), legendgroup=name,
+                             showlegend=showlegend), **rc)
 
 def _colors(variants) -> dict: return {v: PALETTE[k % len(PALETTE)] for k, v in enumerate(variants)}
 
-def fig_trajectory(traj, variants=None, title: str='Training batches: mean reward r̄ and ‖h‖ dispersion') -> go.Figure:
-    "Batch-mean reward and ‖h‖ CV of the training batches against the update step, per variant (mean over seeds, 95% band)."
-    variants = list(dict.fromkeys(traj['variant'])) if variants is None else list(variants); col = _colors(dict.fromkeys(traj['variant']))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=('batch-mean reward r̄ (BSR pins it to 0)', '‖h‖ CV within the batch'))
-    for v in variants:
+def _dash(variant: str) -> str|None: return 'dot' if variant.endswith('early-stopped') else None
+
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c1b
+def fig_trajectory(traj, variants=None, title: str='Training batches: mean reward r̄ and ‖h‖ dispersion'):
+    "Batch-mean reward and ‖h‖ CV of the training batches against the update, per variant (mean, 95% band)."
+    col = _colors(dict.fromkeys(traj['variant']))
+    variants = list(col) if variants is None else list(variants)
+    names = ('batch-mean reward r̄ (BSR pins it to 0)', '‖h‖ CV within the batch')
+    fig = make_subplots(rows=1, cols=2, subplot_titles=names)
+    for v, (c, m) in product(variants, enumerate(('batch_mean', 'h_cv'))):
         d = traj[traj['variant'] == v]
-        for c, m in enumerate(('batch_mean', 'h_cv')):
-            _band(fig, d['step'].iloc[0], np.stack(d[m].to_numpy()), v, col[v], showlegend=c == 0, row=1, col=c + 1)
-    fig.update_xaxes(title_text='update'); fig.update_layout(title=title, height=360, margin=dict(t=70, l=50, r=20))
+        _band(fig, d['step'].iloc[0], np.stack(d[m].to_numpy()), v, col[v], showlegend=c == 0, row=1, col=c + 1)
+    fig.update_xaxes(title_text='update')
+    fig.update_layout(title=title, height=360, margin=dict(t=70, l=50, r=20))
     return fig
 
 # %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c02
 def fig_bon(bon, variants=None, y: str='gold', x: str='kl', title: str|None=None) -> go.Figure:
-    "Best-of-n against each RM: gold reward (or standardised proxy) of the pick against KL_BoN (or n); mean over seeds, 95% band."
-    check_choice('y', y, ('gold', 'proxy_z')); check_choice('x', x, ('kl', 'n'))
-    rms = [v for v in dict.fromkeys(bon['variant']) if not v.startswith('oracle')]
-    variants = rms if variants is None else list(variants); col = _colors(rms); fig = go.Figure()
-    for v in variants:
-        d = bon[bon['variant'] == v]; _band(fig, d[x].iloc[0], np.stack(d[y].to_numpy()), v, col[v])
+    "Best-of-n against each RM: gold reward (or standardised proxy) of the pick against KL_BoN (or n); mean, 95% band."
+    check_choice('y', y, ('gold', 'proxy_z'))
+    check_choice('x', x, ('kl', 'n'))
+    col = _colors(v for v in dict.fromkeys(bon['variant']) if not v.startswith('oracle'))
+    fig = go.Figure()
+    for v in (list(col) if variants is None else list(variants)):
+        d = bon[bon['variant'] == v]
+        _band(fig, d[x].iloc[0], np.stack(d[y].to_numpy()), v, col[v], dash=_dash(v))
     o = bon[bon['variant'].str.startswith('oracle')]
-    if y == 'gold' and len(o): fig.add_trace(go.Scatter(x=o[x].iloc[0], y=o['gold'].iloc[0], name=o['variant'].iloc[0], line=dict(color='grey', dash='dot')))
-    fig.update_layout(title=title or ('Best-of-n: gold reward of the proxy-best pick' if y == 'gold' else 'Best-of-n: proxy reward of the pick (pool-standardised)'),
-                      xaxis=dict(title='KL_BoN = log n − (n−1)/n' if x == 'kl' else 'n', type='log' if x == 'n' else None),
-                      yaxis_title='gold reward' if y == 'gold' else 'proxy z', height=360, margin=dict(t=50, l=50, r=20))
+    if y == 'gold' and len(o):
+        o = o.iloc[0]
+        fig.add_trace(go.Scatter(x=o[x], y=o['gold'], name=o['variant'], line=dict(color='grey', dash='dot')))
+    what = 'gold reward of the proxy-best pick' if y == 'gold' else 'proxy reward of the pick (pool-standardised)'
+    xaxis = dict(title='KL_BoN = log n − (n−1)/n' if x == 'kl' else 'n', type='log' if x == 'n' else None)
+    fig.update_layout(title=title or f'Best-of-n: {what}', height=360, margin=dict(t=50, l=50, r=20), xaxis=xaxis,
+                      yaxis_title='gold reward' if y == 'gold' else 'proxy z')
     return fig
 
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c2b
 class BoNExplorer(Explorer):
     "Toggle RMs, gold or proxy reward, and the x axis of `fig_bon`."
-    def __init__(self, bon):
-        self.bon = bon; rms = [v for v in dict.fromkeys(bon['variant']) if not v.startswith('oracle')]
-        self.rms = W.SelectMultiple(options=rms, value=tuple(rms), description='RMs', rows=min(6, len(rms)))
+    def __init__(self, bon, show=None):
+        self.bon = bon
+        rms = [v for v in dict.fromkeys(bon['variant']) if not v.startswith('oracle')]
+        self.rms = W.SelectMultiple(options=rms, value=tuple(show or rms), description='RMs', rows=min(8, len(rms)))
         self.y = W.ToggleButtons(options=[('gold', 'gold'), ('proxy', 'proxy_z')], value='gold')
         self.x = W.ToggleButtons(options=[('KL', 'kl'), ('n', 'n')], value='kl')
         self.fig = go.FigureWidget(self.figure())
@@ -514,41 +723,103 @@ class BoNExplorer(Explorer):
     def figure(self): return fig_bon(self.bon, self.rms.value or None, self.y.value, self.x.value)
 
 # %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c03
+def _with_stop(df):
+    "Rows with a `stop` column ('final' throughout for a record of the earlier design, which trained to the end only)."
+    return df if 'stop' in df else df.assign(stop='final')
+
+_BASE_STYLE = {('bt', 'final'): ('BT', 0, None), ('bt', 'early'): ('BT, early-stopped', 0, 'dot'),
+               ('center', 'final'): ('TRL centering', 2, 'dash')}   # baseline: (name, palette index, dash)
+
+def _hbands(fig, d, metric: str, x: list, c: int):
+    "Each baseline's mean and 95% interval as horizontal lines across the λ axis of subplot c."
+    for (kind, stop), (nm, k, dash) in _BASE_STYLE.items():
+        v = d[(d['loss'] == kind) & (d['stop'] == stop)][metric]
+        if not len(v): continue
+        i = mean_ci(v)
+        for yv, w in ((i.estimate, 2), (i.lo, 0.5), (i.hi, 0.5)):
+            fig.add_trace(go.Scatter(x=x, y=[yv, yv], mode='lines', name=nm, legendgroup=nm, line=dict(color=PALETTE[k],
+                                     dash=dash, width=w), showlegend=c == 0 and w == 2), 1, c + 1)
+
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c3b
 def fig_sweep(df, metric: str='tau', title: str|None=None) -> go.Figure:
-    "`metric` per split against BSR's λ (95% t-interval over seeds), with BT and TRL centering as horizontal bands."
-    ev = df[df['record'] == 'eval']; fig = make_subplots(rows=1, cols=len(SPLITS), subplot_titles=SPLITS, shared_yaxes=True)
+    "`metric` per scenario against BSR's λ (95% t-interval over seeds); the baselines as horizontal bands."
+    ev = _with_stop(df)
+    ev = ev[ev['record'] == 'eval']
+    fig = make_subplots(rows=1, cols=len(SPLITS), subplot_titles=SPLITS, shared_yaxes=True)
     for c, sp in enumerate(SPLITS):
-        d = ev[ev['split'] == sp]; b = d[d['loss'] == 'bsr']
-        lams = sorted(b['coef'].unique()); iv = [mean_ci(b[b['coef'] == l][metric]) for l in lams]
-        fig.add_trace(go.Scatter(x=lams, y=[i.estimate for i in iv], mode='lines+markers', name='BSR', line=dict(color=PALETTE[1]), showlegend=c == 0,
-                                 error_y=dict(type='data', symmetric=False, array=[i.hi - i.estimate for i in iv], arrayminus=[i.estimate - i.lo for i in iv])), 1, c + 1)
-        for k, (kind, dash) in enumerate((('bt', None), ('center', 'dash'))):
-            i = mean_ci(d[d['loss'] == kind][metric]); nm = 'BT' if kind == 'bt' else 'TRL centering'
-            for yv, w in ((i.estimate, 2), (i.lo, 0.5), (i.hi, 0.5)):
-                fig.add_trace(go.Scatter(x=[lams[0], lams[-1]], y=[yv, yv], mode='lines', name=nm, legendgroup=nm, showlegend=c == 0 and w == 2,
-                                         line=dict(color=PALETTE[0 if kind == 'bt' else 2], dash=dash, width=w)), 1, c + 1)
-    fig.update_xaxes(type='log', title_text='λ'); fig.update_layout(title=title or f'{metric} against λ', height=340, margin=dict(t=70, l=50, r=20))
+        d = ev[ev['split'] == sp]
+        b = d[(d['loss'] == 'bsr') & (d['stop'] == 'final')]
+        lams = sorted(b['coef'].unique())
+        iv = [mean_ci(b[b['coef'] == l][metric]) for l in lams]
+        err = dict(type='data', symmetric=False, array=[i.hi - i.estimate for i in iv],
+                   arrayminus=[i.estimate - i.lo for i in iv])
+        fig.add_trace(go.Scatter(x=lams, y=[i.estimate for i in iv], mode='lines+markers', name='BSR', error_y=err,
+                                 line=dict(color=PALETTE[1]), showlegend=c == 0), 1, c + 1)
+        _hbands(fig, d, metric, [lams[0], lams[-1]], c)
+    fig.update_xaxes(type='log', title_text='λ')
+    fig.update_layout(title=title or f'{metric} against λ', height=340, margin=dict(t=70, l=50, r=20))
     return fig
 
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c3c
 class SweepExplorer(Explorer):
     "A metric selector over `fig_sweep`."
     METRICS = ('tau', 'acc', 'h_cv', 'reward_std', 'reward_absmax', 'cos_std')
     def __init__(self, df):
-        self.df = df; self.metric = W.Dropdown(options=self.METRICS, value='tau', description='metric')
-        self.fig = go.FigureWidget(self.figure()); self.metric.observe(self._update, names='value')
+        self.df, self.metric = df, W.Dropdown(options=self.METRICS, value='tau', description='metric')
+        self.fig = go.FigureWidget(self.figure())
+        self.metric.observe(self._update, names='value')
         self.widget = W.VBox([self.metric, self.fig])
     def figure(self): return fig_sweep(self.df, self.metric.value)
 
 # %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c04
-def fig_decomposition(sample, variants=None, title: str='r = ‖W_p‖·‖h‖·cos θ on in-domain responses (first seed)') -> go.Figure:
+def fig_decomposition(sample, variants=None, title: str='r = ‖W_p‖·‖h‖·cos θ on in-domain responses (first seed)'):
     "Scatter of ‖h‖ against cos θ and histograms of r, per variant."
-    variants = list(dict.fromkeys(sample['variant'])) if variants is None else list(variants); col = _colors(dict.fromkeys(sample['variant']))
+    col = _colors(dict.fromkeys(sample['variant']))
     fig = make_subplots(rows=1, cols=2, subplot_titles=('‖h‖ against cos θ', 'reward r'))
-    for v in variants:
+    for v in (list(col) if variants is None else list(variants)):
         d = sample[sample['variant'] == v].iloc[0]
-        fig.add_trace(go.Scatter(x=d['h'], y=d['cos'], mode='markers', name=v, legendgroup=v, marker=dict(color=col[v], size=5, opacity=0.6),
-                                 customdata=d['r'], hovertemplate='‖h‖ %{x:.2f}<br>cos θ %{y:.2f}<br>r %{customdata:.2f}'), 1, 1)
-        fig.add_trace(go.Histogram(x=d['r'], name=v, legendgroup=v, showlegend=False, opacity=0.5, nbinsx=30, marker_color=col[v]), 1, 2)
-    fig.update_xaxes(title_text='‖h‖', row=1, col=1); fig.update_yaxes(title_text='cos θ', row=1, col=1); fig.update_xaxes(title_text='r', row=1, col=2)
+        fig.add_trace(go.Scatter(x=d['h'], y=d['cos'], mode='markers', name=v, legendgroup=v, customdata=d['r'],
+                                 marker=dict(color=col[v], size=5, opacity=0.6),
+                                 hovertemplate='‖h‖ %{x:.2f}<br>cos θ %{y:.2f}<br>r %{customdata:.2f}'), 1, 1)
+        fig.add_trace(go.Histogram(x=d['r'], name=v, legendgroup=v, showlegend=False, opacity=0.5, nbinsx=30,
+                                   marker_color=col[v]), 1, 2)
+    fig.update_xaxes(title_text='‖h‖', row=1, col=1)
+    fig.update_yaxes(title_text='cos θ', row=1, col=1)
+    fig.update_xaxes(title_text='r', row=1, col=2)
     fig.update_layout(title=title, barmode='overlay', height=360, margin=dict(t=70, l=50, r=20))
     return fig
+
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c4b
+def fig_probe(probe, split: str='mutual_ood', metric: str='tau', variants=None, es_step=None, title: str|None=None):
+    "A probe metric on `split` against the update for every variant (mean over seeds, 95% band); `es_step`: a marker."
+    d = probe[probe['split'] == split]
+    if not len(d): raise ValueError(f"no probe curves on {split!r}; splits: {sorted(set(probe['split']))}")
+    if metric not in d or d[metric].isna().any(): raise ValueError(f"the probe on {split!r} has no metric {metric!r}")
+    col, fig = _colors(dict.fromkeys(probe['variant'])), go.Figure()
+    for v in (list(dict.fromkeys(d['variant'])) if variants is None else list(variants)):
+        dv = d[d['variant'] == v]
+        _band(fig, dv['step'].iloc[0], np.stack(dv[metric].to_numpy()), v, col[v])
+    if es_step is not None:
+        fig.add_vline(x=es_step, line=dict(color='grey', dash='dot'), annotation_text='BT stops early (median)')
+    fig.update_layout(title=title or f'Probe: {metric} on {split} against the update', xaxis_title='update',
+                      yaxis_title=metric, height=360, margin=dict(t=50, l=50, r=20))
+    return fig
+
+# %% ../../nbs/alignment/10_bsr.ipynb #vz0a1c4c
+class ProbeExplorer(Explorer):
+    "Scenario and metric selectors over `fig_probe`, every variant on one plot."
+    def __init__(self, probe, es_step=None):
+        self.probe, self.es_step = probe, es_step
+        self.split = W.Dropdown(options=list(dict.fromkeys(probe['split'])), value='mutual_ood', description='scenario')
+        self.metric = W.Dropdown(options=self._metrics(), description='metric')
+        self.fig = go.FigureWidget(self.figure())
+        self.split.observe(self._on_split, names='value')
+        self.metric.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.split, self.metric]), self.fig])
+    def _metrics(self):
+        d = self.probe[self.probe['split'] == self.split.value]
+        return [m for m in ('tau', 'h_cv', 'reward_mean', 'acc', 'loss') if m in d and d[m].notna().all()]
+    def _on_split(self, _=None):
+        self.metric.options = self._metrics()
+        self._update()
+    def figure(self): return fig_probe(self.probe, self.split.value, self.metric.value, es_step=self.es_step)
