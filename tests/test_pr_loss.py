@@ -241,22 +241,27 @@ def test_training_flags_lambda_pr_stuck_at_zero_but_not_its_log_bound():
 SEEDS = (0, 1, 2, 3)
 
 
-def _made_up(shifts, cool=0.03, heat=0.01, ls=0.55, seeds=SEEDS, curves=None, **cfg):
+def _made_up(shifts, cool=0.03, heat=0.01, ls=0.55, seeds=SEEDS, curves=None, grid=None, held=None, **cfg):
     """Rows in the shape `claims` reads: NLL and label smoothing (baselines) and the PR losses in `shifts` at T = 0.5, 1, 1.5.
     `shifts`: each PR loss's recall over NLL's; `cool`: NLL's precision gained from T=1 to 0.5; `heat`: recall gained from
-    T=1 to 1.5 (precision drops 0.17); `curves`: setting -> training curve (default: flat at 0.6), with seed jitter."""
-    rows, tc = [], []
-    for s in seeds:
-        for L, base in (('nll', 0.6), ('ls:eps=0.1', ls), *((k, 0.6 + v) for k, v in shifts.items())):
-            jr = 0.003 * s * (1 + (L == 'nll'))                                  # seed jitter: finite intervals
-            for T, p, r in ((0.5, 0.97 + cool - 0.001 * (s % 2), base - 0.2), (1.0, 0.97, base),
-                            (1.5, 0.8, base + heat + 0.002 * (s % 2))):
-                rows.append(dict(loss=L, family=L.split(':')[0], seed=s, T=T, precision=p - 0.002 * s, recall=r + jr))
+    T=1 to 1.5 (precision drops 0.17); `curves`: setting -> training curve (default: flat at 0.6), with seed jitter.
+    `grid`: swept settings -> recall over NLL's; with it every setting also runs on the held-out selection seeds 100 and
+    101, where `held` (setting -> recall over NLL's) overrides the evaluation seeds' values."""
+    grid, held, rows, tc = grid or {}, held or {}, [], []
+    every = {'nll': 0.0, 'ls:eps=0.1': ls - 0.6, **shifts, **grid}
+    for k, s in enumerate((*seeds, *(100, 101)[:2 * bool(grid)])):
+        for L, v in every.items():
+            base = 0.6 + (held.get(L, v) if s >= 100 else v)
+            jr = 0.003 * k * (1 + (L == 'nll'))                                  # seed jitter: finite intervals
+            for T, p, r in ((0.5, 0.97 + cool - 0.001 * (k % 2), base - 0.2), (1.0, 0.97, base),
+                            (1.5, 0.8, base + heat + 0.002 * (k % 2))):
+                rows.append(dict(loss=L, family=L.split(':')[0], seed=s, T=T, precision=p - 0.002 * k, recall=r + jr))
             c = (curves or {}).get(L, [0.6] * 50)
-            tc.append(dict(loss=L, seed=s, step=list(range(12, 612, 12)), train_loss=[v * (1 + 0.01 * ((s + i) % 3 - 1))
+            tc.append(dict(loss=L, seed=s, step=list(range(12, 612, 12)), train_loss=[v * (1 + 0.01 * ((k + i) % 3 - 1))
                                                                                       for i, v in enumerate(c)]))
-    conf = dict(asdict(PRLossConfig(mode='full')), baselines=('nll', 'ls:eps=0.1'), claim_losses=tuple(shifts),
-                losses=('nll', 'ls:eps=0.1', *shifts), steps=600, **cfg)
+    conf = {**asdict(PRLossConfig(mode='full')), 'baselines': ('nll', 'ls:eps=0.1'), 'claim_losses': tuple(shifts),
+            'losses': ('nll', 'ls:eps=0.1', *shifts), 'steps': 600, 'knob_grid': tuple(grid), 'n_select_seeds': 2,
+            'select_offset': 100, 'seed': 0, **cfg}
     return Results('pr_loss', conf, rows, seeds=list(seeds), tables=dict(train_curves=tc))
 
 
@@ -319,3 +324,53 @@ def test_a_recorded_failed_precondition_overrides_the_rule(shifts, want):
     assert verdict(R) == UNTESTABLE
     R.claims = [HOLDS, *claims(R)]
     assert verdict(R) == want
+
+
+CD = {'cdiv:alpha=1.4': 0.05, 'cdiv:alpha=2.8': 0.12, 'cdiv:alpha=4': 0.08}     # c-Div's sweep around its declared α=2
+LS = {'ls:eps=0.01': 0.02, 'ls:eps=0.03': -0.01, 'ls:eps=0.3': -0.2}           # label smoothing's around ε=0.1 (at -0.05)
+BVB = 'each at its best knob (held-out seeds): '
+
+
+@pytest.mark.parametrize('shifts,grid,held,want,statuses,name', [
+    # both arms at their held-out best: c-Div α=2.8 against label smoothing ε=0.01, the edge of its grid (flagged)
+    ({'cdiv:alpha=2': 0.1}, {**CD, **LS}, {}, 'reproduced', ['shows'] * 4,
+     'c-Div α=2.8 minus label smoothing ε=0.01 (an optimum at its grid edge: label smoothing ε=0.01)'),
+    # the declared settings win, but label smoothing at its own best beats c-Div at its best: the part goes the other way
+    ({'cdiv:alpha=2': 0.1}, {**CD, **LS, 'ls:eps=0.03': 0.2}, {}, 'not reproduced', ['shows'] * 2 + ['opposite'] * 2,
+     'c-Div α=2.8 minus label smoothing ε=0.03'),
+    # a win at the declared settings that a tuned baseline erases is not a part that shows
+    ({'cdiv:alpha=2': 0.1}, {**CD, **LS, 'ls:eps=0.03': 0.12}, {}, 'not reproduced', ['shows'] * 2 + ['no effect'] * 2,
+     'c-Div α=2.8 minus label smoothing ε=0.03'),
+    # the held-out seeds choose the knob, not the evaluation seeds: α=1.4 there, although α=2.8 scores best here
+    ({'cdiv:alpha=2': 0.1}, {**CD, **LS}, {'cdiv:alpha=1.4': 0.3}, 'reproduced', ['shows'] * 4,
+     'c-Div α=1.4 minus label smoothing ε=0.01 (an optimum at its grid edge: c-Div α=1.4, label smoothing ε=0.01)'),
+    # a held-out tie is not broken silently: the claim names it
+    ({'cdiv:alpha=2': 0.1}, {**CD, **LS}, {'cdiv:alpha=2': 0.119}, 'reproduced', ['shows'] * 4,
+     '(held-out tie: c-Div α=2.8 with 2)'),
+    # one loss shows at both settings, the other only at its declared one: partly
+    ({'cdiv:alpha=2': 0.1, 'truncr:drop_frac=0.5': 0.1}, {**CD, **LS, 'truncr:drop_frac=0.35': 0.02,
+     'truncr:drop_frac=0.65': 0.0, 'ls:eps=0.03': 0.1}, {}, 'partly', ['shows'] * 4 + ['shows', 'no effect'] * 2,
+     'TruncR c=0.5 minus label smoothing ε=0.03'),
+])
+def test_best_against_best_on_made_up_rows(shifts, grid, held, want, statuses, name):
+    R = _made_up(shifts, grid=grid, held=held)
+    cs = [c for c in claims(R) if not c.is_precondition]
+    assert [c.status for c in cs] == statuses, [(c.name, c.status) for c in cs]
+    bvb = [c.name for c in cs if BVB in c.name]
+    assert len(bvb) == len(cs) // 2 and any(name in n for n in bvb), bvb
+    assert all(c.holds for c in claims(R) if c.is_precondition)
+    assert verdict(R) == want and _judged(R) == want
+    assert BVB in headline(R)
+
+
+def test_the_sweep_is_guarded_and_an_old_file_has_no_sweep():
+    stuck = [0.1 * math.exp(-i / 5) for i in range(50)]
+    R = _made_up({'cdiv:alpha=2': 0.1}, grid=CD, curves={'cdiv:alpha=2.8': stuck})   # the chosen setting stuck at zero
+    assert _judged(R) == UNTESTABLE
+    R = _made_up({'cdiv:alpha=2': 0.1}, grid=CD, curves={'cdiv:alpha=4': stuck})     # a setting no claim compares
+    assert _judged(R) == 'reproduced'
+    R = _made_up({'cdiv:alpha=2': 0.1, 'pr:lam=0.1': 0.1}, grid={**CD, 'pr:lam=0.3': 0.0},
+                 curves={'pr:lam=0.1': stuck, 'pr:lam=0.3': stuck}, stall_exempt=('pr',))   # λ-PR's family is exempt
+    assert all(c.holds for c in claims(R) if c.is_precondition)
+    R = _made_up({'cdiv:alpha=2': 0.1}, grid=None)                                  # no held-out rows: declared claims only
+    assert not any(BVB in c.name for c in claims(R)) and _judged(R) == 'reproduced'

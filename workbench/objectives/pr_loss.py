@@ -7,7 +7,7 @@ Docs: https://workbench-dev.github.io/workbench/objectives/pr_loss.html.md"""
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000003
 from __future__ import annotations
 import inspect, math
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
 from types import SimpleNamespace
 from typing import ClassVar
 import numpy as np
@@ -17,23 +17,27 @@ from torch import nn, Tensor
 import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
-from ..core import (ExperimentConfig, Results, judge, size, cached_unit, progress, Timer, verdict_rule,
+from ..core import (ExperimentConfig, Results, Claim, size, cached_unit, progress, Timer, verdict_rule,
                             get_device)
 from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, check_same_shape,
-                               Interval, mean_ci, paired_t, claim, precondition, flattened)
+                               Interval, mean_ci, paired_t, claim, precondition, flattened, Best, best_setting,
+                               best_vs_best)
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids, model_device
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
-__all__ = ['LOSSES', 'LOSS_NAMES', 'P_SOURCE', 'MarkovTarget', 'TargetLM', 'sequence_log_prob', 'pr_curve', 'pr_divergence',
-           'precision_recall', 'recall_bound', 'sampled_precision_recall', 'token_log_probs', 'nll_loss',
-           'label_smoothing_loss', 'loss_truncation', 'reverse_loss_truncation', 'pr_divergence_loss', 'pr_bound_loss',
-           'cdiv_loss', 'loss_fn', 'parse_setting', 'setting_label', 'empirical_log_prob', 'train_toy_lm', 'zero_step',
-           'stuck_at_zero', 'PRLossConfig', 'train_unit', 'unit_rows', 'unit_tables', 'run_experiment', 'run_notes',
-           'recall_at', 'frontier', 'temperature_preconditions', 'headroom_preconditions', 'training_preconditions',
-           'comparison_claims', 'claims', 'verdict', 'headline', 'sweep_means', 'fig_pr_plane', 'PRPlaneExplorer',
-           'fig_pr_curves', 'PRCurveExplorer', 'fig_coverage', 'CoverageExplorer']
+__all__ = ['LOSSES', 'LOSS_NAMES', 'P_SOURCE', 'KNOBS', 'MarkovTarget', 'TargetLM', 'sequence_log_prob', 'pr_curve',
+           'pr_divergence', 'precision_recall', 'recall_bound', 'sampled_precision_recall', 'token_log_probs',
+           'nll_loss', 'label_smoothing_loss', 'loss_truncation', 'reverse_loss_truncation', 'pr_divergence_loss',
+           'pr_bound_loss', 'cdiv_loss', 'loss_fn', 'parse_setting', 'setting_label', 'knob_value', 'exempt', 'arms',
+           'empirical_log_prob', 'train_toy_lm', 'zero_step', 'stuck_at_zero', 'PRLossConfig', 'train_unit',
+           'unit_rows', 'unit_tables', 'unit_jobs', 'run_experiment', 'run_notes', 'recall_at', 'frontier',
+           'selection_seeds', 'swept', 'knob_choice', 'strongest_at_best', 'chosen_settings',
+           'temperature_preconditions', 'headroom_preconditions', 'training_preconditions', 'best_vs_best_claim',
+           'claim_parts', 'part_status', 'comparison_claims', 'claims', 'verdict', 'headline', 'sweep_means',
+           'fig_pr_plane', 'PRPlaneExplorer', 'fig_pr_curves', 'PRCurveExplorer', 'fig_coverage', 'CoverageExplorer',
+           'sweep_table', 'fig_knob_sweeps', 'KnobSweepExplorer']
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000008
 class MarkovTarget:
@@ -261,6 +265,8 @@ LOSS_NAMES = dict(nll='NLL', ls='label smoothing', trunc='Trunc', truncr='TruncR
                   prlb='λ-PR log bound', cdiv='c-Div')
 # which losses read log p(x) of each training row, and from where: the empirical p_hat, or the target's exact p (oracle)
 P_SOURCE = dict(pr='empirical', prlb='empirical', prx='exact')
+# each loss's one knob, the one its sweep turns (NLL has none)
+KNOBS = dict(ls='eps', trunc='drop_frac', truncr='drop_frac', pr='lam', prx='lam', prlb='lam', cdiv='alpha')
 
 def loss_fn(name: str, logits: Tensor, targets: Tensor, **kw) -> Tensor:
     "The one loss interface: `LOSSES[name](logits, targets, **kw)`."
@@ -285,6 +291,23 @@ def setting_label(setting: str) -> str:
     name, kw = parse_setting(setting)
     sym = dict(eps='ε', drop_frac='c', lam='λ', alpha='α')
     return ' '.join([LOSS_NAMES[name], *(f"{sym[k]}={v:g}" for k, v in kw.items())])
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000032d
+def knob_value(setting: str):
+    "The value of a setting's knob ('cdiv:alpha=2' -> 2.0; the loss's default when not given); None for NLL."
+    name, kw = parse_setting(setting)
+    if name not in KNOBS: return None
+    return kw.get(KNOBS[name], inspect.signature(LOSSES[name]).parameters[KNOBS[name]].default)
+
+def exempt(setting: str, names) -> bool:
+    "Whether `setting` is among `names`, by itself or by its loss family ('pr' names every λ-PR setting)."
+    return setting in names or parse_setting(setting)[0] in names
+
+def arms(*settings) -> dict:
+    "Loss family -> its distinct settings among `settings` (tuples of them), in knob order."
+    out = {}
+    for s in dict.fromkeys(x for t in settings for x in t): out.setdefault(parse_setting(s)[0], []).append(s)
+    return {f: sorted(v, key=lambda s: knob_value(s) or 0.0) for f, v in out.items()}
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000038
 def empirical_log_prob(data: Tensor) -> Tensor:
@@ -335,12 +358,18 @@ _FULL_T = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.
 _LAMBDAS = tuple(float(f'{x:.3g}') for x in np.logspace(-2, 2, 25))
 _BASELINES = ('nll', 'ls:eps=0.1', 'trunc:drop_frac=0.2')                     # each + temperature
 _PR_LOSSES = ('truncr:drop_frac=0.5', 'pr:lam=0.1', 'prlb:lam=0.1', 'cdiv:alpha=2')   # declared before the run
-_NEIGHBOURS = ('pr:lam=1', 'prlb:lam=1', 'prx:lam=0.1')                         # one seed each, no claims
+_NEIGHBOURS = ('prx:lam=0.1',)                                                   # one seed each, no claims
 _QUICK_LOSSES = ('nll', 'pr:lam=0.1', 'prlb:lam=0.1', 'cdiv:alpha=2')
+# the grids swept around the declared values (log-spaced where the knob is a scale)
+_GRIDS = dict(ls=(0.003, 0.01, 0.03, 0.1, 0.3), trunc=(0.025, 0.05, 0.1, 0.2, 0.4), truncr=(0.35, 0.5, 0.65, 0.8, 0.9),
+              pr=(0.01, 0.03, 0.1, 0.3, 1.0), prlb=(0.01, 0.03, 0.1, 0.3, 1.0), cdiv=(1.4, 2.0, 2.8, 4.0, 5.6))
+_GRID = tuple(f"{n}:{KNOBS[n]}={v:g}" for n, vs in _GRIDS.items() for v in vs)
+_QUICK_GRID = ('cdiv:alpha=1.4', 'cdiv:alpha=2', 'cdiv:alpha=2.8')
 # the fields that choose, judge or schedule units but do not change any one unit's record (left out of its cache key)
 _JUDGING_FIELDS = ('losses', 'extra_losses', 'baselines', 'claim_losses', 'precision_levels', 't_cool', 'cool_min',
                    't_hot', 'heat_max', 'min_headroom', 'zero_tol', 'tail_frac', 'slope_tol', 'max_stuck',
-                   'stall_exempt', 'n_seeds', 'n_extra_seeds', 'threads')
+                   'stall_exempt', 'n_seeds', 'n_extra_seeds', 'threads', 'knob_grid', 'n_select_seeds',
+                   'select_offset', 'tie_tol')
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000043t
 @dataclass
@@ -372,6 +401,7 @@ class _PRSweep(_PRTrain):
     "The loss settings, the temperature sweep and the metrics: a part of `PRLossConfig`."
     losses: tuple = size(quick=_QUICK_LOSSES, full=_BASELINES + _PR_LOSSES)   # settings trained on every seed
     extra_losses: tuple = size(quick=(), full=_NEIGHBOURS)     # neighbouring settings, on `n_extra_seeds` seeds
+    knob_grid: tuple = size(quick=_QUICK_GRID, full=_GRID)     # knob sweeps: on every seed and every selection seed
     baselines: tuple = size(quick=('nll',), full=_BASELINES)   # baselines (+ temperature); must hold 'nll'
     claim_losses: tuple = size(quick=_QUICK_LOSSES[1:], full=_PR_LOSSES)   # the PR losses the claims are about
     temperatures: tuple = size(quick=(0.5, 1.0, 1.5), full=_FULL_T)        # the sweep; holds 1, t_cool and t_hot
@@ -394,9 +424,12 @@ class PRLossConfig(ExperimentConfig, _PRSweep):
     tail_frac: float = 0.2         # ... of training is stuck at zero; also the stretch whose slope is checked
     slope_tol: float = size(quick=5.0, full=0.5)   # precondition: |relative slope| of each guarded loss there, per run
     max_stuck: float = 0.0         # precondition: share of guarded units whose loss is stuck at zero, at most this
-    stall_exempt: tuple = ('pr:lam=0.1',)   # settings whose saturation is the finding: not guarded (all others are)
+    stall_exempt: tuple = ('pr',)           # settings or losses whose saturation is the finding: not guarded
     n_seeds: int = size(quick=2, full=5)    # seeds of `losses` (training data, initialisation, data order)
     n_extra_seeds: int = 1                  # seeds of `extra_losses` (the first seeds of the run)
+    n_select_seeds: int = size(quick=1, full=2)   # held-out seeds that choose each loss's knob (never judged on)
+    select_offset: int = 100                # the selection seeds are seed + select_offset + i
+    tie_tol: float = 0.002                  # held-out recall means this close to the best knob's count as tied
     unit_fields: ClassVar[tuple] = _JUDGING_FIELDS
     cache_version: ClassVar[int] = 2
 
@@ -405,11 +438,13 @@ class PRLossConfig(ExperimentConfig, _PRSweep):
 def validate(self):
     "Check every field (ValueError/TypeError naming it)."
     for k in ('vocab', 'branch', 'length', 'order', 'n_train', 'steps', 'batch_size', 'd_model', 'n_layers', 'n_heads',
-              'n_samples', 'n_top', 'n_seeds', 'n_extra_seeds', 'threads'):
+              'n_samples', 'n_top', 'n_seeds', 'n_extra_seeds', 'threads', 'n_select_seeds'):
         check_int(k, getattr(self, k), lo=1)
     check_int('target_seed', self.target_seed, lo=0)
+    check_int('select_offset', self.select_offset, lo=max(self.n_seeds, self.n_extra_seeds))   # disjoint seeds
     for k in ('lr', 't_cool', 't_hot', 'zero_tol', 'slope_tol'): check_num(k, getattr(self, k), lo=0, lo_open=True)
     for k in ('cool_min', 'heat_max', 'min_headroom', 'max_stuck'): check_num(k, getattr(self, k))
+    check_num('tie_tol', self.tie_tol, lo=0)
     check_num('tail_frac', self.tail_frac, lo=0, hi=1, lo_open=True)
     if self.n_train < self.batch_size:
         raise ValueError(f"n_train={self.n_train} must be at least batch_size={self.batch_size}")
@@ -421,17 +456,29 @@ def validate(self):
 @patch_to(PRLossConfig)
 def _validate_settings(self):
     "The loss settings: parseable, and the baselines, claim losses and exempt ones among those trained."
-    for k in ('losses', 'extra_losses', 'baselines', 'claim_losses', 'stall_exempt'):
+    for k in ('losses', 'extra_losses', 'baselines', 'claim_losses', 'stall_exempt', 'knob_grid'):
         if not isinstance(getattr(self, k), (tuple, list)):
             raise TypeError(f"{k} must be a tuple, got {getattr(self, k)!r}")
     for s in (*self.losses, *self.extra_losses): parse_setting(s)
+    self._validate_grid()
     if 'nll' not in self.baselines: raise ValueError(f"baselines must hold 'nll', got {tuple(self.baselines)}")
     for k in ('baselines', 'claim_losses'):
         if not set(getattr(self, k)) <= set(self.losses):
             raise ValueError(f"every entry of {k} must be in losses (trained on all seeds), "
                              f"got {tuple(getattr(self, k))}")
-    if set(self.stall_exempt) & set(self.baselines):
+    if any(exempt(b, self.stall_exempt) for b in self.baselines):
         raise ValueError(f"stall_exempt must not hold a baseline, got {tuple(self.stall_exempt)}")
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000044g
+@patch_to(PRLossConfig)
+def _validate_grid(self):
+    "The knob sweeps: one knob per loss, distinct values, and no neighbour that is also trained on every seed."
+    for s in self.knob_grid:
+        if knob_value(s) is None: raise ValueError(f"knob_grid entries need a knob (one of {KNOBS}), got {s!r}")
+    for f, ss in arms(self.losses, self.knob_grid).items():
+        if len({knob_value(s) for s in ss}) < len(ss): raise ValueError(f"the {f} settings repeat a knob value: {ss}")
+    if set(self.extra_losses) & {*self.losses, *self.knob_grid}:
+        raise ValueError(f"extra_losses must not be trained on every seed as well, got {tuple(self.extra_losses)}")
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000044c
 @patch_to(PRLossConfig)
@@ -453,6 +500,11 @@ def seeds(self) -> list: return self.seed_list(self.n_seeds)
 
 @patch_to(PRLossConfig, as_prop=True)
 def extra_seeds(self) -> list: return self.seed_list(self.n_extra_seeds)
+
+@patch_to(PRLossConfig, as_prop=True)
+def select_seeds(self) -> list:
+    "The held-out seeds that choose each loss's knob: fresh training sets and initialisations, never judged on."
+    return [self.seed + self.select_offset + i for i in range(self.n_select_seeds)]
 
 @patch_to(PRLossConfig)
 def target(self) -> MarkovTarget:
@@ -490,15 +542,16 @@ def train_unit(cfg: PRLossConfig, setting: str, seed: int) -> dict:
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000048
 def unit_rows(cfg: PRLossConfig, setting: str, seed: int, u: dict) -> list:
-    "One row per temperature: exact precision and recall@n, the sampled estimates where they exist, the stall guard."
+    "One row per temperature: exact precision and recall@n, sampled estimates where drawn, the split, the stall guard."
     fam = setting if setting == 'target' else parse_setting(setting)[0]
     c = u.get('train_curve')
     guard = dict(stuck_at_zero=stuck_at_zero(c['loss'], cfg.zero_tol, cfg.tail_frac) if c else None,
                  zero_step=zero_step(c['step'], c['loss'], cfg.zero_tol) if c else None)
-    rows = []
+    rows, split = [], 'select' if seed in cfg.select_seeds else 'eval'
     for T, ex in zip(cfg.temperatures, u['exact']):
         sa = u['sampled'].get(str(T), {})
-        rows.append(dict(loss=setting, family=fam, seed=seed, T=T, precision=ex['precision'], recall=ex['recall'],
+        rows.append(dict(loss=setting, family=fam, seed=seed, split=split, T=T, precision=ex['precision'],
+                         recall=ex['recall'],
                          recall_se=ex['recall_se'], precision_sampled=sa.get('precision'),
                          precision_sampled_se=sa.get('precision_se'), recall_sampled=sa.get('recall'),
                          distinct_sampled=sa.get('distinct'), train_s=u.get('train_s'), final_loss=u.get('final_loss'),
@@ -507,12 +560,12 @@ def unit_rows(cfg: PRLossConfig, setting: str, seed: int, u: dict) -> list:
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000048b
 def unit_tables(cfg: PRLossConfig, setting: str, seed: int, u: dict) -> dict:
-    "The unit's training curve, and for the first seed its PR curves and coverage, as table records."
+    "The unit's training curve, and for the first seed of a declared setting its PR curves and coverage, as tables."
     out = {}
     if u.get('train_curve'):
         out['train_curves'] = [dict(loss=setting, seed=seed, step=u['train_curve']['step'],
                                     train_loss=u['train_curve']['loss'])]
-    if seed == cfg.seed:
+    if seed == cfg.seed and setting in ('target', *cfg.losses, *cfg.extra_losses):
         out['pr_curves'] = [dict(loss=setting, T=T, lam=list(cfg.lambdas), alpha=a, beta=b)
                             for T, (a, b) in zip(cfg.temperatures, u['curves'])]
         out['coverage'] = [dict(loss=setting, T=T, p=u['coverage']['p'], q=q, off_support=1 - ex['precision'])
@@ -520,11 +573,19 @@ def unit_tables(cfg: PRLossConfig, setting: str, seed: int, u: dict) -> dict:
     return out
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000049
+def unit_jobs(cfg: PRLossConfig) -> list:
+    "The (setting, seed) units in run order: declared settings, neighbours, the knob sweeps, the selection seeds."
+    swept = [s for s in cfg.knob_grid if s not in cfg.losses]
+    jobs = [(s, sd) for s in cfg.losses for sd in cfg.seeds]
+    jobs += [(s, sd) for s in cfg.extra_losses for sd in cfg.extra_seeds]
+    jobs += [(s, sd) for s in swept for sd in cfg.seeds]
+    return jobs + [(s, sd) for s in (*cfg.losses, *swept) for sd in cfg.select_seeds]
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000049x
 def run_experiment(cfg: PRLossConfig|None=None) -> Results:
     "Train every (loss setting, seed) unit (cached), sweep the target itself as the reference, and conclude."
     cfg = PRLossConfig() if cfg is None else cfg
-    jobs = [(s, sd) for s in cfg.losses for sd in cfg.seeds]
-    jobs += [(s, sd) for s in cfg.extra_losses for sd in cfg.extra_seeds]
+    jobs = unit_jobs(cfg)
     rows, tables = [], dict(pr_curves=[], coverage=[], train_curves=[])
     with Timer() as t, torch_threads(cfg.threads):
         units = [('target', cfg.seed, _sweep(TargetLM(cfg.target()), cfg.target(), cfg, cfg.seed, first=True))]
@@ -540,8 +601,11 @@ def run_experiment(cfg: PRLossConfig|None=None) -> Results:
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000049b
 def run_notes(cfg: PRLossConfig, rows: list) -> str:
     "What a reader needs beside the numbers: the chance level, the stand-ins, every unit whose loss got stuck at zero."
-    stuck = {(r['loss'], r['seed']): r['zero_step'] for r in rows if r.get('stuck_at_zero')}
-    flagged = '; '.join(f"{setting_label(l)} seed {s} from update {k}" for (l, s), k in sorted(stuck.items())) or 'none'
+    stuck = {}
+    for r in rows:
+        if r.get('stuck_at_zero'): stuck.setdefault(r['loss'], {})[r['seed']] = r['zero_step']
+    flagged = '; '.join(f"{setting_label(l)} seeds {sorted(d)} from update {min(d.values())}-{max(d.values())}"
+                        for l, d in stuck.items()) or 'none'
     chance = (cfg.branch / (cfg.vocab + 1)) ** cfg.length
     return (f"|supp P| = {cfg.target().n_support}; uniform model over the {cfg.vocab + 1} tokens: precision "
             f"{chance:.2e}; Trunc/TruncR/λ-PR/c-Div are stand-ins and λ-PR log bound is the workbench's variant "
@@ -560,17 +624,19 @@ def recall_at(precision, recall, level: float) -> float:
     return best
 
 def frontier(results: Results):
-    "DataFrame (loss, seed, level, recall_at) of every trained setting and seed at each precision level."
+    "DataFrame (loss, seed, split, level, recall_at) of every trained setting and seed at each precision level."
     import pandas as pd
     df = results.df[results.df.family != 'target'].sort_values('T')
-    recs = [dict(loss=l, seed=s, level=v, recall_at=recall_at(g.precision, g.recall, v))
+    split = lambda s: 'eval' if s in results.seeds else 'select'
+    recs = [dict(loss=l, seed=s, split=split(s), level=v, recall_at=recall_at(g.precision, g.recall, v))
             for (l, s), g in df.groupby(['loss', 'seed'], sort=False) for v in results.config['precision_levels']]
     return pd.DataFrame(recs)
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053
 def _config(results: Results) -> dict:
-    "The run's config, with today's defaults for the fields an older results file lacks."
-    return {**asdict(PRLossConfig(mode=results.config.get('mode', 'full'))), **results.config}
+    "The run's config, with today's defaults for the fields an older file lacks (and no sweep where it ran none)."
+    none_run = dict(knob_grid=(), n_select_seeds=0)                       # what a file from before the sweep ran
+    return {**asdict(PRLossConfig(mode=results.config.get('mode', 'full'))), **none_run, **results.config}
 
 def _at(df, loss, T, col, seeds) -> np.ndarray:
     "Column `col` of `loss` at temperature T for each seed."
@@ -582,6 +648,53 @@ def _strongest(results: Results, level: float) -> np.ndarray:
     fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at
     return np.max([[fr[(b, level, s)] for s in results.seeds] for b in _config(results)['baselines']], 0)
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053j
+def selection_seeds(c: dict) -> list:
+    "The held-out seeds that chose the knobs, from a config dict ([] for a file without the sweep)."
+    return [c['seed'] + c['select_offset'] + i for i in range(c['n_select_seeds'])]
+
+def swept(results: Results) -> bool:
+    "Whether the run swept the knobs: a knob grid, and rows on held-out selection seeds."
+    c = _config(results)
+    return bool(c['knob_grid']) and bool(set(selection_seeds(c)) & set(results.df.seed))
+
+def _scores(fr, settings, level: float, seeds) -> np.ndarray:
+    "(K, n) recall at precision >= level of each setting on each seed, from an indexed `frontier`."
+    return np.array([[fr[(s, level, sd)] for sd in seeds] for s in settings], float)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053k
+def _arm(c: dict, family: str) -> tuple:
+    "(settings, knob values) of a loss's arm, in knob order; NLL's one value is its name."
+    ss = arms(c['losses'], c['knob_grid'])[family]
+    return ss, [knob_value(s) if family in KNOBS else s for s in ss]
+
+def knob_choice(results: Results, family: str, level: float, fr=None) -> Best:
+    "An arm's best knob value at `level`, chosen on the held-out selection seeds (ties within `tie_tol` flagged)."
+    c = _config(results)
+    fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at if fr is None else fr
+    ss, knobs = _arm(c, family)
+    held = _scores(fr, ss, level, selection_seeds(c))
+    return replace(best_setting(knobs, held, ties='flag', tol=c['tie_tol']), chosen_on='held-out')
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053n
+def strongest_at_best(results: Results, level: float, fr=None) -> tuple:
+    "(baseline family, its `Best`, families tied with it): the baseline scoring highest at its held-out best."
+    c = _config(results)
+    best = {f: knob_choice(results, f, level, fr) for f in dict.fromkeys(parse_setting(b)[0] for b in c['baselines'])}
+    top = max(best, key=lambda f: best[f].mean)
+    return top, best[top], [f for f in best if f != top and best[top].mean - best[f].mean <= c['tie_tol']]
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053m
+def chosen_settings(results: Results) -> list:
+    "The settings the best-against-best claims compare: each declared PR loss and the strongest baseline at their best."
+    if not swept(results): return []
+    c, out = _config(results), []
+    fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at
+    for v in c['precision_levels']:
+        fams = [*dict.fromkeys(parse_setting(L)[0] for L in c['claim_losses']), strongest_at_best(results, v, fr)[0]]
+        out += [_arm(c, f)[0][knob_choice(results, f, v, fr).index] for f in fams]
+    return list(dict.fromkeys(out))
+
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053b
 def temperature_preconditions(results: Results) -> list:
     "Cooling raises NLL's precision; heating NLL buys less recall than it costs in precision (the problem exists)."
@@ -592,18 +705,29 @@ def temperature_preconditions(results: Results) -> list:
             precondition(f"the problem exists: NLL heated T=1 -> {c['t_hot']:g}, recall gained + precision gained",
                          mean_ci(heat), c, 'heat_max', better='lower')]
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053b2
 def headroom_preconditions(results: Results) -> list:
-    "At each precision level: the recall bound minus the strongest baseline's recall, per seed."
-    c = _config(results)
+    "At each level: the recall bound minus the strongest baseline's recall, per seed; with the sweep, also at its best."
+    c, out = _config(results), []
     _, lp = MarkovTarget(c['vocab'], c['branch'], c['length'], c['probs'], c['order'], c['target_seed']).support()
-    return [precondition(f"headroom at precision >= {v:g}: recall bound minus strongest baseline",
-                         mean_ci(recall_bound(lp, c['n_samples'], v) - _strongest(results, v)), c, 'min_headroom')
-            for v in c['precision_levels']]
+    fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at
+    for v in c['precision_levels']:
+        bound = recall_bound(lp, c['n_samples'], v)
+        out.append(precondition(f"headroom at precision >= {v:g}: recall bound minus strongest baseline",
+                                mean_ci(bound - _strongest(results, v)), c, 'min_headroom'))
+        if not swept(results): continue
+        f, b, _ = strongest_at_best(results, v, fr)
+        s = _arm(c, f)[0][b.index]
+        name = (f"headroom at precision >= {v:g}: recall bound minus the strongest baseline at its best "
+                f"({setting_label(s)})")
+        out.append(precondition(name, mean_ci(bound - _scores(fr, [s], v, results.seeds)[0]), c, 'min_headroom'))
+    return out
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053d
 def _curves(results: Results, setting: str) -> tuple:
     "(steps (T,), losses (S, T)): a setting's recorded training curves, one row per seed."
-    recs = [r for r in results.tables.get('train_curves', []) if r['loss'] == setting]
+    recs = [r for r in results.tables.get('train_curves', [])
+            if r['loss'] == setting and r.get('seed', results.seeds[0]) in results.seeds]      # the evaluation seeds
     if not recs: raise ValueError(f"no training curve of {setting!r} in the {results.method} results")
     return np.asarray(recs[0]['step'], float), np.array([r['train_loss'] for r in recs], float)
 
@@ -618,7 +742,8 @@ def _flatness(st, ls, c: dict):
 def training_preconditions(results: Results) -> list:
     "No guarded unit's loss stuck at zero; every guarded loss flat over the last tail_frac (the least flat reported)."
     c = _config(results)
-    curves = {s: _curves(results, s) for s in c['losses'] if s not in c['stall_exempt']}
+    guarded = [s for s in dict.fromkeys([*c['losses'], *chosen_settings(results)]) if not exempt(s, c['stall_exempt'])]
+    curves = {s: _curves(results, s) for s in guarded}
     stuck = {s: [stuck_at_zero(l, c['zero_tol'], c['tail_frac']) for l in ls] for s, (_, ls) in curves.items()}
     n = sum(map(len, stuck.values()))
     share = Interval(sum(map(sum, stuck.values())) / n, math.nan, math.nan, n, f'count over {n} units')
@@ -631,19 +756,51 @@ def training_preconditions(results: Results) -> list:
     name = f"training ran its course: |relative slope| at the end, least flat setting ({setting_label(worst)})"
     return out + [precondition(name, flat[worst], c, 'slope_tol', 'lower')]
 
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053l
+def best_vs_best_claim(results: Results, family: str, level: float, fr=None) -> Claim:
+    "A loss at its best knob minus the strongest baseline at its best, both chosen on the held-out seeds."
+    c = _config(results)
+    fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at if fr is None else fr
+    fb, _, tied_b = strongest_at_best(results, level, fr)
+    (sa, ka), (sb, kb) = _arm(c, family), _arm(c, fb)
+    ev, sel = results.seeds, selection_seeds(c)
+    # each arm's knob chosen on the held-out seeds `sel`, the difference judged on the evaluation seeds `ev`
+    bvb = best_vs_best(ka, _scores(fr, sa, level, ev), kb, _scores(fr, sb, level, ev),
+                       select_a=_scores(fr, sa, level, sel), select_b=_scores(fr, sb, level, sel),
+                       how='t', unit='seeds', ties='flag', tol=c['tie_tol'])
+    a, b = setting_label(sa[bvb.a.index]), setting_label(sb[bvb.b.index])
+    edge = [x for x, y in ((a, bvb.a), (b, bvb.b)) if y.at_edge]
+    tied = [f"{x} with {', '.join(f'{k:g}' for k in y.tied_with)}" for x, y in ((a, bvb.a), (b, bvb.b)) if y.tied]
+    tied += [f"{LOSS_NAMES[fb]} with {', '.join(LOSS_NAMES[f] for f in tied_b)}"] * bool(tied_b)
+    name = (f"recall@{c['n_samples']} at precision >= {level:g}, each at its best knob (held-out seeds): {a} minus {b}"
+            + f" (an optimum at its grid edge: {', '.join(edge)})" * bool(edge)
+            + f" (held-out tie: {'; '.join(tied)})" * bool(tied))
+    return bvb.claim(name)
+
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053f
-def comparison_claims(results: Results) -> list:
-    "Each declared PR loss's recall at each precision level minus the strongest baseline's (chosen per seed)."
+def claim_parts(results: Results) -> dict:
+    "(declared PR loss, level) -> its claims: against the strongest declared baseline, then (swept) best against best."
     c, seeds = _config(results), results.seeds
     fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at
-    out = []
+    out = {}
     for v in c['precision_levels']:
         base = _strongest(results, v)
         for L in c['claim_losses']:
             d = paired_t([fr[(L, v, s)] for s in seeds], base)
             name = f"recall@{c['n_samples']} at precision >= {v:g}: {setting_label(L)} minus best baseline"
-            out.append(claim(name, d))
+            out[(L, v)] = [claim(name, d)]
+            if swept(results): out[(L, v)].append(best_vs_best_claim(results, parse_setting(L)[0], v, fr))
     return out
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000053f2
+def part_status(cs: list) -> str:
+    "A part's status from its claims: 'opposite' if any goes the other way, 'shows' if all show, else 'no effect'."
+    return 'opposite' if any(x.opposite for x in cs) else 'shows' if all(x.shows for x in cs) else 'no effect'
+
+def comparison_claims(results: Results) -> list:
+    "The claims of every part, declared-setting claims first."
+    parts = list(claim_parts(results).values())
+    return [x[0] for x in parts] + [y for x in parts for y in x[1:]]
 
 def claims(results: Results) -> list:
     "The preconditions (temperature, headroom, training), then the claims."
@@ -653,26 +810,41 @@ def claims(results: Results) -> list:
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000054
 @verdict_rule
 def verdict(results: Results) -> str:
-    ("Reproduced when every declared PR loss + temperature beats the strongest baseline + temperature in recall at "
-     "every precision level beyond its paired 95% CI over seeds; not reproduced when none does or when any goes the "
-     "other way beyond its CI; partly otherwise.")
-    parts = [x for x in claims(results) if not x.is_precondition]
-    if any(x.opposite for x in parts): return 'not reproduced'           # VERDICTS.md: the effect goes the other way
-    return judge(parts)
+    ("Each declared PR loss at each precision level is one part, judged by paired claims over seeds: its declared "
+     "setting against the strongest declared baseline and, where the knobs were swept, the loss at its best knob "
+     "against the strongest baseline at its best, both chosen on held-out seeds; a part shows when all its claims show "
+     "beyond their 95% CIs and goes the other way when any does; reproduced when every part shows, not reproduced "
+     "when none does or any goes the other way, partly otherwise.")
+    parts = [part_status(cs) for cs in claim_parts(results).values()]
+    if 'opposite' in parts: return 'not reproduced'                      # VERDICTS.md: the effect goes the other way
+    return 'reproduced' if set(parts) == {'shows'} else 'partly' if 'shows' in parts else 'not reproduced'
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000054b
+def _best_text(results: Results, fr, level: float, m) -> str:
+    "Each declared PR loss and the strongest baseline at its held-out best knob, with its evaluation mean."
+    c, out = _config(results), []
+    for f in [*dict.fromkeys(parse_setting(L)[0] for L in c['claim_losses']), strongest_at_best(results, level, fr)[0]]:
+        s = _arm(c, f)[0][knob_choice(results, f, level, fr).index]
+        out.append(f"{setting_label(s)} {m[s]:.3f}")
+    return ', '.join(out[:-1]) + f" vs {out[-1]} (best baseline)"
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000054c
 def headline(results: Results) -> str:
     "Our figure in words: each declared PR loss's recall at the top precision level against the strongest baseline's."
-    c, cs = _config(results), claims(results)
+    c, cs, parts = _config(results), claims(results), list(claim_parts(results).values())
+    status = [part_status(p) for p in parts]
     fr, v = frontier(results), max(c['precision_levels'])
-    m = fr[fr.level == v].groupby('loss').recall_at.mean()
+    m = fr[(fr.level == v) & (fr.split == 'eval')].groupby('loss').recall_at.mean()
     best_b = max(c['baselines'], key=lambda b: m[b])
-    parts, failed = [x for x in cs if not x.is_precondition], [x.name for x in cs if x.is_precondition and not x.holds]
+    failed = [x.name for x in cs if x.is_precondition and not x.holds]
+    fr_i = fr.set_index(['loss', 'level', 'seed']).recall_at
+    best = f"; each at its best knob (held-out seeds): {_best_text(results, fr_i, v, m)}" if swept(results) else ''
     return (f"recall@{c['n_samples']} at precision ≥ {v:g}: "
             + ', '.join(f"{setting_label(L)} {m[L]:.3f}" for L in c['claim_losses'])
-            + f" vs {setting_label(best_b)} {m[best_b]:.3f} (best baseline; all + temperature); "
-            f"{sum(x.shows for x in parts)}/{len(parts)} claims beyond the paired CI over {len(results.seeds)} seeds, "
-            f"{sum(x.opposite for x in parts)} the other way; preconditions: "
+            + f" vs {setting_label(best_b)} {m[best_b]:.3f} (best baseline; all + temperature){best}; "
+            f"{status.count('shows')}/{len(parts)} parts with every claim beyond the paired CI "
+            f"over {len(results.seeds)} seeds, {status.count('opposite')} the other way; "
+            "preconditions: "
             + ('all hold' if not failed else 'failed: ' + '; '.join(failed)))
 
 # %% ../../nbs/objectives/60_pr_loss.ipynb #pr000062
@@ -793,3 +965,62 @@ class CoverageExplorer(Explorer):
         for w in (self.loss, self.T): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.loss, self.T]), self.fig])
     def figure(self): return fig_coverage(self.table, self.loss.value, self.T.value)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000078b
+def sweep_table(results: Results):
+    "Per (loss, knob value, level): mean recall on the held-out and evaluation seeds, the 95% CI, chosen, declared."
+    import pandas as pd
+    if not swept(results): raise ValueError(f"the {results.mode} run of {results.date} has no knob sweep")
+    c, recs = _config(results), []
+    fr = frontier(results).set_index(['loss', 'level', 'seed']).recall_at
+    for v in c['precision_levels']:
+        for f in dict.fromkeys(parse_setting(s)[0] for s in (*c['claim_losses'], *c['baselines'])):
+            (ss, knobs), best = _arm(c, f), knob_choice(results, f, v, fr)
+            for k, (s, x) in enumerate(zip(ss, knobs)):
+                iv = mean_ci(_scores(fr, [s], v, results.seeds)[0])
+                recs.append(dict(family=f, loss=s, knob=x, level=v, held=best.means[k], eval=iv.estimate, lo=iv.lo,
+                                 hi=iv.hi, chosen=k == best.index, declared=s in c['losses'], edge=best.at_edge,
+                                 tied_with=best.tied_with))
+    return pd.DataFrame(recs)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000078c
+def _sweep_panel(fig, g, row: int, col: int, first: bool):
+    "One loss's sweep: evaluation means with CIs, held-out means, the chosen and the declared value."
+    show = dict(showlegend=first, row=row, col=col)
+    fig.add_scatter(x=g.knob, y=g['eval'], mode='lines+markers', name='evaluation seeds (95% CI)', legendgroup='e',
+                    error_y=dict(array=g.hi - g['eval'], arrayminus=g['eval'] - g.lo), line=dict(color=PALETTE[0]),
+                    **show)
+    fig.add_scatter(x=g.knob, y=g.held, mode='lines+markers', name='held-out seeds', legendgroup='h',
+                    line=dict(color=PALETTE[1], dash='dash'), **show)
+    for sel, name, m in ((g.chosen, 'chosen on held-out seeds', dict(symbol='star', size=15, color=PALETTE[1])),
+                         (g.declared, 'declared', dict(symbol='circle-open', size=17, color='black'))):
+        fig.add_scatter(x=g.knob[sel], y=g['eval'][sel], mode='markers', name=name, legendgroup=name, marker=m, **show)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000078d
+def fig_knob_sweeps(table, level: float, title: str|None=None) -> go.Figure:
+    "Each loss's recall at precision >= level over its knob grid (a `sweep_table`), NLL dotted; log knob axes."
+    from plotly.subplots import make_subplots
+    sub = table[np.isclose(table.level, level)]
+    if sub.empty: raise ValueError(f"no sweep at level={level}; levels: {sorted(table.level.unique())}")
+    fams = [f for f in dict.fromkeys(sub.family) if f in KNOBS]
+    n_rows = math.ceil(len(fams) / 3)
+    fig = make_subplots(rows=n_rows, cols=3, subplot_titles=[LOSS_NAMES[f] for f in fams], shared_yaxes=True)
+    for j, f in enumerate(fams):
+        at = dict(row=j // 3 + 1, col=j % 3 + 1)
+        _sweep_panel(fig, sub[sub.family == f], at['row'], at['col'], j == 0)
+        fig.update_xaxes(type='log', title_text=KNOBS[f], **at)
+        for y in sub[sub.family == 'nll']['eval']: fig.add_hline(y=y, line_dash='dot', line_color='grey', **at)
+    fig.update_yaxes(title_text=f'recall at precision ≥ {level:g}', col=1)
+    title = title or f'Recall at precision ≥ {level:g} over each knob'
+    return fig.update_layout(title=title, height=330 * n_rows, **_LAYOUT)
+
+# %% ../../nbs/objectives/60_pr_loss.ipynb #pr000078e
+class KnobSweepExplorer(Explorer):
+    "A precision-level selector over `fig_knob_sweeps`."
+    def __init__(self, table):
+        self.table = table
+        self.level = W.Dropdown(options=[float(v) for v in sorted(table.level.unique())], description='precision ≥')
+        self.fig = go.FigureWidget(self.figure())
+        self.level.observe(self._update, names='value')
+        self.widget = W.VBox([self.level, self.fig])
+    def figure(self): return fig_knob_sweeps(self.table, self.level.value)
