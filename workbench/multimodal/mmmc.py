@@ -7,7 +7,7 @@ Docs: https://workbench-dev.github.io/workbench/multimodal/mmmc.html.md"""
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000003
 from __future__ import annotations
 import math, time, copy, zlib
-from dataclasses import dataclass, field, asdict, replace
+from dataclasses import dataclass, asdict, replace
 from typing import ClassVar
 import numpy as np
 import torch
@@ -17,27 +17,34 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import ipywidgets as W
 from fastcore.basics import patch
-from ..core import ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, progress, Timer, get_device, verdict_rule
-from ..measure import check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim
+from ..core import (ExperimentConfig, Results, Claim, judge, size, seed_everything, cached_unit, cached,
+                            atomic_save_torch, progress, Timer, get_device, verdict_rule)
+from ..measure import (Interval, check_int, check_num, check_choice, check_tensor, mean_ci, paired_t, claim,
+                               best_setting, precondition)
 from ..models import tiny_llama
 from ..train import TrainConfig, train, generate_ids, model_device, left_pad
 from ..viz import PALETTE, Explorer
 
 # %% auto #0
 __all__ = ['SHAPES', 'COLOURS', 'RGB', 'ROWS', 'COLS', 'RELATIONS', 'GRID', 'CELL', 'BACKGROUND', 'SPECIALS', 'WORDS', 'VOCAB',
-           'TOK', 'PAD', 'IMG', 'EOS', 'N_IMG', 'INSTRUCTION', 'CONFLICTS', 'TYPES', 'TEMPLATES', 'KINDS', 'APPLIES',
-           'PROBE_KINDS', 'MMMC_MIX', 'EVAL_MIX', 'LABELS', 'SCORE', 'METHODS', 'GROUP', 'REFUSE', 'OTHERS', 'GATED',
+           'TOK', 'PAD', 'IMG', 'EOS', 'N_IMG', 'INSTRUCTION', 'CONFLICTS', 'TYPES', 'TEMPLATES', 'TAUGHT', 'KINDS',
+           'APPLIES', 'TAUGHT_TYPES', 'PROBE_KINDS', 'MMMC_MIX', 'EVAL_MIX', 'READ_WORDS', 'LABELS', 'SCORE',
+           'VALUE_WORDS', 'RL', 'METHODS', 'PROMPTED', 'REMEDIES', 'OTHERS', 'SWEPT', 'GROUP', 'REFUSE',
            'LABEL_COLOURS', 'METRICS', 'Obj', 'Scene', 'sample_scene', 'relation_holds', 'render_scene',
            'images_to_tensor', 'check_pixels', 'encode', 'decode', 'MMMCExample', 'no_object', 'no_attribute',
-           'no_relation', 'scene_split', 'template_shares', 'make_example', 'probe_kind', 'question_kind',
-           'premise_holds', 'check_mix', 'make_dataset', 'template_table', 'TinyVLM', 'WithImages', 'prompt_ids',
-           'lm_row', 'cell_labels', 'cell_loss', 'vlm_loss', 'pixels_of', 'respond', 'judge_answer', 'rouge_l',
-           'verify_questions', 'verify_then_answer', 'score_answers', 'says_conflict', 'template_rates', 'summarise',
-           'base_mix', 'training_rows', 'fit', 'ProbeCurve', 'instability', 'sample_responses', 'response_logprobs',
-           'reinforcepp_advantages', 'group_advantages', 'policy_loss', 'rl_step', 'rl_train', 'MMMCConfig',
-           'make_data', 'refuse_everything', 'baseline_unit', 'run_unit', 'run_experiment', 'claims', 'gates',
-           'credited', 'verdict', 'headline', 'scene_of', 'fig_conflict', 'ConflictExplorer', 'fig_rates',
-           'RatesExplorer', 'fig_training', 'fig_templates']
+           'no_relation', 'no_position', 'probe_kind', 'probe_reference', 'question_kind', 'scene_split',
+           'template_shares', 'allowed_kinds', 'make_example', 'premise_holds', 'check_mix', 'make_dataset',
+           'taught_dataset', 'template_table', 'TinyVLM', 'WithImages', 'prompt_ids', 'cell_labels', 'lm_row',
+           'cell_logits', 'cell_loss', 'vlm_loss', 'pixels_of', 'respond', 'judge_answer', 'consistent', 'rouge_l',
+           'verify_questions', 'probe_answers', 'perceives', 'verify_then_answer', 'score_answers', 'summarise',
+           'says_conflict', 'conflict_flags', 'template_rates', 'base_mix', 'training_rows', 'fit', 'perception',
+           'pretrain', 'ProbeCurve', 'instability', 'sample_responses', 'response_logprobs', 'reinforcepp_advantages',
+           'group_advantages', 'policy_loss', 'clipped_share', 'conflict_reward', 'rl_step', 'rl_train', 'MMMCConfig',
+           'shared_data', 'make_data', 'refuse_everything', 'pretrain_base', 'base_model', 'base_unit', 'arm_unit',
+           'seed_unit', 'refuse_unit', 'run_experiment', 'chosen', 'at_chosen', 'preconditions', 'best_other',
+           'comparisons', 'claims', 'gates', 'gate_table', 'credited', 'verdict', 'headline', 'scene_of',
+           'fig_conflict', 'ConflictExplorer', 'fig_rates', 'RatesExplorer', 'fig_training', 'fig_templates',
+           'fig_perception', 'fig_sweep']
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000009
 SHAPES = ('circle', 'square', 'triangle', 'cross')
@@ -51,7 +58,10 @@ BACKGROUND = 240 / 255                 # canvas grey, as a pixel value
 @dataclass(frozen=True)
 class Obj:
     "One object of a scene: its shape, colour and grid cell."
-    shape: str; colour: str; row: int; col: int
+    shape: str   # one of SHAPES
+    colour: str  # one of COLOURS
+    row: int     # 0 (top) to 2 (bottom)
+    col: int     # 0 (left) to 2 (right)
 
 @dataclass(frozen=True)
 class Scene:
@@ -59,14 +69,20 @@ class Scene:
     objects: tuple
     def get(self, shape: str) -> Obj|None: return next((o for o in self.objects if o.shape == shape), None)
     @property
-    def key(self) -> str: return ';'.join(f'{o.shape}/{o.colour}/{o.row}{o.col}' for o in sorted(self.objects, key=lambda o: o.shape))
+    def key(self) -> str:
+        return ';'.join(f'{o.shape}/{o.colour}/{o.row}{o.col}' for o in sorted(self.objects, key=lambda o: o.shape))
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000009b
 def sample_scene(rng: np.random.Generator, n_objects: tuple=(1, 3)) -> Scene:
     "A random scene with between n_objects[0] and n_objects[1] objects."
-    lo, hi = n_objects; check_int('n_objects[0]', lo, lo=1, hi=len(SHAPES) - 1); check_int('n_objects[1]', hi, lo=lo, hi=len(SHAPES) - 1)
+    lo, hi = n_objects
+    check_int('n_objects[0]', lo, lo=1, hi=len(SHAPES) - 1)
+    check_int('n_objects[1]', hi, lo=lo, hi=len(SHAPES) - 1)
     n = int(rng.integers(lo, hi + 1))
-    shapes, cells, cols = rng.choice(len(SHAPES), n, replace=False), rng.choice(GRID * GRID, n, replace=False), rng.integers(0, len(COLOURS), n)
-    return Scene(tuple(Obj(SHAPES[s], COLOURS[c], int(k) // GRID, int(k) % GRID) for s, c, k in zip(shapes, cols, cells)))
+    shapes, cells = rng.choice(len(SHAPES), n, replace=False), rng.choice(GRID * GRID, n, replace=False)
+    cols = rng.integers(0, len(COLOURS), n)
+    objs = (Obj(SHAPES[s], COLOURS[c], int(k) // GRID, int(k) % GRID) for s, c, k in zip(shapes, cols, cells))
+    return Scene(tuple(objs))
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000011
 def relation_holds(a: Obj, rel: str, b: Obj) -> bool:
@@ -77,7 +93,8 @@ def relation_holds(a: Obj, rel: str, b: Obj) -> bool:
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000013
 def _mask(shape: str, size: int=CELL) -> np.ndarray:
     "(size, size) bool mask of `shape` inside one cell, centred, with a 1-pixel margin."
-    y, x = np.mgrid[:size, :size] + 0.5; c = size / 2; r = size / 2 - 1
+    y, x = np.mgrid[:size, :size] + 0.5
+    c, r = size / 2, size / 2 - 1
     if shape == 'circle': return (x - c) ** 2 + (y - c) ** 2 <= r ** 2
     if shape == 'square': return (abs(x - c) <= r - 0.5) & (abs(y - c) <= r - 0.5)
     if shape == 'triangle': return (y >= 1) & (y <= size - 1) & (abs(x - c) <= (y - 1) / 2)
@@ -95,12 +112,14 @@ def render_scene(scene: Scene) -> np.ndarray:
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000016
 def images_to_tensor(images) -> torch.Tensor:
-    "uint8 images (B, 30, 30, 3) (an array or a list of arrays) as float pixel values (B, 3, 30, 30) in [0, 1], checked."
+    "uint8 images (B, 30, 30, 3) (an array or a list of arrays) as checked float pixel values (B, 3, 30, 30) in [0, 1]."
     arr = np.stack(images) if isinstance(images, (list, tuple)) else images
-    if not isinstance(arr, np.ndarray): raise TypeError(f"images must be a numpy array or a list of arrays, got {type(arr).__name__}")
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"images must be a numpy array or a list of arrays, got {type(arr).__name__}")
     if arr.ndim == 3: arr = arr[None]
     H = GRID * CELL
-    if arr.ndim != 4 or arr.shape[1:] != (H, H, 3): raise ValueError(f"images must have shape (B, {H}, {H}, 3) (RGB, channels last), got {arr.shape}")
+    if arr.ndim != 4 or arr.shape[1:] != (H, H, 3):
+        raise ValueError(f"images must have shape (B, {H}, {H}, 3) (RGB, channels last), got {arr.shape}")
     if arr.dtype != np.uint8: raise TypeError(f"images must be uint8 (0-255), got dtype {arr.dtype}")
     return torch.from_numpy(arr).permute(0, 3, 1, 2).float() / 255.0
 
@@ -109,18 +128,19 @@ def check_pixels(pixel_values) -> torch.Tensor:
     H = GRID * CELL
     check_tensor('pixel_values', pixel_values, shape=(None, 3, H, H), floating=True)
     if not torch.isfinite(pixel_values).all(): raise ValueError("pixel_values hold NaN or infinite values")
-    if pixel_values.min() < 0 or pixel_values.max() > 1: raise ValueError(f"pixel_values must lie in [0, 1] (uint8 / 255), got range [{pixel_values.min():.3g}, {pixel_values.max():.3g}]")
+    lo, hi = pixel_values.min(), pixel_values.max()
+    if lo < 0 or hi > 1: raise ValueError(f"pixel_values must lie in [0, 1] (uint8 / 255), got [{lo:.3g}, {hi:.3g}]")
     return pixel_values
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000019
 SPECIALS = ('<pad>', '<img>', '<eos>')
-WORDS = ('what', 'colour', 'is', 'the', 'where', 'at', 'top', 'middle', 'bottom', 'left', 'centre', 'right', 'of', 'above', 'below',
-         'there', 'a', 'no', 'yes', 'not', 'check', 'image', '?', ',', '.') + SHAPES + COLOURS
+WORDS = ('what', 'colour', 'is', 'the', 'where', 'at', 'top', 'middle', 'bottom', 'left', 'centre', 'right', 'of',
+         'above', 'below', 'there', 'a', 'no', 'yes', 'not', 'check', 'image', '?', ',', '.') + SHAPES + COLOURS
 VOCAB = SPECIALS + tuple(dict.fromkeys(WORDS))
 TOK = {w: i for i, w in enumerate(VOCAB)}
 PAD, IMG, EOS = TOK['<pad>'], TOK['<img>'], TOK['<eos>']
 N_IMG = GRID * GRID                    # visual tokens per image (one per 10x10 patch)
-INSTRUCTION = 'check the image .'      # our stand-in for the paper's "Please check if the image contains mentioned information ..."
+INSTRUCTION = 'check the image .'      # for the paper's "Please check if the image contains mentioned information ..."
 
 def encode(text: str) -> list[int]:
     "Word ids of `text` (words separated by spaces)."
@@ -139,122 +159,187 @@ def decode(ids) -> str:
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000022
 CONFLICTS = ('object', 'attribute', 'relation')
 TYPES = ('none',) + CONFLICTS
-TEMPLATES = ('colour', 'where', 'relation')
-KINDS = TEMPLATES + ('probe',)
-APPLIES = dict(object=('colour', 'where', 'relation'), attribute=('where',), relation=('relation',))   # templates whose premise each conflict type can break
+TEMPLATES = ('colour', 'where', 'relation')      # the evaluation templates
+TAUGHT = 'located'                               # the pretraining-only template on which the instruction is taught
+KINDS = TEMPLATES + (TAUGHT, 'probe')
+APPLIES = dict(object=('colour', 'where', 'relation'), attribute=('where',), relation=('relation',))  # what each breaks
+TAUGHT_TYPES = ('none', 'object', 'attribute')   # on `located`: an absent shape, or a wrong cell (its attribute)
+PROBE_KINDS = ('existence', 'colour', 'relation', 'position')
 
 @dataclass
 class MMMCExample:
-    "One row, with the HF dataset's field names (`conflict_type` 'none' is the HF null) plus the scene and question kind."
-    image_id: str          # the scene's key: train and test are split by scene
+    "One row with the HF dataset's field names (`conflict_type` 'none' is the HF null), plus the scene and template."
+    image_id: str          # the scene's key: train, validation and test are split by scene
     scene: Scene
     question: str
     answer: str            # the reference answer (conflict-aware on conflict rows)
     conflict_type: str     # 'none', 'object', 'attribute', 'relation' ('probe' for the pretraining probes)
-    kind: str              # question template: 'colour', 'where', 'relation' or 'probe'
-    key_component: str     # the substituted (or asked-about) component: a shape, a colour or a relation
+    kind: str              # question template: 'colour', 'where', 'relation', 'located' or 'probe'
+    key_component: str     # the substituted (or asked-about) component: a shape, a colour, a cell or a relation
+    instruct: bool = False # the prompt carries the check instruction (pretraining rows of the `located` template)
     @property
     def image(self) -> np.ndarray: return render_scene(self.scene)
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000022b
 def _pos(o: Obj) -> str: return f"{ROWS[o.row]} {COLS[o.col]}"
+def _cell(k: int) -> str: return f"{ROWS[int(k) // GRID]} {COLS[int(k) % GRID]}"
+def _other_cell(rng, o: Obj) -> str:
+    return _cell(rng.choice([k for k in range(GRID * GRID) if k != o.row * GRID + o.col]))
+def _absent(rng, sc: Scene) -> str: return str(rng.choice([x for x in SHAPES if sc.get(x) is None]))
 def no_object(s): return f"no , there is no {s} ."
 def no_attribute(s, true_colour): return f"no , the {s} is {true_colour} ."
 def no_relation(s1, rel, s2): return f"no , the {s1} is not {rel} the {s2} ."
+def no_position(o: Obj): return f"no , the {o.shape} is at the {_pos(o)} ."
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000023
+def _pair(rng, sc: Scene) -> tuple:
+    "Two distinct objects of `sc`, in random order."
+    i, j = rng.choice(len(sc.objects), 2, replace=False)
+    return sc.objects[i], sc.objects[j]
+
 def _normal(rng, sc: Scene, kind: str):
     "A true-premise question of template `kind` about `sc`: (question, reference, key component)."
     o = sc.objects[rng.integers(len(sc.objects))]
     if kind == 'colour': return f"what colour is the {o.shape} ?", f"the {o.shape} is {o.colour} .", o.shape
-    if kind == 'where': return f"where is the {o.colour} {o.shape} ?", f"the {o.colour} {o.shape} is at the {_pos(o)} .", o.colour
-    a, b = rng.choice(len(sc.objects), 2, replace=False); a, b = sc.objects[a], sc.objects[b]
-    rel = rng.choice([r for r in RELATIONS if relation_holds(a, r, b)])
-    return f"what colour is the {a.shape} {rel} the {b.shape} ?", f"the {a.shape} is {a.colour} .", str(rel)
+    if kind == 'where':
+        return f"where is the {o.colour} {o.shape} ?", f"the {o.colour} {o.shape} is at the {_pos(o)} .", o.colour
+    if kind == TAUGHT:
+        return f"what colour is the {o.shape} at the {_pos(o)} ?", f"the {o.shape} is {o.colour} .", _pos(o)
+    a, b = _pair(rng, sc)
+    rel = str(rng.choice([r for r in RELATIONS if relation_holds(a, r, b)]))
+    return f"what colour is the {a.shape} {rel} the {b.shape} ?", f"the {a.shape} is {a.colour} .", rel
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000023b
+def _object_conflict(rng, sc: Scene, kind: str):
+    "Obj(T) ⊄ Obj(V): an absent shape asked through template `kind`."
+    s = _absent(rng, sc)
+    if kind == 'colour': return f"what colour is the {s} ?", no_object(s), s
+    if kind == 'where': return f"where is the {rng.choice(COLOURS)} {s} ?", no_object(s), s
+    if kind == TAUGHT: return f"what colour is the {s} at the {_cell(rng.integers(GRID * GRID))} ?", no_object(s), s
+    o, rel = sc.objects[rng.integers(len(sc.objects))], rng.choice(RELATIONS)      # one shape present, the other absent
+    a, b = (s, o.shape) if rng.random() < 0.5 else (o.shape, s)
+    return f"what colour is the {a} {rel} the {b} ?", no_object(s), s
 
 def _conflict(rng, sc: Scene, ctype: str, kind: str):
-    "A conflicting question of template `kind` (one of `APPLIES[ctype]`) about `sc`: (question, reference, key component)."
-    present = [o.shape for o in sc.objects]
-    if ctype == 'object':                                  # Obj(T) ⊄ Obj(V): ask about an absent shape
-        s = str(rng.choice([x for x in SHAPES if x not in present]))
-        if kind == 'colour': return f"what colour is the {s} ?", no_object(s), s
-        if kind == 'where': return f"where is the {rng.choice(COLOURS)} {s} ?", no_object(s), s
-        o, rel = sc.objects[rng.integers(len(sc.objects))], rng.choice(RELATIONS)   # relation template: one shape present, the other absent
-        a, b = (s, o.shape) if rng.random() < 0.5 else (o.shape, s)
-        return f"what colour is the {a} {rel} the {b} ?", no_object(s), s
+    "A conflicting question of template `kind` about `sc`: (question, reference, key component)."
+    if ctype == 'object': return _object_conflict(rng, sc, kind)
     o = sc.objects[rng.integers(len(sc.objects))]
-    if ctype == 'attribute':                               # Attr(o^T) ≠ Attr(o^V): a wrong colour for a present shape
-        c = rng.choice([x for x in COLOURS if x != o.colour])
-        return f"where is the {c} {o.shape} ?", no_attribute(o.shape, o.colour), str(c)
-    a, b = rng.choice(len(sc.objects), 2, replace=False); a, b = sc.objects[a], sc.objects[b]
-    rel = rng.choice([r for r in RELATIONS if not relation_holds(a, r, b)])   # Rel(o_i^T, o_j^T) ≠ Rel(o_i^V, o_j^V)
-    return f"what colour is the {a.shape} {rel} the {b.shape} ?", no_relation(a.shape, rel, b.shape), str(rel)
+    if ctype == 'attribute' and kind == TAUGHT:                  # a present shape in the wrong cell
+        p = _other_cell(rng, o)
+        return f"what colour is the {o.shape} at the {p} ?", no_position(o), p
+    if ctype == 'attribute':                                     # Attr(o^T) ≠ Attr(o^V): a wrong colour
+        c = str(rng.choice([x for x in COLOURS if x != o.colour]))
+        return f"where is the {c} {o.shape} ?", no_attribute(o.shape, o.colour), c
+    a, b = _pair(rng, sc)
+    # $\mathrm{Rel}(o_i^{\mathcal T},o_j^{\mathcal T})\neq\mathrm{Rel}(o_i^{\mathcal V},o_j^{\mathcal V})$
+    rel = str(rng.choice([r for r in RELATIONS if not relation_holds(a, r, b)]))
+    return f"what colour is the {a.shape} {rel} the {b.shape} ?", no_relation(a.shape, rel, b.shape), rel
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000025
-def _probe(rng, sc: Scene):
-    "A yes/no question checking one premise (pretraining only): existence, colour or relation, half of them false."
-    yes, k = rng.random() < 0.5, rng.integers(3 if len(sc.objects) > 1 else 2)
-    if k == 0:
-        s = rng.choice([o.shape for o in sc.objects] if yes else [x for x in SHAPES if sc.get(x) is None])
-        return f"is there a {s} ?", (f"yes , there is a {s} ." if yes else no_object(s)), str(s)
-    o = sc.objects[rng.integers(len(sc.objects))]
-    if k == 1:
-        c = o.colour if yes else rng.choice([x for x in COLOURS if x != o.colour])
-        return f"is the {o.shape} {c} ?", (f"yes , the {o.shape} is {c} ." if yes else no_attribute(o.shape, o.colour)), str(c)
-    b = rng.choice([x for x in sc.objects if x != o]); ok = [r for r in RELATIONS if relation_holds(o, r, b) == yes]
-    rel = rng.choice(ok)
-    return f"is the {o.shape} {rel} the {b.shape} ?", (f"yes , the {o.shape} is {rel} the {b.shape} ." if yes else no_relation(o.shape, rel, b.shape)), str(rel)
+def _probe(rng, sc: Scene, kind: str):
+    "A yes/no premise probe of `kind` about `sc`, true or false alike: (question, reference, key component)."
+    yes, o = bool(rng.random() < 0.5), sc.objects[rng.integers(len(sc.objects))]
+    if kind == 'existence':
+        s = o.shape if yes else _absent(rng, sc)
+        return f"is there a {s} ?", (f"yes , there is a {s} ." if yes else no_object(s)), s
+    if kind == 'colour':
+        c = o.colour if yes else str(rng.choice([x for x in COLOURS if x != o.colour]))
+        ref = f"yes , the {o.shape} is {c} ." if yes else no_attribute(o.shape, o.colour)
+        return f"is the {o.shape} {c} ?", ref, c
+    if kind == 'position':
+        p = _pos(o) if yes else _other_cell(rng, o)
+        return f"is the {o.shape} at the {p} ?", (f"yes , the {o.shape} is at the {p} ." if yes else no_position(o)), p
+    a, b = _pair(rng, sc)
+    rel = str(rng.choice([r for r in RELATIONS if relation_holds(a, r, b) == yes]))
+    ref = f"yes , the {a.shape} is {rel} the {b.shape} ." if yes else no_relation(a.shape, rel, b.shape)
+    return f"is the {a.shape} {rel} the {b.shape} ?", ref, rel
+
+def probe_kind(q: str) -> str:
+    "What a premise probe checks: 'existence', 'colour', 'relation' or 'position'."
+    w = q.rstrip(' ?').split()
+    if w[:1] != ['is'] or len(w) < 4: raise ValueError(f"not a premise probe: {q!r}")
+    return 'existence' if w[1] == 'there' else 'colour' if len(w) == 4 else 'position' if w[3] == 'at' else 'relation'
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000025b
+def probe_reference(scene: Scene, q: str) -> str:
+    "The reference answer to the premise probe `q` about `scene`: what a perfect perceiver says."
+    w, kind = q.rstrip(' ?').split(), probe_kind(q)
+    if kind == 'existence': return f"yes , there is a {w[3]} ." if scene.get(w[3]) else no_object(w[3])
+    o = scene.get(w[2])
+    if o is None: return no_object(w[2])
+    if kind == 'colour':
+        return f"yes , the {o.shape} is {w[3]} ." if o.colour == w[3] else no_attribute(o.shape, o.colour)
+    if kind == 'position':
+        p = ' '.join(w[5:])
+        return f"yes , the {o.shape} is at the {p} ." if _pos(o) == p else no_position(o)
+    b, rel = scene.get(w[-1]), ' '.join(w[3:-2])
+    if b is None: return no_object(w[-1])
+    if relation_holds(o, rel, b): return f"yes , the {o.shape} is {rel} the {b.shape} ."
+    return no_relation(o.shape, rel, b.shape)
+
+def question_kind(q: str) -> str:
+    "The template of a question: 'colour', 'where', 'relation', 'located' or 'probe'."
+    w = q.split()
+    if w[0] == 'is': return 'probe'
+    return 'where' if w[0] == 'where' else TAUGHT if 'at' in w else 'relation' if len(w) > 6 else 'colour'
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000026
-def scene_split(scene: Scene, test_frac: float=0.2) -> str:
-    "'test' or 'train', fixed per scene by a hash of its key: the split is by scene, never by question."
-    return 'test' if zlib.crc32(scene.key.encode()) % 1000 < 1000 * test_frac else 'train'
+def scene_split(scene: Scene, test_frac: float=0.2, val_frac: float=0.1) -> str:
+    "'test', 'val' or 'train', fixed per scene by a hash of its key: the split is by scene, never by question."
+    h = zlib.crc32(scene.key.encode()) % 1000
+    return 'test' if h < 1000 * test_frac else 'val' if h < 1000 * (test_frac + val_frac) else 'train'
 
 def template_shares(mix: dict|None=None) -> dict:
-    "Share of each template among the conflict rows of `mix` (each type spread evenly over `APPLIES[type]`); normal rows are drawn in these shares."
+    "Share of each template among the conflict rows of `mix` (each type spread evenly over `APPLIES[type]`)."
     w = {t: float((mix or {}).get(t, 0.0)) for t in CONFLICTS}
-    if sum(w.values()) <= 0: w = {t: 1.0 for t in CONFLICTS}                      # no conflicts in the mix: as for equal conflict types
+    if sum(w.values()) <= 0: w = {t: 1.0 for t in CONFLICTS}                      # no conflicts: as for equal types
     out = {k: sum(v / len(APPLIES[t]) for t, v in w.items() if k in APPLIES[t]) for k in TEMPLATES}
     return {k: v / sum(out.values()) for k, v in out.items()}
 
-def make_example(rng: np.random.Generator, conflict_type: str, split: str|None=None, kind: str|None=None) -> MMMCExample:
-    "One example of `conflict_type` ('none', a conflict type, or 'probe') with question template `kind` (None: drawn) on a fresh scene of `split` (None: any)."
-    check_choice('conflict_type', conflict_type, TYPES + ('probe',)); check_choice('split', split, (None, 'train', 'test'))
-    allowed = ('probe',) if conflict_type == 'probe' else TEMPLATES if conflict_type == 'none' else APPLIES[conflict_type]
-    if kind is None:
-        if conflict_type == 'none': sh = template_shares(); kind = TEMPLATES[rng.choice(len(TEMPLATES), p=[sh[k] for k in TEMPLATES])]
-        else: kind = allowed[rng.integers(len(allowed))]
-    if kind not in allowed: raise ValueError(f"a {conflict_type!r} question cannot use the {kind!r} template; allowed: {allowed}")
+def allowed_kinds(conflict_type: str) -> tuple:
+    "The templates a row of `conflict_type` may use (the `located` template only when asked for)."
+    check_choice('conflict_type', conflict_type, TYPES + ('probe',))
+    if conflict_type == 'probe': return ('probe',)
+    base = TEMPLATES if conflict_type == 'none' else APPLIES[conflict_type]
+    return base + ((TAUGHT,) if conflict_type in TAUGHT_TYPES else ())
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000026b
+def _draw_kind(rng, conflict_type: str) -> str:
+    "A template for a row of `conflict_type`: normal rows in `template_shares()`, conflicts evenly over `APPLIES`."
+    if conflict_type == 'probe': return str(rng.choice(PROBE_KINDS))
+    if conflict_type == 'none': return TEMPLATES[rng.choice(len(TEMPLATES), p=list(template_shares().values()))]
+    return APPLIES[conflict_type][rng.integers(len(APPLIES[conflict_type]))]
+
+def make_example(rng: np.random.Generator, conflict_type: str, split: str|None=None, kind: str|None=None,
+                 instruct: bool=False) -> MMMCExample:
+    "An example of `conflict_type`, template `kind` (for 'probe' a probe kind; None: drawn), on a new scene of `split`."
+    check_choice('split', split, (None, 'train', 'val', 'test'))
+    allowed = PROBE_KINDS if conflict_type == 'probe' else allowed_kinds(conflict_type)
+    kind = _draw_kind(rng, conflict_type) if kind is None else kind
+    if kind not in allowed:
+        raise ValueError(f"a {conflict_type!r} question cannot use the {kind!r} template; allowed: {allowed}")
     while True:
-        sc = sample_scene(rng, (2, 3) if kind == 'relation' else (1, 3))        # every relation-template question: 2-3 objects
-        if split is not None and scene_split(sc) != split: continue
-        if conflict_type == 'none': q, a, key = _normal(rng, sc, kind)
-        elif conflict_type == 'probe': q, a, key = _probe(rng, sc)
-        else: q, a, key = _conflict(rng, sc, conflict_type, kind)
-        return MMMCExample(sc.key, sc, q, a, conflict_type, kind, key)
-
-PROBE_KINDS = ('existence', 'colour', 'relation')
-
-def probe_kind(q: str) -> str:
-    "What a premise probe checks: 'existence' ('is there a …'), 'colour' ('is the … <colour> ?') or 'relation'."
-    w = q.split()
-    if w[0] != 'is': raise ValueError(f"not a premise probe: {q!r}")
-    return 'existence' if w[1] == 'there' else 'colour' if len(w) == 5 else 'relation'
-
-def question_kind(q: str) -> str:
-    "The template of a question: 'colour', 'where', 'relation' or 'probe'."
-    w = q.split()
-    return 'probe' if w[0] == 'is' else 'where' if w[0] == 'where' else 'relation' if len(w) > 6 else 'colour'
+        sc = sample_scene(rng, (2, 3) if kind == 'relation' else (1, 3))        # relations: 2-3 objects
+        if split is None or scene_split(sc) == split: break
+    if conflict_type == 'none': q, a, key = _normal(rng, sc, kind)
+    elif conflict_type == 'probe': q, a, key = _probe(rng, sc, kind)
+    else: q, a, key = _conflict(rng, sc, conflict_type, kind)
+    return MMMCExample(sc.key, sc, q, a, conflict_type, 'probe' if conflict_type == 'probe' else kind, key, instruct)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000029
 def premise_holds(scene: Scene, question: str) -> bool:
     "Whether the premise of a wh-question is true of `scene`, read from the question's words alone."
     w = question.rstrip(' ?').split()
-    if w[:3] == ['where', 'is', 'the'] and len(w) == 5: o = scene.get(w[4]); return o is not None and o.colour == w[3]
-    if w[:4] == ['what', 'colour', 'is', 'the'] and len(w) == 5: return scene.get(w[4]) is not None
-    if w[:4] == ['what', 'colour', 'is', 'the'] and len(w) > 6 and w[-2] == 'the':
-        a, b = scene.get(w[4]), scene.get(w[-1])
-        return a is not None and b is not None and relation_holds(a, ' '.join(w[5:-2]), b)
-    raise ValueError(f"not a wh-question of this task: {question!r}")
+    if w[:3] == ['where', 'is', 'the'] and len(w) == 5:
+        o = scene.get(w[4])
+        return o is not None and o.colour == w[3]
+    if w[:4] != ['what', 'colour', 'is', 'the'] or len(w) not in (5, 8, 9):
+        raise ValueError(f"not a wh-question of this task: {question!r}")
+    a = scene.get(w[4])
+    if len(w) == 5: return a is not None
+    if w[5] == 'at': return a is not None and _pos(a) == ' '.join(w[7:])
+    b = scene.get(w[-1])
+    return a is not None and b is not None and relation_holds(a, ' '.join(w[5:-2]), b)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000031
 MMMC_MIX = dict(none=0.4, object=0.2, attribute=0.2, relation=0.2)   # the SFT/RL training mix
@@ -262,110 +347,146 @@ EVAL_MIX = dict(none=0.25, object=0.25, attribute=0.25, relation=0.25)
 
 def check_mix(mix: dict) -> dict:
     "`mix` if its keys are conflict types (or 'probe') and its shares are >= 0 and sum to 1."
-    if not isinstance(mix, dict) or not mix: raise TypeError(f"mix must be a non-empty dict conflict_type -> share, got {mix!r}")
+    if not isinstance(mix, dict) or not mix:
+        raise TypeError(f"mix must be a non-empty dict conflict_type -> share, got {mix!r}")
     bad = [k for k in mix if k not in TYPES + ('probe',)]
     if bad: raise ValueError(f"unknown conflict_type {bad}; allowed: {TYPES + ('probe',)}")
-    if any(check_num(f'mix[{k!r}]', v, lo=0) < 0 for k, v in mix.items()) or abs(sum(mix.values()) - 1) > 1e-6:
-        raise ValueError(f"mix shares must sum to 1, got {sum(mix.values()):.4g}")
+    for k, v in mix.items(): check_num(f'mix[{k!r}]', v, lo=0)
+    if abs(sum(mix.values()) - 1) > 1e-6: raise ValueError(f"mix shares must sum to 1, got {sum(mix.values()):.4g}")
     return mix
 
 def _apportion(n: int, shares: dict) -> dict:
     "`n` split into integer counts proportional to `shares` (largest remainder)."
-    tot = sum(shares.values()); raw = {k: n * v / tot for k, v in shares.items()}; cnt = {k: int(v) for k, v in raw.items()}
+    tot = sum(shares.values())
+    raw = {k: n * v / tot for k, v in shares.items()}
+    cnt = {k: int(v) for k, v in raw.items()}
     for k in sorted(raw, key=lambda k: cnt[k] - raw[k])[:n - sum(cnt.values())]: cnt[k] += 1
     return cnt
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000031b
 def make_dataset(n: int, mix: dict|None=None, seed: int=0, split: str|None=None) -> list[MMMCExample]:
-    "`n` examples, `round(n * share)` of each conflict type; each conflict type spread evenly over its templates, normal rows over the templates in the conflict rows' proportions; shuffled; scenes from `split`."
-    check_int('n', n, lo=1); mix = check_mix(dict(MMMC_MIX if mix is None else mix))
+    "`n` shuffled examples, `round(n * share)` per type; conflicts evenly over their templates, normal ones in shares."
+    check_int('n', n, lo=1)
+    mix = check_mix(dict(MMMC_MIX if mix is None else mix))
     cnt, sh = _apportion(n, mix), template_shares(mix)
     units = []
     for t, k in cnt.items():
-        kinds = {'probe': 1.0} if t == 'probe' else sh if t == 'none' else {x: 1.0 for x in APPLIES[t]}
+        kinds = {x: 1.0 for x in PROBE_KINDS} if t == 'probe' else sh if t == 'none' else {x: 1.0 for x in APPLIES[t]}
         units += [(t, x) for x, c in _apportion(k, kinds).items() for _ in range(c)]
     rng = np.random.default_rng(seed)
     rows = [make_example(rng, t, split, x) for t, x in units]
     return [rows[i] for i in rng.permutation(len(rows))]
 
+def taught_dataset(n: int, conflict_frac: float, seed: int=0, split: str|None=None, instruct: bool=False) -> list:
+    "`n` questions of the `located` template, `conflict_frac` of them conflicts (absent shape or wrong cell, evenly)."
+    check_int('n', n, lo=0)
+    check_num('conflict_frac', conflict_frac, lo=0, hi=1)
+    cnt = _apportion(n, dict(none=1 - conflict_frac, object=conflict_frac / 2, attribute=conflict_frac / 2))
+    rng = np.random.default_rng(seed)
+    return [make_example(rng, t, split, TAUGHT, instruct) for t, c in cnt.items() for _ in range(c)]
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000031c
 def template_table(examples) -> dict:
     "Per template: the number of normal and of conflicting questions, and the share of conflicts."
     out = {}
     for k in TEMPLATES:
-        d = [e for e in examples if e.kind == k]; c = sum(e.conflict_type != 'none' for e in d)
+        d = [e for e in examples if e.kind == k]
+        c = sum(e.conflict_type != 'none' for e in d)
         if d: out[k] = dict(normal=len(d) - c, conflict=c, conflict_share=c / len(d))
     return out
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000034
 class TinyVLM(nn.Module):
-    "A patch-linear image encoder and MLP projector feeding a tiny Llama: `<img>` tokens of `input_ids` take the visual tokens."
+    "A patch-linear image encoder and MLP projector feeding a tiny Llama; `<img>` tokens take the visual tokens."
     def __init__(self, d_model: int=64, n_layers: int=2, n_heads: int=4, seed: int=0):
         super().__init__()
-        g = torch.random.fork_rng(); g.__enter__(); torch.manual_seed(seed)
-        try:
-            self.patch_embed = nn.Sequential(nn.Linear(3 * CELL * CELL, d_model), nn.LayerNorm(d_model))  # one 10x10 patch -> d
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.patch_embed = nn.Sequential(nn.Linear(3 * CELL * CELL, d_model), nn.LayerNorm(d_model))  # a patch -> d
             self.pos = nn.Parameter(0.02 * torch.randn(N_IMG, d_model))                 # (9, d) patch positions
             self.proj = nn.Sequential(nn.GELU(), nn.Linear(d_model, d_model))           # LLaVA-style projector
-            self.cell_head = nn.Linear(d_model, 2 + len(SHAPES) + len(COLOURS))         # per-cell (empty|shape, empty|colour) logits: the encoder's auxiliary loss
-        finally: g.__exit__(None, None, None)
+            self.empty = nn.Parameter(0.02 * torch.randn(2, d_model))                   # (2, d) "no shape", "no colour"
         self.lm = tiny_llama(len(VOCAB), n_layers, d_model, n_heads, max_len=64, seed=seed)
 
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         "Visual tokens (B, 9, d) of pixel values (B, 3, 30, 30)."
-        x = check_pixels(pixel_values); B = x.shape[0]
-        patches = x.view(B, 3, GRID, CELL, GRID, CELL).permute(0, 2, 4, 1, 3, 5).reshape(B, N_IMG, 3 * CELL * CELL)  # row-major cells
+        x = check_pixels(pixel_values)
+        B = x.shape[0]
+        patches = x.view(B, 3, GRID, CELL, GRID, CELL).permute(0, 2, 4, 1, 3, 5).reshape(B, N_IMG, 3 * CELL * CELL)
         return self.proj(self.patch_embed(patches - BACKGROUND) + self.pos)     # centred: an empty cell is all zeros
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000035
-_NEVER = torch.zeros(len(VOCAB), dtype=torch.bool); _NEVER[[PAD, IMG]] = True
+_NEVER = torch.zeros(len(VOCAB), dtype=torch.bool)
+_NEVER[[PAD, IMG]] = True
 
 @patch
 def forward(self: TinyVLM, input_ids: torch.Tensor, pixel_values: torch.Tensor|None=None, **kw):
-    "The decoder's output for `input_ids` (B, T) whose `<img>` tokens (9 per row, or none) are replaced by the visual tokens."
+    "The decoder's output for `input_ids` (B, T), its `<img>` tokens (9 per row, or none) replaced by visual tokens."
     check_tensor('input_ids', input_ids, ndim=2, floating=False)
     emb = self.lm.get_input_embeddings()(input_ids)                                      # (B, T, d)
     is_img = input_ids == IMG
     if is_img.any():
         if pixel_values is None: raise ValueError("input_ids hold <img> tokens but no pixel_values were given")
         n = is_img.sum(1)
-        if (n != N_IMG).any(): raise ValueError(f"every row must hold exactly {N_IMG} <img> tokens, got {sorted(set(n.tolist()))}")
-        if len(pixel_values) != len(input_ids): raise ValueError(f"got {len(pixel_values)} images for {len(input_ids)} rows")
-        emb = emb.masked_scatter(is_img[..., None], self.encode_images(pixel_values.to(emb.device)).to(emb.dtype))  # row-major fill, on the model's device
+        if (n != N_IMG).any():
+            raise ValueError(f"every row must hold exactly {N_IMG} <img> tokens, got {sorted(set(n.tolist()))}")
+        if len(pixel_values) != len(input_ids):
+            raise ValueError(f"got {len(pixel_values)} images for {len(input_ids)} rows")
+        vis = self.encode_images(pixel_values.to(emb.device)).to(emb.dtype)             # (B, 9, d), model's device
+        emb = emb.masked_scatter(is_img[..., None], vis)                                 # row-major fill
     out = self.lm(inputs_embeds=emb, **kw)
-    out.logits = out.logits.masked_fill(_NEVER.to(out.logits.device), float('-inf'))                          # <pad> and <img> are never outputs
+    out.logits = out.logits.masked_fill(_NEVER.to(out.logits.device), float('-inf'))    # never <pad> or <img>
     return out
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000035b
 class WithImages(nn.Module):
     "`vlm` with its images bound, so the platform's decode loop (`generate_ids`) can call it with token ids alone."
     def __init__(self, vlm: TinyVLM, pixel_values: torch.Tensor):
-        super().__init__(); self.vlm, self.pixel_values = vlm, check_pixels(pixel_values)
+        super().__init__()
+        self.vlm, self.pixel_values = vlm, check_pixels(pixel_values)
     def forward(self, input_ids, **kw):
         return self.vlm(input_ids, pixel_values=self.pixel_values if (input_ids == IMG).any() else None, **kw)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000038
-def prompt_ids(ex: MMMCExample, instruct: bool=False, question: str|None=None) -> list[int]:
-    "[<img>]*9, then (optionally) the instruction, then the question."
-    q = question or ex.question
-    return [IMG] * N_IMG + encode((INSTRUCTION + ' ' if instruct else '') + q)
-
-def lm_row(ex: MMMCExample, pixels: torch.Tensor, instruct: bool=False, answer: str|None=None) -> dict:
-    "A training row: prompt + answer + <eos>, labels -100 on the prompt (image and question); plus the scene's per-cell labels."
-    p, a = prompt_ids(ex, instruct), encode(answer or ex.answer) + [EOS]
-    return dict(input_ids=torch.tensor(p + a), labels=torch.tensor([-100] * len(p) + a), pixel_values=pixels, cell_labels=cell_labels(ex.scene))
+def prompt_ids(ex: MMMCExample, instruct: bool|None=None, question: str|None=None) -> list[int]:
+    "[<img>]*9, then the instruction (if `instruct`, default: the row's own flag), then the question."
+    q, ins = question or ex.question, ex.instruct if instruct is None else instruct
+    return [IMG] * N_IMG + encode((INSTRUCTION + ' ' if ins else '') + q)
 
 def cell_labels(scene: Scene) -> torch.Tensor:
     "(9, 2) per grid cell, row-major: 1 + the index of its object's shape and of its colour, 0 for an empty cell."
     y = torch.zeros(N_IMG, 2, dtype=torch.long)
-    for o in scene.objects: y[o.row * GRID + o.col] = torch.tensor([1 + SHAPES.index(o.shape), 1 + COLOURS.index(o.colour)])
+    for o in scene.objects:
+        y[o.row * GRID + o.col] = torch.tensor([1 + SHAPES.index(o.shape), 1 + COLOURS.index(o.colour)])
     return y
 
-def cell_loss(model, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    "The image encoder's auxiliary loss: cross-entropy of each visual token's (shape, colour) read by a linear head, shape and colour summed."
-    z, k = model.cell_head(model.encode_images(pixel_values)), 1 + len(SHAPES)                       # (B, 9, 10)
-    return F.cross_entropy(z[..., :k].flatten(0, 1), labels[..., 0].flatten()) + F.cross_entropy(z[..., k:].flatten(0, 1), labels[..., 1].flatten())
+def lm_row(ex: MMMCExample, pixels: torch.Tensor, instruct: bool|None=None, answer: str|None=None) -> dict:
+    "A training row: prompt + answer + <eos>, labels -100 on the prompt (image and question); plus the per-cell labels."
+    p, a = prompt_ids(ex, instruct), encode(answer or ex.answer) + [EOS]
+    return dict(input_ids=torch.tensor(p + a), labels=torch.tensor([-100] * len(p) + a), pixel_values=pixels,
+                cell_labels=cell_labels(ex.scene))
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000038b
+READ_WORDS = dict(shape=SHAPES, colour=COLOURS, row=ROWS, col=COLS)   # what each visual token is read as
+
+def cell_logits(model: TinyVLM, pixel_values: torch.Tensor) -> dict:
+    "Each visual token read through the decoder's word embeddings: (B, 9, k) logits over the words of `READ_WORDS`."
+    z, E = model.encode_images(pixel_values), model.lm.get_input_embeddings().weight     # (B, 9, d), (V, d)
+    # $z_j E_w^\top$ for the words w of each kind; shape and colour also score a learned "empty" vector
+    read = {k: z @ E[[TOK[w] for w in ws]].T for k, ws in READ_WORDS.items()}
+    for i, k in enumerate(('shape', 'colour')): read[k] = torch.cat([z @ model.empty[i][:, None], read[k]], -1)
+    return read
+
+def cell_loss(model: TinyVLM, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    "The alignment loss: cross-entropy of each visual token's shape, colour, row and column, summed over the four."
+    lg, cell = cell_logits(model, pixel_values), torch.arange(N_IMG, device=labels.device).expand(len(labels), -1)
+    y = dict(shape=labels[..., 0], colour=labels[..., 1], row=cell // GRID, col=cell % GRID)
+    return sum(F.cross_entropy(lg[k].flatten(0, 1), y[k].flatten()) for k in READ_WORDS)
 
 def vlm_loss(model, batch: dict, cell_weight: float=0.0) -> torch.Tensor:
-    "Mean next-token cross-entropy on the answer tokens, plus `cell_weight` times the encoder's per-cell loss (rows with `cell_labels`)."
-    loss = model(batch['input_ids'], pixel_values=batch['pixel_values'], attention_mask=batch.get('attention_mask'), labels=batch['labels']).loss
+    "Mean next-token cross-entropy on the answer tokens, plus `cell_weight` times the alignment loss."
+    loss = model(batch['input_ids'], pixel_values=batch['pixel_values'], attention_mask=batch.get('attention_mask'),
+                 labels=batch['labels']).loss
     if cell_weight: loss = loss + cell_weight * cell_loss(model, batch['pixel_values'], batch['cell_labels'])
     return loss
 
@@ -383,10 +504,9 @@ def respond(model: TinyVLM, examples, instruct: bool=False, questions=None, gree
     texts, dev = [], model_device(model)
     for i in range(0, len(examples), batch_size):
         ex = examples[i:i + batch_size]
-        qs = None if questions is None else questions[i:i + batch_size]
-        prompts = [prompt_ids(e, instruct, None if qs is None else qs[j]) for j, e in enumerate(ex)]
-        ids, mask = left_pad(prompts, PAD, dev)                     # (B, T) each, on the model's device
-        vlm = WithImages(model, pixels_of(ex, cache, dev))                            # the images there too
+        qs = [None] * len(ex) if questions is None else questions[i:i + batch_size]
+        ids, mask = left_pad([prompt_ids(e, instruct, q) for e, q in zip(ex, qs)], PAD, dev)     # (B, T) each
+        vlm = WithImages(model, pixels_of(ex, cache, dev))
         out = generate_ids(vlm, ids, max_new_tokens, greedy, temperature, seed + i, eos_id=EOS, attention_mask=mask,
                            pad_id=PAD)
         texts += [decode(r[ids.shape[1]:]) for r in out]
@@ -395,14 +515,26 @@ def respond(model: TinyVLM, examples, instruct: bool=False, questions=None, gree
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000043
 LABELS = ('correct', 'partial', 'wrong', 'hallucinated', 'false_conflict', 'other')
 SCORE = dict(correct=4, partial=2, wrong=1, hallucinated=0, false_conflict=0, other=0)
+VALUE_WORDS = frozenset(SHAPES + COLOURS + ROWS + COLS + ('above', 'below', 'not'))   # 'left'/'right' are in COLS
 
 def judge_answer(answer: str, ex: MMMCExample) -> str:
-    "Rule-based judge: 'correct' (= reference), 'hallucinated' (answers as if a false premise held), 'partial', 'false_conflict', 'wrong', 'other'."
+    "Label judge: 'correct' (= reference), 'hallucinated' (a false premise taken as true), 'partial', and so on."
     a = answer.strip()
     if a == ex.answer: return 'correct'
     first = a.split()[0] if a else ''
     if ex.conflict_type == 'none': return 'false_conflict' if first == 'no' else 'wrong' if first == 'the' else 'other'
     return 'hallucinated' if first in ('the', 'yes') else 'partial' if first == 'no' else 'other'
+
+def _values(text: str) -> set: return {w for w in text.split() if w in VALUE_WORDS}
+
+def consistent(answer: str, ex: MMMCExample) -> bool:
+    "Semantic judge: the reference's polarity, its new information stated, no value beyond question and reference."
+    a, ref = answer.split(), ex.answer.split()
+    if not a or (a[0] == 'no') != (ref[0] == 'no'): return False
+    need = _values(ex.answer) - _values(ex.question)                 # what the reference adds to the question
+    absent = ex.conflict_type == 'object'
+    if absent and f"no {ex.key_component}" not in answer: return False    # an absent shape must be said absent
+    return need <= _values(answer) <= _values(ex.answer) | _values(ex.question)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000044
 def rouge_l(pred: str, ref: str) -> float:
@@ -412,386 +544,705 @@ def rouge_l(pred: str, ref: str) -> float:
     L = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
     for i, x in enumerate(a):
         for j, y in enumerate(b): L[i + 1][j + 1] = L[i][j] + 1 if x == y else max(L[i][j + 1], L[i + 1][j])
-    lcs = L[-1][-1]; p, r = lcs / len(a), lcs / len(b)
+    lcs = L[-1][-1]
+    p, r = lcs / len(a), lcs / len(b)
     return 0.0 if lcs == 0 else 2 * p * r / (p + r)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000047
 def verify_questions(ex: MMMCExample) -> list[str]:
-    "The yes/no probes that check the premise of `ex`'s question, read from its words (the paper's key components)."
+    "The yes/no probes that check the premise of `ex`'s question, in order, read from its words."
     w = ex.question.rstrip(' ?').split()
     if w[0] == 'where': return [f"is there a {w[4]} ?", f"is the {w[4]} {w[3]} ?"]
     if len(w) == 5: return [f"is there a {w[4]} ?"]
+    if w[5] == 'at': return [f"is there a {w[4]} ?", f"is the {w[4]} at the {' '.join(w[7:])} ?"]
     return [f"is there a {w[4]} ?", f"is there a {w[-1]} ?", f"is the {w[4]} {' '.join(w[5:-2])} the {w[-1]} ?"]
 
-def verify_then_answer(model: TinyVLM, examples, cache=None) -> list[str]:
-    "Prompting chain on the frozen model: ask each premise probe; the first 'no' answer is the final answer, else answer the question."
-    final = [None] * len(examples)
-    for k in range(3):
-        todo = [i for i, e in enumerate(examples) if final[i] is None and k < len(verify_questions(e))]
-        if not todo: break
-        ans = respond(model, [examples[i] for i in todo], questions=[verify_questions(examples[i])[k] for i in todo], cache=cache)
-        for i, a in zip(todo, ans):
-            if a.split()[:1] == ['no']: final[i] = a
+def probe_answers(model: TinyVLM, examples, cache=None) -> list[list[str]]:
+    "The model's greedy answers to every premise probe of each example (`verify_questions`)."
+    flat = [(i, q) for i, e in enumerate(examples) for q in verify_questions(e)]
+    ans = respond(model, [examples[i] for i, _ in flat], questions=[q for _, q in flat], cache=cache) if flat else []
+    out = [[] for _ in examples]
+    for (i, _), a in zip(flat, ans): out[i].append(a)
+    return out
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000047b
+def perceives(ex: MMMCExample, answers: list[str]) -> bool:
+    "Whether `answers` to `ex`'s premise probes are exactly right up to and including the first false premise."
+    for q, a in zip(verify_questions(ex), answers):
+        ref = probe_reference(ex.scene, q)
+        if a != ref: return False
+        if ref.startswith('no'): return True
+    return True
+
+def verify_then_answer(model: TinyVLM, examples, probes: list[list[str]], cache=None) -> list[str]:
+    "Prompting chain on the frozen model: the first 'no' among its probe answers, else its answer to the question."
+    final = [next((a for a in p if a.split()[:1] == ['no']), None) for p in probes]
     rest = [i for i, f in enumerate(final) if f is None]
     for i, a in zip(rest, respond(model, [examples[i] for i in rest], cache=cache) if rest else []): final[i] = a
     return final
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000049
-def score_answers(answers: list[str], examples) -> list[dict]:
-    "Per example: conflict type, judge label, hallucinated flag, graded score (0-4) and ROUGE-L against the reference."
+def score_answers(answers: list[str], examples, perceived=None) -> list[dict]:
+    "Per example: type, judge label, hallucinated, exact and semantic correctness, score, ROUGE-L, base perception."
+    perceived = [True] * len(examples) if perceived is None else perceived
     out = []
-    for a, e in zip(answers, examples):
+    for a, e, p in zip(answers, examples, perceived):
         lab = judge_answer(a, e)
-        out.append(dict(conflict_type=e.conflict_type, label=lab, hallucinated=lab == 'hallucinated', correct=lab == 'correct',
-                        score=SCORE[lab], rouge_l=rouge_l(a, e.answer)))
+        out.append(dict(conflict_type=e.conflict_type, label=lab, hallucinated=lab == 'hallucinated',
+                        correct=lab == 'correct', consistent=consistent(a, e), score=SCORE[lab],
+                        rouge_l=rouge_l(a, e.answer), perceived=bool(p)))
     return out
 
+def _rate(xs) -> float: return float(np.mean(xs)) if len(xs) else math.nan
+
+def summarise(scored: list[dict]) -> dict:
+    "Per type: n, hallucination (raw and on perceived items), accuracy, consistency, false conflicts, score, ROUGE-L."
+    cols = dict(hallu='hallucinated', acc='correct', consistent='consistent', score='score', rouge_l='rouge_l')
+    out = {}
+    for t in TYPES:
+        s = [r for r in scored if r['conflict_type'] == t]
+        if not s: continue
+        out[t] = dict(n=len(s), **{k: _rate([r[c] for r in s]) for k, c in cols.items()},
+                      false_conflict=_rate([r['label'] == 'false_conflict' for r in s]),
+                      hallu_perceived=_rate([r['hallucinated'] for r in s if r['perceived']]),
+                      n_perceived=sum(r['perceived'] for r in s))
+    return out
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000049b
 def says_conflict(answer: str) -> bool:
     "Whether an answer claims a conflict (every conflict-aware answer of this task starts with 'no')."
     return answer.split()[:1] == ['no']
 
+def conflict_flags(answers: list[str], examples) -> dict:
+    "Conflict claims on normal and on conflicting questions, their difference (detection), normal accuracy, etc."
+    nrm = [(a, e) for a, e in zip(answers, examples) if e.conflict_type == 'none']
+    con = [(a, e) for a, e in zip(answers, examples) if e.conflict_type != 'none']
+    out = dict(n_normal=len(nrm), n_conflict=len(con), flag_normal=_rate([says_conflict(a) for a, _ in nrm]),
+               flag_conflict=_rate([says_conflict(a) for a, _ in con]),
+               acc_normal=_rate([a == e.answer for a, e in nrm]), cons_normal=_rate([consistent(a, e) for a, e in nrm]),
+               hallu=_rate([judge_answer(a, e) == 'hallucinated' for a, e in con]))
+    return dict(out, detection=out['flag_conflict'] - out['flag_normal'])
+
 def template_rates(answers: list[str], examples) -> dict:
-    "The shortcut diagnostic, per question template: how often the answers claim a conflict on normal and on conflicting questions (with accuracy on the normal ones and the hallucination rate on the conflicting ones)."
+    "The shortcut diagnostic: `conflict_flags` per evaluation template (those with normal and conflicting questions)."
     out = {}
     for k in TEMPLATES:
-        nrm = [(a, e) for a, e in zip(answers, examples) if e.kind == k and e.conflict_type == 'none']
-        con = [(a, e) for a, e in zip(answers, examples) if e.kind == k and e.conflict_type != 'none']
-        if nrm and con: out[k] = dict(n_normal=len(nrm), n_conflict=len(con), flag_normal=float(np.mean([says_conflict(a) for a, _ in nrm])),
-                                      flag_conflict=float(np.mean([says_conflict(a) for a, _ in con])),
-                                      acc_normal=float(np.mean([a == e.answer for a, e in nrm])),
-                                      hallu=float(np.mean([judge_answer(a, e) == 'hallucinated' for a, e in con])))
-    return out
-
-def summarise(scored: list[dict]) -> dict:
-    "Per conflict type: n, hallucination rate, accuracy, false-conflict rate, mean score and ROUGE-L."
-    out = {}
-    for t in TYPES:
-        s = [r for r in scored if r['conflict_type'] == t]
-        if s: out[t] = dict(n=len(s), hallu=float(np.mean([r['hallucinated'] for r in s])), acc=float(np.mean([r['correct'] for r in s])),
-                            false_conflict=float(np.mean([r['label'] == 'false_conflict' for r in s])),
-                            score=float(np.mean([r['score'] for r in s])), rouge_l=float(np.mean([r['rouge_l'] for r in s])))
+        sel = [(a, e) for a, e in zip(answers, examples) if e.kind == k]
+        f = conflict_flags([a for a, _ in sel], [e for _, e in sel])
+        if f['n_normal'] and f['n_conflict']: out[k] = f
     return out
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000051
 def base_mix(conflict_frac: float) -> dict:
-    "Pretraining mix of the base model: true-premise VQA, premise probes, and a small share of conflict rows with conflict-aware answers."
+    "Pretraining mix of the evaluation templates: true-premise questions, premise probes, a few conflict rows."
     check_num('conflict_frac', conflict_frac, lo=0, hi=0.3)
-    return dict(none=0.6, probe=0.4 - conflict_frac, **{t: conflict_frac / 3 for t in CONFLICTS})
+    return dict(none=0.5, probe=0.5 - conflict_frac, **{t: conflict_frac / 3 for t in CONFLICTS})
 
-def training_rows(examples, seed: int, instruct_frac: float=0.0, cache=None) -> list[dict]:
-    "LM rows of the examples; a random `instruct_frac` of them carry the instruction prefix (unrelated to their content)."
-    rng = np.random.default_rng(seed); px = pixels_of(examples, cache)
-    return [lm_row(e, p, instruct=bool(rng.random() < instruct_frac)) for e, p in zip(examples, px)]
+def training_rows(examples, cache=None) -> list[dict]:
+    "LM rows of the examples (each carries the instruction when its `instruct` flag is set)."
+    px = pixels_of(examples, cache)
+    return [lm_row(e, p) for e, p in zip(examples, px)]
 
-def fit(model: TinyVLM, rows: list[dict], steps: int, batch_size: int, lr: float, seed: int, callbacks=(), cell_weight: float=0.0) -> list[float]:
-    "Train on LM rows with the platform's loop (AdamW, warm-up + cosine); the train loss per update (with `cell_weight` × the encoder's per-cell loss)."
+def fit(model: TinyVLM, rows: list[dict], steps: int, batch_size: int, lr: float, seed: int, callbacks=(),
+        cell_weight: float=0.0) -> list[float]:
+    "Train on LM rows with the platform's loop (AdamW, warm-up + cosine); the train loss per update."
     tc = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, seed=seed, pad_id=PAD, progress=False)
     return train(model, rows, tc, loss_fn=lambda m, b: vlm_loss(m, b, cell_weight), callbacks=callbacks).train_loss
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000051b
+def perception(model: TinyVLM, probes, cache=None) -> dict:
+    "Exact-answer accuracy of the model on premise probes, per kind of probe."
+    ans = respond(model, probes, cache=cache)
+    return {k: _rate([a == e.answer for a, e in zip(ans, probes) if probe_kind(e.question) == k]) for k in PROBE_KINDS}
+
+def pretrain(model: TinyVLM, rows: list[dict], val_probes, chunk: int, max_steps: int, target: float, batch_size: int,
+             lr: float, seed: int, cell_weight: float=1.0, cache=None) -> list[dict]:
+    "Pretrain in chunks (warm restarts) until every probe kind reaches `target` on `val_probes`, or `max_steps`."
+    check_int('chunk', chunk, lo=1)
+    check_int('max_steps', max_steps, lo=chunk)
+    log = []
+    for k in range(max_steps // chunk):
+        loss = fit(model, rows, chunk, batch_size, lr, seed + 1000 * k, cell_weight=cell_weight)
+        acc = perception(model, val_probes, cache)
+        log.append(dict(step=(k + 1) * chunk, loss=float(np.mean(loss[-max(1, chunk // 10):])), **acc))
+        if min(acc.values()) >= target: break
+    return log
+
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000054
 class ProbeCurve:
-    "Train callback: every `every` updates, the greedy hallucination rate and normal accuracy on a fixed probe set."
+    "Train callback: every `every` updates, the greedy hallucination rate and normal consistency on a fixed probe set."
     def __init__(self, model, probe_set, every: int, cache=None):
         self.model, self.probe, self.every, self.cache, self.n, self.rows = model, probe_set, every, cache, 0, []
         self.record()
     def record(self):
         s = summarise(score_answers(respond(self.model, self.probe, cache=self.cache), self.probe))
-        self.rows.append(dict(step=self.n, hallu=float(np.mean([s[t]['hallu'] for t in CONFLICTS])), acc=s['none']['acc']))
+        hallu = float(np.mean([s[t]['hallu'] for t in CONFLICTS]))
+        self.rows.append(dict(step=self.n, hallu=hallu, acc=s['none']['consistent']))
     def __call__(self, history=None):
         self.n += 1
         if self.n % self.every == 0: self.record()
 
 def instability(hallu: list[float]) -> float:
-    "Mean absolute change of the probe hallucination rate between successive evaluations, over the second half of training."
+    "Mean absolute change of the probe hallucination rate between successive evaluations, second half of training."
     h = np.asarray(hallu, float)[len(hallu) // 2:]
     return float(np.abs(np.diff(h)).mean()) if len(h) > 1 else 0.0
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000057
-def sample_responses(model: TinyVLM, examples, temperature: float=1.0, seed: int=0, max_new_tokens: int=14, cache=None) -> dict:
-    "Sampled answers: prompts (B, T) with mask, responses (B, n) with a mask up to and including the first <eos>, pixels, texts."
+def sample_responses(model: TinyVLM, examples, temperature: float=1.0, seed: int=0, max_new_tokens: int=14,
+                     cache=None) -> dict:
+    "Sampled answers: prompts (B, T) and mask, responses (B, n) masked up to the first <eos> (included), pixels, texts."
     dev = model_device(model)
     ids, mask = left_pad([prompt_ids(e) for e in examples], PAD, dev)
     px = pixels_of(examples, cache, dev)
     out = generate_ids(WithImages(model, px), ids, max_new_tokens, greedy=False, temperature=temperature, seed=seed,
                        eos_id=EOS, attention_mask=mask, pad_id=PAD)
-    resp = out[:, ids.shape[1]:]; is_eos = (resp == EOS).long()                          # (B, n)
+    resp = out[:, ids.shape[1]:]                                                         # (B, n)
+    is_eos = (resp == EOS).long()
     resp_mask = ((is_eos.cumsum(1) - is_eos) == 0).long()                                # tokens up to the first <eos>
     return dict(ids=ids, mask=mask, resp=resp, resp_mask=resp_mask, pixels=px, texts=[decode(r) for r in resp])
 
 def response_logprobs(model: TinyVLM, b: dict) -> torch.Tensor:
     "log π(a_t | s_t) of each response token (B, n), with the same positions as in decoding."
     full, m = torch.cat([b['ids'], b['resp']], 1), torch.cat([b['mask'], b['resp_mask']], 1)
-    logits = model(full, pixel_values=b['pixels'], attention_mask=m, position_ids=(m.cumsum(-1) - 1).clamp_min(0)).logits
-    T, tok = b['ids'].shape[1], b['resp'].masked_fill(b['resp_mask'] == 0, EOS)           # after the answer: any valid token, masked
+    pos = (m.cumsum(-1) - 1).clamp_min(0)
+    logits = model(full, pixel_values=b['pixels'], attention_mask=m, position_ids=pos).logits
+    T, tok = b['ids'].shape[1], b['resp'].masked_fill(b['resp_mask'] == 0, EOS)           # after the answer: masked
     return logits[:, T - 1:-1].float().log_softmax(-1).gather(-1, tok[..., None])[..., 0] * b['resp_mask']
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000059
 def reinforcepp_advantages(rewards: torch.Tensor,   # (B,) sequence reward R (given at the last token)
-                           logratio: torch.Tensor,  # (B, n) log π_θ(a_t|s_t) − log π_ref(a_t|s_t)
+                           logratio: torch.Tensor,  # (B, n) log π_old(a_t|s_t) − log π_ref(a_t|s_t)
                            mask: torch.Tensor,      # (B, n) 1 on response tokens
                            beta: float=0.01,        # KL coefficient β
                            eps: float=1e-8) -> torch.Tensor:
-    "REINFORCE++ advantages (B, n): returns of the KL-shaped token rewards, normalised over every response token of the batch."
-    check_num('beta', beta, lo=0); m = check_tensor('mask', mask, ndim=2).float(); check_tensor('rewards', rewards, shape=(len(m),))
+    "REINFORCE++ advantages (B, n): returns of KL-shaped token rewards, normalised over the batch's response tokens."
+    check_num('beta', beta, lo=0)
+    m = check_tensor('mask', mask, ndim=2).float()
+    check_tensor('rewards', rewards, shape=(len(m),))
     if (m.sum(1) < 1).any(): raise ValueError("every response needs at least one token")
-    # $r_t=-\beta\log\frac{\pi_\theta}{\pi_{ref}}(a_t|s_t)+\mathbb 1[t=|\mathcal A|]\,R$
+    # $r_t=-\beta\log\frac{\pi_{old}}{\pi_{ref}}(a_t|s_t)+\mathbb 1[t=|\mathcal A|]\,R$
     r = -beta * logratio.detach() * m
     r[torch.arange(len(m), device=m.device), m.sum(1).long() - 1] += rewards.float().to(m.device)
     # $G_t=\sum_{s\ge t}r_s$, then $\hat A_t=(G_t-\mu_{batch})/\sigma_{batch}$ over all response tokens
     G = r.flip(1).cumsum(1).flip(1)
-    mu = (G * m).sum() / m.sum(); sd = (((G - mu) ** 2) * m).sum().div(m.sum()).sqrt()
+    mu = (G * m).sum() / m.sum()
+    sd = (((G - mu) ** 2) * m).sum().div(m.sum()).sqrt()
     return (G - mu) / (sd + eps) * m
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000062
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float=1e-6) -> torch.Tensor:
-    "Group-relative advantages (B,) (our stated extra, GRPO-style): (R_g − mean of its group) / (std of its group + eps)."
-    check_int('group_size', group_size, lo=2); check_tensor('rewards', rewards, ndim=1)
+    "Group-relative advantages (B,) (the spec's option): (R_g − its group's mean) / (its group's std + eps)."
+    check_int('group_size', group_size, lo=2)
+    check_tensor('rewards', rewards, ndim=1)
     if len(rewards) % group_size: raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
     R = rewards.float().view(-1, group_size)
     return ((R - R.mean(1, keepdim=True)) / (R.std(1, keepdim=True) + eps)).flatten()
 
 def policy_loss(logp, old_logp, adv, mask, clip: float=0.2) -> torch.Tensor:
-    "PPO-clip surrogate, mean over response tokens: −min(ρÂ, clip(ρ, 1−ε, 1+ε)Â), ρ = π_θ/π_old (1 on the single update per batch)."
+    "PPO-clip surrogate, mean over response tokens: −min(κÂ, clip(κ, 1−ε, 1+ε)Â), κ = π_θ/π_old."
     ratio = (logp - old_logp).exp()
     return -(torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv) * mask).sum() / mask.sum()
 
+def clipped_share(logp, old_logp, adv, mask, clip: float=0.2) -> float:
+    "Share of response tokens where the clip binds: κ outside [1−ε, 1+ε] on the side the advantage favours."
+    ratio = (logp - old_logp).exp()
+    bound = ((ratio > 1 + clip) & (adv > 0)) | ((ratio < 1 - clip) & (adv < 0))
+    return float((bound.float() * mask).sum() / mask.sum())
+
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000064
+def conflict_reward(answers: list[str], examples, device=None) -> torch.Tensor:
+    "The paper's binary reward with our semantic judge: +1 when the answer is consistent with the reference, else −1."
+    return torch.tensor([1.0 if consistent(a, e) else -1.0 for a, e in zip(answers, examples)], device=device)
+
+def _rl_loss(estimator, logp, old_lp, ref_lp, adv, m, beta, clip) -> torch.Tensor:
+    "The clipped surrogate (plus, for the group option, β times the k3 estimate of KL(π_θ‖π_ref))."
+    loss = policy_loss(logp, old_lp, adv, m, clip)
+    if estimator == 'group':
+        d = ref_lp - logp
+        loss = loss + beta * ((d.exp() - d - 1) * m).sum() / m.sum()
+    return loss
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000064b
 def rl_step(policy, ref, opt, examples, estimator: str='reinforce++', beta: float=0.01, group_size: int=4,
-            temperature: float=1.0, seed: int=0, cache=None) -> dict:
-    "One RL update: sample, judge (R = +1 if the answer matches the reference, else −1), advantages, clipped policy loss."
+            temperature: float=1.0, seed: int=0, epochs: int=2, clip: float=0.2, cache=None, reward_fn=None) -> dict:
+    "One rollout: sample, reward (default: semantic judge, ±1), advantages, then `epochs` clipped steps against π_old."
     check_choice('estimator', estimator, ('reinforce++', 'group'))
+    check_int('epochs', epochs, lo=1)
     b = sample_responses(policy, examples, temperature, seed, cache=cache)
-    labels = [judge_answer(t, e) for t, e in zip(b['texts'], examples)]
-    R = torch.tensor([1.0 if l == 'correct' else -1.0 for l in labels], device=b['resp'].device)
-    logp = response_logprobs(policy, b)
-    with torch.no_grad(): ref_lp = response_logprobs(ref, b)
-    m = b['resp_mask'].float(); logratio = logp.detach() - ref_lp
-    if estimator == 'reinforce++': loss = policy_loss(logp, logp.detach(), reinforcepp_advantages(R, logratio, m, beta), m)
-    else:
-        d = ref_lp - logp; k3 = d.exp() - d - 1                                          # k3 estimator of KL(π_θ‖π_ref)
-        loss = policy_loss(logp, logp.detach(), group_advantages(R, group_size)[:, None] * m, m) + beta * (k3 * m).sum() / m.sum()
-    opt.zero_grad(set_to_none=True); loss.backward(); torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0); opt.step()
-    conf = [l for l, e in zip(labels, examples) if e.conflict_type != 'none']
-    return dict(reward=R.mean().item(), kl=((logratio * m).sum() / m.sum()).item(), hallu=float(np.mean([l == 'hallucinated' for l in conf])) if conf else float('nan'))
+    R, m = (reward_fn or conflict_reward)(b['texts'], examples, b['resp'].device), b['resp_mask'].float()
+    with torch.no_grad():
+        old_lp, ref_lp = response_logprobs(policy, b), response_logprobs(ref, b)         # π_old frozen at sampling
+    adv = reinforcepp_advantages(R, old_lp - ref_lp, m, beta) if estimator == 'reinforce++' else \
+        group_advantages(R, group_size)[:, None] * m
+    for k in range(epochs):
+        logp = response_logprobs(policy, b)
+        if k == epochs - 1: share = clipped_share(logp.detach(), old_lp, adv, m, clip)
+        loss = _rl_loss(estimator, logp, old_lp, ref_lp, adv, m, beta, clip)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+    hallu = _rate([judge_answer(t, e) == 'hallucinated' for t, e in zip(b['texts'], examples)
+                   if e.conflict_type != 'none'])
+    kl = ((old_lp - ref_lp) * m).sum().item() / m.sum().item()
+    return dict(reward=R.mean().item(), kl=kl, hallu=hallu, clip_frac=share)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000065
-def rl_train(policy, ref, examples, steps: int, batch_size: int, lr: float, estimator: str='reinforce++', beta: float=0.01,
-             group_size: int=4, temperature: float=1.0, seed: int=0, callbacks=(), cache=None) -> list[dict]:
-    "RL from `ref`'s weights on the `device` setting's device: `steps` updates of `batch_size` sampled answers (for 'group': batch_size/group_size prompts × group_size)."
-    dev = get_device(); policy.to(dev); ref.to(dev)                                       # both models on the device; inputs follow them
-    rng = np.random.default_rng(seed); opt = torch.optim.Adam(policy.parameters(), lr=lr); log = []
+def rl_train(policy, ref, examples, steps: int, batch_size: int, lr: float, estimator: str='reinforce++',
+             beta: float=0.01, group_size: int=4, temperature: float=1.0, seed: int=0, epochs: int=2, clip: float=0.2,
+             callbacks=(), cache=None, reward_fn=None) -> list[dict]:
+    "RL from `ref`'s weights on the device setting's device: `steps` rollouts of `batch_size` answers."
+    dev = get_device()
+    policy.to(dev)
+    ref.to(dev)
+    rng, opt, log = np.random.default_rng(seed), torch.optim.Adam(policy.parameters(), lr=lr), []
     k = batch_size // group_size if estimator == 'group' else batch_size
     for step in range(steps):
         ex = [examples[i] for i in rng.choice(len(examples), k, replace=False)]
         if estimator == 'group': ex = [e for e in ex for _ in range(group_size)]
-        log.append(dict(step=step + 1, **rl_step(policy, ref, opt, ex, estimator, beta, group_size, temperature, seed * 100_003 + step, cache)))
+        r = rl_step(policy, ref, opt, ex, estimator, beta, group_size, temperature, seed * 100_003 + step, epochs, clip,
+                    cache, reward_fn)
+        log.append(dict(step=step + 1, **r))
         for cb in callbacks: cb()
     return log
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000069
-METHODS = ('base', 'PE: instruction', 'PE: verify-then-answer', 'SFT', 'RL (REINFORCE++)')
-GROUP = 'RL (group-relative, extra)'
+RL = 'RL (REINFORCE++)'
+METHODS = ('base', 'PE: instruction', 'PE: verify-then-answer', 'SFT', RL)
+PROMPTED = METHODS[:3]                 # the frozen base model and its two prompting remedies
+REMEDIES = ('PE: instruction', 'SFT', RL)   # the paper's three remedies: the claims
+OTHERS = ('PE: instruction', 'SFT')    # the paper's other remedies (verify-then-answer is our extra; see the text)
+SWEPT = ('SFT', RL)                    # trained at every learning rate of their sweep
+GROUP = 'RL (group-relative, extra)'   # in the third version's record only
 REFUSE = 'refuse everything'           # the trivial baseline: a conflict claim on every question (no model)
 
+def _check_grid(name: str, grid) -> tuple:
+    "`grid` as a tuple of increasing positive learning rates."
+    if not isinstance(grid, (list, tuple)) or not grid:
+        raise TypeError(f"{name} must be a non-empty tuple of learning rates, got {grid!r}")
+    for v in grid: check_num(f"{name} value", v, lo=0, lo_open=True)
+    if any(b <= a for a, b in zip(grid, grid[1:])): raise ValueError(f"{name} must be increasing, got {grid}")
+    return tuple(grid)
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000069b
 @dataclass
 class MMMCConfig(ExperimentConfig):
-    "The MMMC experiment: a tiny VLM pretrained from scratch, then prompting, SFT and RL against modality conflict."
-    n_seeds: int = size(quick=1, full=5)              # training seeds (each trains its own base model and remedies)
-    d_model: int = 64                                 # width of the VLM (the decoder's residual stream)
-    n_layers: int = 2                                 # decoder blocks
-    n_heads: int = 4                                  # attention heads
-    batch_size: int = 32                              # rows per update (pretraining, SFT and RL alike)
-    pretrain_steps: int = size(quick=60, full=2000)   # updates of base pretraining (the knob a GPU user raises first)
-    pretrain_lr: float = 2e-3                         # peak learning rate of pretraining
-    cell_weight: float = 1.0                          # weight of the image encoder's per-cell shape/colour loss in pretraining (0: the second version's base)
-    base_conflict_frac: float = 0.1                   # share of conflict rows (with conflict-aware answers) in pretraining
-    instruct_frac: float = 0.2                        # share of pretraining prompts carrying the instruction (unrelated to content)
-    ft_steps: int = size(quick=10, full=150)          # SFT updates = RL updates (equal training examples: ft_steps * batch_size)
-    sft_lr: float = 1e-3                              # SFT peak learning rate
-    rl_lr: float = 1e-3                               # RL learning rate (Adam, constant)
-    beta: float = 0.01                                # KL coefficient β (the paper's 0.01)
-    temperature: float = 1.0                          # RL sampling temperature
-    group_size: int = 4                               # samples per prompt of the group-relative extra
-    group_extra: bool = size(quick=False, full=True)  # also train the group-relative RL variant (a stated extra)
-    n_train: int = size(quick=2000, full=20000)       # pretraining rows drawn per seed (MMMC-style SFT/RL rows: a quarter of it)
-    n_eval: int = size(quick=24, full=200)            # test items per conflict type (and as many normal ones)
-    n_probe: int = size(quick=8, full=30)             # probe items per type for the training curves
-    probe_every: int = size(quick=5, full=10)         # evaluate the probe set every N updates of SFT and RL
-    n_show: int = 24                                  # test items whose answers the widget shows (first seed)
-    data_seed: int = 1234                             # seed of the test and probe sets (shared by all seeds)
+    "The MMMC experiment: a tiny VLM pretrained until it perceives, then prompting, SFT and RL against conflicts."
+    n_seeds: int = size(quick=1, full=5)          # training seeds (each trains its own base model and remedies)
+    d_model: int = 64                             # width of the VLM (the decoder's residual stream)
+    n_layers: int = size(quick=2, full=3)         # decoder blocks
+    n_heads: int = 4                              # attention heads
+    batch_size: int = 32                          # rows per update (pretraining, SFT and RL alike)
+    pretrain_lr: float = 3e-3                     # peak learning rate of each pretraining chunk
+    pretrain_chunk: int = size(quick=40, full=1000)      # updates per chunk (a warm restart); perception checked after
+    pretrain_max_steps: int = size(quick=40, full=6000)  # the cap on pretraining updates
+    perception_target: float = 0.97               # stop pretraining once every probe kind reaches this (validation)
+    cell_weight: float = 1.0                      # weight of the alignment loss (visual tokens read as words)
+    base_conflict_frac: float = 0.03              # share of un-instructed conflict rows (conflict-aware) in pretraining
+    instruct_frac: float = 0.1                    # instructed `located` rows per row of n_train (as many un-instructed)
+    instruct_conflict: float = 0.5                # share of the instructed `located` rows that break their premise
+    ft_steps: int = size(quick=6, full=150)       # SFT updates = RL rollouts (equal rows: ft_steps * batch_size)
+    sft_lrs: tuple = size(quick=(1e-3, 3e-3), full=(3e-4, 1e-3, 3e-3, 1e-2))   # SFT peak learning rates swept
+    rl_lrs: tuple = size(quick=(1e-3, 3e-3), full=(1e-4, 3e-4, 1e-3, 3e-3))    # RL learning rates swept (Adam)
+    ppo_epochs: int = 2                           # optimiser steps per RL rollout (from the 2nd the clip can bind)
+    clip: float = 0.2                             # PPO clip ε
+    beta: float = 0.01                            # KL coefficient β (the paper's 0.01)
+    temperature: float = 1.0                      # RL sampling temperature
+    group_size: int = 4                           # samples per prompt of the group-relative option (not run)
+    n_train: int = size(quick=1200, full=20000)   # pretraining rows of the evaluation templates per seed
+    n_eval: int = size(quick=16, full=200)        # test items per conflict type (and as many normal ones)
+    n_val: int = size(quick=8, full=100)          # validation items per type (they choose the learning rates)
+    n_probe: int = size(quick=6, full=30)         # items per type of the probe set for the training curves
+    n_perception: int = size(quick=40, full=600)  # premise probes (all kinds) per perception check
+    probe_every: int = size(quick=3, full=10)     # evaluate the probe set every N updates of SFT and RL
+    n_show: int = 24                              # test items whose answers the widget shows (first seed)
+    data_seed: int = 1234                         # seed of the validation, test and probe sets (all seeds share them)
+    min_perception: float = size(quick=0.0, full=0.95)  # precondition: test accuracy per probe kind (lower CI)
+    min_instruct: float = size(quick=-1.0, full=0.5)    # precondition: instructed detection where taught (lower CI)
+    min_base_hallu: float = size(quick=0.0, full=0.2)   # precondition: base hallucination on perceived conflicts
     unit_fields: ClassVar[tuple] = ('n_seeds', 'n_show')
-    cache_version: ClassVar[int] = 3                  # 2: conflict types spread over templates, template diagnostic; 3: per-cell encoder loss, d=64
+    cache_version: ClassVar[int] = 4              # 4: perception gate, taught instruction, semantic reward, sweeps
 
-    def validate(self):
-        for k in ('n_seeds', 'd_model', 'n_layers', 'n_heads', 'pretrain_steps', 'ft_steps', 'n_train', 'n_eval', 'n_probe', 'probe_every', 'n_show'):
-            check_int(k, getattr(self, k), lo=1)
-        check_int('batch_size', self.batch_size, lo=2); check_int('group_size', self.group_size, lo=2, hi=self.batch_size)
-        if self.batch_size % self.group_size: raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
-        if self.d_model % self.n_heads: raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
-        for k in ('pretrain_lr', 'sft_lr', 'rl_lr', 'temperature'): check_num(k, getattr(self, k), lo=0, lo_open=True)
-        check_num('cell_weight', self.cell_weight, lo=0)
-        check_num('beta', self.beta, lo=0); check_num('instruct_frac', self.instruct_frac, lo=0, hi=1); base_mix(self.base_conflict_frac)
-        check_int('data_seed', self.data_seed, lo=0)
-    @property
-    def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
-    @property
-    def methods(self) -> tuple: return METHODS + ((GROUP,) if self.group_extra else ())
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000069c
+@patch
+def validate(self: MMMCConfig):
+    ints = ('n_seeds', 'd_model', 'n_layers', 'n_heads', 'pretrain_chunk', 'ft_steps', 'n_train', 'n_eval', 'n_val',
+            'n_probe', 'n_perception', 'probe_every', 'n_show', 'ppo_epochs')
+    for k in ints: check_int(k, getattr(self, k), lo=1)
+    check_int('pretrain_max_steps', self.pretrain_max_steps, lo=self.pretrain_chunk)
+    check_int('batch_size', self.batch_size, lo=2)
+    check_int('group_size', self.group_size, lo=2, hi=self.batch_size)
+    check_int('data_seed', self.data_seed, lo=0)
+    if self.d_model % self.n_heads:
+        raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+    for k in ('pretrain_lr', 'temperature', 'clip'): check_num(k, getattr(self, k), lo=0, lo_open=True)
+    for k in ('cell_weight', 'beta'): check_num(k, getattr(self, k), lo=0)
+    for k in ('instruct_frac', 'instruct_conflict', 'perception_target'): check_num(k, getattr(self, k), lo=0, hi=1)
+    for k in ('min_perception', 'min_instruct', 'min_base_hallu'): check_num(k, getattr(self, k), hi=1)
+    self.sft_lrs, self.rl_lrs = _check_grid('sft_lrs', self.sft_lrs), _check_grid('rl_lrs', self.rl_lrs)
+    base_mix(self.base_conflict_frac)
+
+@patch(as_prop=True)
+def seeds(self: MMMCConfig) -> list[int]: return self.seed_list(self.n_seeds)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000071
+def shared_data(cfg: MMMCConfig) -> dict:
+    "The sets all seeds share: validation and test items, the curves' probe set, perception probes, `located` checks."
+    d = cfg.data_seed
+    return dict(val=make_dataset(4 * cfg.n_val, EVAL_MIX, seed=d + 3, split='val'),
+                test=make_dataset(4 * cfg.n_eval, EVAL_MIX, seed=d, split='test'),
+                probe=make_dataset(4 * cfg.n_probe, EVAL_MIX, seed=d + 1, split='val'),
+                val_probes=make_dataset(cfg.n_perception, dict(probe=1.0), seed=d + 4, split='val'),
+                perception=make_dataset(cfg.n_perception, dict(probe=1.0), seed=d + 2, split='test'),
+                taught=taught_dataset(2 * cfg.n_eval, 0.5, seed=d + 5, split='test'))
+
 def make_data(cfg: MMMCConfig, seed: int) -> dict:
-    "Per seed: pretraining rows and MMMC-style SFT/RL rows (train scenes); shared: the test and probe sets (test scenes)."
-    return dict(pretrain=make_dataset(cfg.n_train, base_mix(cfg.base_conflict_frac), seed=seed, split='train'),
-                mmmc=make_dataset(max(cfg.n_train // 4, cfg.batch_size), MMMC_MIX, seed=seed + 7919, split='train'),
-                test=make_dataset(4 * cfg.n_eval, EVAL_MIX, seed=cfg.data_seed, split='test'),
-                probe=make_dataset(4 * cfg.n_probe, EVAL_MIX, seed=cfg.data_seed + 1, split='test'),
-                perception=make_dataset(2 * cfg.n_eval, dict(probe=1.0), seed=cfg.data_seed + 2, split='test'))
+    "Per seed: pretraining rows (with the `located` rows teaching the instruction) and SFT/RL rows; the shared sets."
+    n_t = round(cfg.instruct_frac * cfg.n_train)
+    pre = make_dataset(cfg.n_train, base_mix(cfg.base_conflict_frac), seed=seed, split='train')
+    taught = taught_dataset(n_t, cfg.instruct_conflict, seed + 1, 'train', instruct=True)
+    taught += taught_dataset(n_t, 0.0, seed + 2, 'train')
+    mmmc = make_dataset(max(cfg.n_train // 4, cfg.batch_size), MMMC_MIX, seed=seed + 7919, split='train')
+    return dict(shared_data(cfg), pretrain=pre + taught, mmmc=mmmc)
 
 def refuse_everything(examples) -> list[str]:
-    "The trivial baseline: 'no , there is no S .' about the first shape each question names — no hallucination, every normal question refused, detection 0 on every template."
+    "The trivial baseline: 'no , there is no S .' about the first shape each question names."
     return [no_object(e.question.split()[4]) for e in examples]
 
-def baseline_unit(cfg: MMMCConfig, test) -> dict:
-    "Refuse-everything's answers to the test set, scored like a trained method's (the same for every seed: it has no weights)."
-    ans = refuse_everything(test)
-    return dict(summary=summarise(score_answers(ans, test)), templates=template_rates(ans, test), answers=ans[:cfg.n_show],
-                labels=[judge_answer(a, e) for a, e in zip(ans[:cfg.n_show], test)])
-
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000072
-def run_unit(cfg: MMMCConfig, seed: int) -> dict:
-    "Pretrain a base VLM, then answer the test set with the base, both prompting remedies, SFT, RL (and the group extra)."
-    seed_everything(seed); data, cache, ans, curves, logs, secs = make_data(cfg, seed), {}, {}, {}, {}, {}
-    base, ev = TinyVLM(cfg.d_model, cfg.n_layers, cfg.n_heads, seed=seed).to(get_device()), data['test']
-    with Timer() as t: fit(base, training_rows(data['pretrain'], seed, cfg.instruct_frac, cache), cfg.pretrain_steps, cfg.batch_size, cfg.pretrain_lr, seed, cell_weight=cfg.cell_weight)
-    secs['pretrain'] = t.s
-    ans['base'], ans['PE: instruction'] = respond(base, ev, cache=cache), respond(base, ev, instruct=True, cache=cache)
-    ans['PE: verify-then-answer'] = verify_then_answer(base, ev, cache)
-    pa = respond(base, data['perception'], cache=cache); perception = float(np.mean([a == e.answer for a, e in zip(pa, data['perception'])]))
-    perception_kind = {k: float(np.mean([a == e.answer for a, e in zip(pa, data['perception']) if probe_kind(e.question) == k])) for k in PROBE_KINDS}
-    sft = copy.deepcopy(base); pc = ProbeCurve(sft, data['probe'], cfg.probe_every, cache)
-    with Timer() as t: fit(sft, training_rows(data['mmmc'], seed + 1, 0.0, cache), cfg.ft_steps, cfg.batch_size, cfg.sft_lr, seed, [pc])
-    ans['SFT'], curves['SFT'], secs['SFT'] = respond(sft, ev, cache=cache), pc.rows, t.s
-    for m, est in (('RL (REINFORCE++)', 'reinforce++'), (GROUP, 'group'))[:1 + cfg.group_extra]:
-        pol = copy.deepcopy(base); pc = ProbeCurve(pol, data['probe'], cfg.probe_every, cache)
-        with Timer() as t: logs[m] = rl_train(pol, base, data['mmmc'], cfg.ft_steps, cfg.batch_size, cfg.rl_lr, est, cfg.beta, cfg.group_size, cfg.temperature, seed, [pc], cache)
-        ans[m], curves[m], secs[m] = respond(pol, ev, cache=cache), pc.rows, t.s
-    return dict(summary={m: summarise(score_answers(a, ev)) for m, a in ans.items()}, templates={m: template_rates(a, ev) for m, a in ans.items()},
-                answers={m: a[:cfg.n_show] for m, a in ans.items()},
-                labels={m: [judge_answer(x, e) for x, e in zip(a[:cfg.n_show], ev)] for m, a in ans.items()}, curves=curves, rl_log=logs, secs=secs, perception=perception, perception_kind=perception_kind)
+def _resumes(cfg: MMMCConfig) -> bool: return cfg.mode == 'full' if cfg.resume is None else bool(cfg.resume)
+
+def pretrain_base(cfg: MMMCConfig, seed: int, data: dict, cache: dict) -> tuple:
+    "A fresh base VLM pretrained on the seed's rows until it perceives (or the cap), with its log and time."
+    model = TinyVLM(cfg.d_model, cfg.n_layers, cfg.n_heads, seed=seed).to(get_device())
+    rows = training_rows(data['pretrain'], cache)
+    with Timer() as t:
+        log = pretrain(model, rows, data['val_probes'], cfg.pretrain_chunk, cfg.pretrain_max_steps,
+                       cfg.perception_target, cfg.batch_size, cfg.pretrain_lr, seed, cfg.cell_weight, cache)
+    return model, dict(log=log, secs=t.s)
+
+def base_model(cfg: MMMCConfig, seed: int, data: dict, cache: dict) -> tuple:
+    "The seed's pretrained base VLM and its pretraining record; stored in the workbench cache when the run resumes."
+    if not _resumes(cfg): return pretrain_base(cfg, seed, data, cache)
+    def build(tmp):
+        m, info = pretrain_base(cfg, seed, data, cache)
+        atomic_save_torch(dict(state=m.state_dict(), info=info), tmp / 'base.pt')
+    conf = {k: v for k, v in asdict(cfg).items() if k not in ('resume',) + cfg.unit_fields}
+    ck = torch.load(cached('mmmc-base', dict(config=conf, seed=seed, version=cfg.cache_version), build) / 'base.pt')
+    model = TinyVLM(cfg.d_model, cfg.n_layers, cfg.n_heads, seed=seed)
+    model.load_state_dict(ck['state'])
+    return model.to(get_device()), ck['info']
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000072b
+def _evaluate(answers: list[str], examples, perceived, n_show: int=0) -> dict:
+    "Scores of a method's answers: per-type summary, per-template diagnostic, the first `n_show` answers and labels."
+    return dict(summary=summarise(score_answers(answers, examples, perceived)),
+                templates=template_rates(answers, examples), answers=answers[:n_show],
+                labels=[judge_answer(a, e) for a, e in zip(answers[:n_show], examples)])
+
+def base_unit(cfg: MMMCConfig, base: TinyVLM, info: dict, data: dict, cache: dict) -> dict:
+    "The base and both prompting remedies on validation and test; its perception and instruction following."
+    out = dict(pretrain=info['log'], secs=info['secs'], perception=perception(base, data['perception'], cache))
+    for split, show in (('val', 0), ('test', cfg.n_show)):
+        ex = data[split]
+        probes = probe_answers(base, ex, cache)
+        seen = [perceives(e, p) for e, p in zip(ex, probes)]
+        ans = {'base': respond(base, ex, cache=cache), 'PE: instruction': respond(base, ex, instruct=True, cache=cache),
+               'PE: verify-then-answer': verify_then_answer(base, ex, probes, cache)}
+        out[split] = {m: _evaluate(a, ex, seen, show) for m, a in ans.items()}
+        out[f'{split}_perceived'] = seen
+    tau = data['taught']
+    out['instruct'] = {c: conflict_flags(respond(base, tau, instruct=c == 'with', cache=cache), tau)
+                       for c in ('without', 'with')}
+    return out
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000072c
+def arm_unit(cfg: MMMCConfig, method: str, lr: float, base: TinyVLM, data: dict, seen: dict, seed: int,
+             cache: dict) -> dict:
+    "SFT or RL from a copy of the base at learning rate `lr`: answers on validation and test, training curve, RL log."
+    check_choice('method', method, SWEPT)
+    model, log = copy.deepcopy(base), []
+    pc = ProbeCurve(model, data['probe'], cfg.probe_every, cache)
+    with Timer() as t:
+        if method == 'SFT': fit(model, training_rows(data['mmmc'], cache), cfg.ft_steps, cfg.batch_size, lr, seed, [pc])
+        else: log = rl_train(model, base, data['mmmc'], cfg.ft_steps, cfg.batch_size, lr, 'reinforce++', cfg.beta,
+                             cfg.group_size, cfg.temperature, seed, cfg.ppo_epochs, cfg.clip, [pc], cache)
+    ev = {s: _evaluate(respond(model, data[s], cache=cache), data[s], seen[s], n)
+          for s, n in (('val', 0), ('test', cfg.n_show))}
+    return dict(ev, curve=pc.rows, rl_log=log, secs=t.s)
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000072d
+def seed_unit(cfg: MMMCConfig, seed: int) -> dict:
+    "One seed: the base unit and a unit per (remedy, learning rate), each cached; the base pretrains only if needed."
+    seed_everything(seed)
+    data, cache, held = make_data(cfg, seed), {}, {}
+    def base():
+        if not held: held['model'], held['info'] = base_model(cfg, seed, data, cache)
+        return held['model']
+    u = dict(base=cached_unit('mmmc', cfg, dict(seed=seed, part='base'),
+                              lambda: base_unit(cfg, base(), held['info'], data, cache)))
+    seen = dict(val=u['base']['val_perceived'], test=u['base']['test_perceived'])
+    for m, lrs in (('SFT', cfg.sft_lrs), (RL, cfg.rl_lrs)):
+        for lr in lrs:
+            u[m, lr] = cached_unit('mmmc', cfg, dict(seed=seed, arm=m, lr=lr),
+                                   lambda: arm_unit(cfg, m, lr, base(), data, seen, seed, cache))
+    return u
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000074
-def _r4(xs): return [round(float(x), 4) for x in xs]
+def refuse_unit(cfg: MMMCConfig, data: dict) -> dict:
+    "Refuse-everything on validation and test, scored like a method (the same for every seed: it has no weights)."
+    return {s: _evaluate(refuse_everything(data[s]), data[s], None, n) for s, n in (('val', 0), ('test', cfg.n_show))}
 
-def _rows(cfg: MMMCConfig, out: dict, refuse: dict) -> list[dict]:
-    "One 'eval' row per (seed, method, conflict type), one 'template' row per (seed, method, template) and one 'run' row per (seed, trained method); refuse-everything repeated for each seed."
-    rows = []
-    for s in cfg.seeds:
-        u = out[s]
-        rows += [dict(record='eval', seed=s, method=REFUSE, conflict_type=t, **refuse['summary'][t]) for t in TYPES]
-        rows += [dict(record='template', seed=s, method=REFUSE, conflict_type=None, template=k, **v, detection=v['flag_conflict'] - v['flag_normal'])
-                 for k, v in refuse['templates'].items()]
-        for m in cfg.methods:
-            rows += [dict(record='eval', seed=s, method=m, conflict_type=t, **u['summary'][m][t]) for t in TYPES]
-            rows += [dict(record='template', seed=s, method=m, conflict_type=None, template=k, **v, detection=v['flag_conflict'] - v['flag_normal'])
-                     for k, v in u['templates'][m].items()]
-            c = u['curves'].get(m)
-            rows.append(dict(record='run', seed=s, method=m, conflict_type=None, train_s=u['secs'].get(m, u['secs']['pretrain'] if m == 'base' else 0.0),
-                             instability=instability([r['hallu'] for r in c]) if c else None, base_perception=u['perception'],
-                             **{f'base_perception_{k}': u['perception_kind'][k] for k in PROBE_KINDS}))
+def _trained(cfg: MMMCConfig, u: dict) -> list[tuple]:
+    "(method, learning rate, its unit) for each swept remedy and learning rate of a seed."
+    return [(m, lr, u[m, lr]) for m, lrs in (('SFT', cfg.sft_lrs), (RL, cfg.rl_lrs)) for lr in lrs]
+
+def _arms(cfg: MMMCConfig, u: dict, refuse: dict) -> list[tuple]:
+    "(method, learning rate or None, its unit) for every method of a seed, refuse-everything included."
+    b = u['base']
+    frozen = [(m, None, dict(val=b['val'][m], test=b['test'][m])) for m in PROMPTED]
+    return frozen + [(REFUSE, None, refuse)] + _trained(cfg, u)
+
+def _unit_rows(s: int, m: str, lr, unit: dict) -> list[dict]:
+    "The eval, val and template rows of one method at one learning rate."
+    key = dict(seed=s, method=m, lr=lr)
+    rows = [dict(record=rec, **key, conflict_type=t, **v) for rec, sp in (('eval', 'test'), ('val', 'val'))
+            for t, v in unit[sp]['summary'].items()]
+    tpl = unit['test']['templates']
+    return rows + [dict(record='template', **key, conflict_type=None, template=k, **v) for k, v in tpl.items()]
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000074a
+def _seed_rows(cfg: MMMCConfig, s: int, u: dict, refuse: dict) -> list[dict]:
+    "Every row of seed `s`: eval, val and template rows, instruct rows and run rows."
+    rows = [r for m, lr, unit in _arms(cfg, u, refuse) for r in _unit_rows(s, m, lr, unit)]
+    b = u['base']
+    rows += [dict(record='instruct', seed=s, method='base', condition=c, **v) for c, v in b['instruct'].items()]
+    seen = {f'base_perception_{k}': v for k, v in b['perception'].items()}
+    rows.append(dict(record='run', seed=s, method='base', lr=None, train_s=b['secs'],
+                     pretrain_steps=b['pretrain'][-1]['step'], **seen))
+    for m, lr, unit in _trained(cfg, u):
+        clip = [r['clip_frac'] for r in unit['rl_log']]
+        rows.append(dict(record='run', seed=s, method=m, lr=lr, train_s=unit['secs'],
+                         instability=instability([r['hallu'] for r in unit['curve']]),
+                         clip_frac=float(np.mean(clip)) if clip else None))
     return rows
 
-def _tables(cfg: MMMCConfig, out: dict, data: dict, refuse: dict) -> dict:
-    curves = [dict(seed=s, method=m, step=[r['step'] for r in c], hallu=_r4(r['hallu'] for r in c), acc=_r4(r['acc'] for r in c))
-              for s in cfg.seeds for m, c in out[s]['curves'].items()]
-    logs = [dict(seed=s, method=m, step=[r['step'] for r in l], reward=_r4(r['reward'] for r in l), kl=_r4(r['kl'] for r in l),
-                 hallu=_r4(0 if math.isnan(r['hallu']) else r['hallu'] for r in l)) for s in cfg.seeds for m, l in out[s]['rl_log'].items()]
-    s0 = cfg.seeds[0]; u = dict(answers={**out[s0]['answers'], REFUSE: refuse['answers']}, labels={**out[s0]['labels'], REFUSE: refuse['labels']})
-    ex = [dict(seed=s0, item=i, question=e.question, reference=e.answer, conflict_type=e.conflict_type,
-               objects=[[o.shape, o.colour, o.row, o.col] for o in e.scene.objects], method=m, answer=u['answers'][m][i], label=u['labels'][m][i])
-          for i, e in enumerate(data['test'][:cfg.n_show]) for m in cfg.methods + (REFUSE,)]
-    return dict(curves=curves, rl_log=logs, examples=ex)
+def _r4(xs): return [None if x is None or math.isnan(x) else round(float(x), 4) for x in xs]
+
+def _series(log: list[dict], keys) -> dict:
+    "Columns `keys` of a list of log records, as lists (rounded)."
+    return {k: [r[k] for r in log] if k == 'step' else _r4(r[k] for r in log) for k in keys}
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000074b
+def _examples(cfg: MMMCConfig, u: dict, data: dict, refuse: dict, best: dict) -> list[dict]:
+    "The first seed's answers to the first test items, each swept remedy at its chosen learning rate."
+    shown = {m: unit['test'] for m, lr, unit in _arms(cfg, u, refuse) if m not in best or lr == best[m].knob}
+    seen = u['base']['test_perceived']
+    return [dict(seed=cfg.seeds[0], item=i, question=e.question, reference=e.answer, conflict_type=e.conflict_type,
+                 perceived=seen[i], objects=[[o.shape, o.colour, o.row, o.col] for o in e.scene.objects], method=m,
+                 answer=t['answers'][i], label=t['labels'][i])
+            for i, e in enumerate(data['test'][:cfg.n_show]) for m, t in shown.items()]
+
+def _tables(cfg: MMMCConfig, out: dict, data: dict, refuse: dict, best: dict) -> dict:
+    "The pretraining logs, probe curves, RL logs and the first seed's answers."
+    pre = [dict(seed=s, **_series(out[s]['base']['pretrain'], ('step', 'loss') + PROBE_KINDS)) for s in cfg.seeds]
+    arms = [(s, m, lr, u) for s in cfg.seeds for m, lr, u in _trained(cfg, out[s])]
+    curves = [dict(seed=s, method=m, lr=lr, **_series(u['curve'], ('step', 'hallu', 'acc'))) for s, m, lr, u in arms]
+    logs = [dict(seed=s, method=m, lr=lr, **_series(u['rl_log'], ('step', 'reward', 'kl', 'hallu', 'clip_frac')))
+            for s, m, lr, u in arms if u['rl_log']]
+    ex = _examples(cfg, out[cfg.seeds[0]], data, refuse, best)
+    return dict(pretrain=pre, curves=curves, rl_log=logs, examples=ex)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000075
 def run_experiment(cfg: MMMCConfig) -> Results:
-    "Every seed is one cached unit (base pretraining and every remedy); then rows, tables, claims and the verdict."
+    "Every seed's units (cached); then rows, tables, preconditions, claims and the verdict."
     if not isinstance(cfg, MMMCConfig): raise TypeError(f"cfg must be an MMMCConfig, got {type(cfg).__name__}")
-    t0 = time.perf_counter(); out = {}
-    for s in progress(cfg.seeds, desc='mmmc: seeds'):
-        out[s] = cached_unit('mmmc', cfg, dict(seed=s), lambda: run_unit(cfg, s))
-    data = make_data(cfg, cfg.seeds[0]); refuse = baseline_unit(cfg, data['test'])
-    res = Results('mmmc', cfg, _rows(cfg, out, refuse), seeds=cfg.seeds, tables=_tables(cfg, out, data, refuse), wall_time_s=time.perf_counter() - t0,
-                  notes=f"TinyVLM (patch-linear encoder with a per-cell shape/colour loss of weight {cfg.cell_weight} + {cfg.n_layers}-block Llama, d={cfg.d_model}) trained from scratch on rendered shape scenes; "
-                        f"{len(cfg.seeds)} seeds; {cfg.n_eval} test items per conflict type; rule-based judge instead of the paper's LLM judge")
-    res.tables['gates'] = [dict(method=m, credited=g['credited'], **{f"{k}_{x}": getattr(g[k], x) for k in ('detection', 'normal_acc') for x in ('estimate', 'lo', 'hi')})
-                           for m, g in gates(res).items()]                                # the stricter rule's inputs, recorded beside the claims
+    t0, out = time.perf_counter(), {}
+    for s in progress(cfg.seeds, desc='mmmc: seeds'): out[s] = seed_unit(cfg, s)
+    data = shared_data(cfg)
+    refuse = refuse_unit(cfg, data)
+    rows = [r for s in cfg.seeds for r in _seed_rows(cfg, s, out[s], refuse)]
+    notes = (f"TinyVLM (patch-linear encoder aligned to the decoder's words, weight {cfg.cell_weight}; "
+             f"{cfg.n_layers}-block Llama, d={cfg.d_model}) pretrained from scratch on rendered shape scenes until it "
+             f"perceives; {len(cfg.seeds)} seeds; {cfg.n_eval} test items per conflict type; rule-based judges")
+    res = Results('mmmc', cfg, rows, seeds=cfg.seeds, wall_time_s=time.perf_counter() - t0, notes=notes)
+    res.tables = _tables(cfg, out, data, refuse, chosen(res))
+    res.tables['gates'] = gate_table(res)                                  # the refusal gates, beside the claims
     return res.conclude(verdict, claims(res), headline(res))
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000077
-def _arm(df, method, types=CONFLICTS, metric='hallu') -> np.ndarray:
+def _legacy(results: Results) -> bool:
+    "Whether `results` is a record of the third version's design (no validation rows)."
+    return not (results.df['record'] == 'val').any()
+
+def chosen(results: Results) -> dict:
+    "Each swept remedy's learning rate with the highest validation consistency (mean over seeds), as a `Best`."
+    df, cfg, out = results.df, results.config, {}
+    for m, field in (('SFT', 'sft_lrs'), (RL, 'rl_lrs')):
+        v, lrs = df[(df['record'] == 'val') & (df['method'] == m)], list(cfg[field])
+        sc = [v[v['lr'] == lr].groupby('seed')['consistent'].mean().sort_index().to_numpy(float) for lr in lrs]
+        out[m] = best_setting(lrs, np.stack(sc), ties='flag')
+    return out
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000077a
+def at_chosen(results: Results, best: dict|None=None):
+    "The rows, each swept remedy's at its chosen learning rate only (a third-version record as it is)."
+    df = results.df
+    if _legacy(results): return df
+    keep = ~df['method'].isin(SWEPT)
+    for m, b in (best or chosen(results)).items(): keep |= (df['method'] == m) & (df['lr'] == b.knob)
+    return df[keep]
+
+def _arm(df, method: str, types=CONFLICTS, metric: str='hallu', record: str='eval') -> np.ndarray:
     "Per-seed `metric` of `method`, averaged over `types` (equal items per type), sorted by seed."
-    d = df[(df['record'] == 'eval') & (df['method'] == method) & df['conflict_type'].isin(types)]
+    d = df[(df['record'] == record) & (df['method'] == method) & df['conflict_type'].isin(types)]
     return d.groupby('seed')[metric].mean().sort_index().to_numpy(float)
 
-def _run(df, method, metric='instability') -> np.ndarray:
-    d = df[(df['record'] == 'run') & (df['method'] == method)]
-    return d.sort_values('seed')[metric].to_numpy(float)
+def _run(df, method: str, metric: str='instability') -> np.ndarray:
+    "Per-seed `metric` of `method`'s run rows, sorted by seed."
+    return df[(df['record'] == 'run') & (df['method'] == method)].sort_values('seed')[metric].to_numpy(float)
 
-OTHERS = ('PE: instruction', 'SFT')   # the paper's other remedies (verify-then-answer is our extra; see the text)
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000077b
+def _finite_ci(x) -> Interval:
+    "`mean_ci` of the finite values of `x` (no value: estimate 0 with no interval)."
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    return mean_ci(x) if len(x) else Interval(0.0, math.nan, math.nan, 0, 'no finite value')
+
+def preconditions(results: Results) -> list[Claim]:
+    "The base perceives each kind of premise, follows the instruction where taught, hallucinates on seen conflicts."
+    df, cfg = results.df, results.config
+    run = df[(df['record'] == 'run') & (df['method'] == 'base')].sort_values('seed')
+    out = [precondition(f"base perception: {k} probes answered exactly (held-out scenes)",
+                        _finite_ci(run[f'base_perception_{k}']), cfg, 'min_perception') for k in PROBE_KINDS]
+    ins = df[(df['record'] == 'instruct') & (df['condition'] == 'with')].sort_values('seed')
+    name = f"instruction following where taught: the instructed base's detection on '{TAUGHT}' questions"
+    out.append(precondition(name, _finite_ci(ins['detection']), cfg, 'min_instruct'))
+    for t in CONFLICTS:
+        h = _finite_ci(_arm(df, 'base', (t,), 'hallu_perceived'))
+        name = f"{t} conflicts: base hallucination rate on the items it perceives"
+        out.append(precondition(name, h, cfg, 'min_base_hallu'))
+    return out
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000077c
+def best_other(df, t: str) -> str:
+    "The paper's other remedy (prompting or SFT) with the lower validation hallucination rate on `t` conflicts."
+    return min(OTHERS, key=lambda m: _arm(df, m, (t,), record='val').mean())
+
+def _parts(results: Results) -> list[tuple]:
+    "Each part of the paper's claim as (claim, the remedy whose refusal gate it needs or None, its type or None)."
+    df, out = at_chosen(results), []
+    for t in CONFLICTS:
+        for m in REMEDIES:
+            d = paired_t(_arm(df, m, (t,)), _arm(df, 'base', (t,)))
+            out.append((claim(f"{t} conflicts: hallucination rate, {m} − base", d, better='lower'), m, t))
+    for t in CONFLICTS:
+        o = best_other(df, t)
+        d = paired_t(_arm(df, RL, (t,)), _arm(df, o, (t,)))
+        name = f"{t} conflicts: hallucination rate, {RL} − {o} (best other remedy on validation)"
+        out.append((claim(name, d, better='lower'), RL, t))
+    d = paired_t(_run(df, RL), _run(df, 'SFT'))
+    name = f"training instability (mean |Δ| of the probe hallucination rate, 2nd half): {RL} − SFT"
+    return out + [(claim(name, d), None, None)]
+
+def comparisons(results: Results) -> list[Claim]:
+    "The parts of the paper's claim (the third version's eight claims for its record)."
+    return _legacy_claims(results) if _legacy(results) else [c for c, _, _ in _parts(results)]
 
 def claims(results: Results) -> list[Claim]:
-    "The paper's claim in parts: the base hallucinates (>40%); PE, SFT and RL each cut it; RL beats the best other remedy per conflict type; SFT trains more stably than RL."
-    df = results.df; base = _arm(df, 'base')
-    out = [claim("base hallucination rate on conflict questions (null: the paper's 40%)", mean_ci(base), better='higher', null=0.4)]
-    for m in ('PE: instruction', 'SFT', 'RL (REINFORCE++)'):
-        out.append(claim(f"hallucination rate: {m} − base", paired_t(_arm(df, m), base), better='lower'))
-    for t in CONFLICTS:
-        best = min(OTHERS, key=lambda m: _arm(df, m, (t,)).mean())
-        out.append(claim(f"hallucination rate on {t} conflicts: RL (REINFORCE++) − {best} (best other remedy)", paired_t(_arm(df, 'RL (REINFORCE++)', (t,)), _arm(df, best, (t,))), better='lower'))
-    out.append(claim("training instability (mean |Δ| of the probe hallucination rate, 2nd half): RL (REINFORCE++) − SFT", paired_t(_run(df, 'RL (REINFORCE++)'), _run(df, 'SFT')), better='higher'))
-    return out
+    "The preconditions, then the parts of the paper's claim (a third-version record: its own eight claims only)."
+    return _legacy_claims(results) if _legacy(results) else preconditions(results) + comparisons(results)
 
-# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000133
-GATED = {'PE: instruction': ('hallucination rate: PE: instruction − base',), 'SFT': ('hallucination rate: SFT − base',),
-         'RL (REINFORCE++)': ('hallucination rate: RL (REINFORCE++) − base',) + tuple(f"hallucination rate on {t} conflicts: RL (REINFORCE++) −" for t in CONFLICTS)}
-
-def _det(df, method) -> np.ndarray:
-    "Per-seed detection of `method`, averaged over templates, sorted by seed (refuse-everything: 0 when the file predates its rows)."
-    d = df[(df['record'] == 'template') & (df['method'] == method)]
-    if d.empty and method == REFUSE: return np.zeros(df['seed'].nunique())          # it flags every question: detection 0 on every template
-    return d.groupby('seed')['detection'].mean().sort_index().to_numpy(float)
-
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000077d
 def gates(results: Results) -> dict:
-    "Per remedy: detection − refuse-everything's and normal accuracy − base's (95% CIs over seeds), and whether its hallucination claims are credited."
-    df, out = results.df, {}
-    for m in GATED:
-        det = claim(f"detection: {m} − {REFUSE}", paired_t(_det(df, m), _det(df, REFUSE)), better='higher')
-        acc = claim(f"normal-question accuracy: {m} − base", paired_t(_arm(df, m, ('none',), 'acc'), _arm(df, 'base', ('none',), 'acc')), better='higher')
-        out[m] = dict(detection=det, normal_acc=acc, credited=bool(det.shows or not acc.opposite))
+    "Per remedy and template: detection − refuse-everything's 0, normal consistency − the base's (95% CIs), passed."
+    df, out = at_chosen(results), {}
+    tr = df[df['record'] == 'template']
+    per = lambda m, k, c: tr[(tr['method'] == m) & (tr['template'] == k)].sort_values('seed')[c].to_numpy(float)
+    for m in REMEDIES:
+        out[m] = {}
+        for k in TEMPLATES:
+            d, a, b = per(m, k, 'detection'), per(m, k, 'cons_normal'), per('base', k, 'cons_normal')
+            det = claim(f"{m} on '{k}' questions: detection − {REFUSE}'s 0", _finite_ci(d))
+            seen = bool(len(d)) and len(a) == len(b)             # no items of this template: no evidence, no pass
+            acc = claim(f"{m} on '{k}' questions: normal consistency − base's", _finite_ci(a - b if seen else []))
+            out[m][k] = dict(detection=det, normal=acc, passed=seen and bool(det.shows or not acc.opposite))
     return out
+
+def gate_table(results: Results) -> list[dict]:
+    "The gates as records (remedy, template, both intervals, passed), for the results file."
+    ivs = lambda g: {f"{x}_{a}": getattr(g[x], a) for x in ('detection', 'normal') for a in ('estimate', 'lo', 'hi')}
+    return [dict(method=m, template=k, passed=g['passed'], **ivs(g))
+            for m, gm in gates(results).items() for k, g in gm.items()]
 
 def credited(results: Results) -> list[bool]:
-    "Per claim: whether it counts for the verdict (it shows and, for a remedy's hallucination claim, the remedy passes its gate)."
+    "Per part: it shows and, for a remedy's part on type t, the remedy passes its gate on every template of APPLIES[t]."
+    if _legacy(results): return _legacy_credited(results)
     g = gates(results)
-    return [c.shows and all(g[m]['credited'] for m, names in GATED.items() if c.name.startswith(names)) for c in claims(results)]
+    return [c.shows and (m is None or all(g[m][k]['passed'] for k in APPLIES[t])) for c, m, t in _parts(results)]
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000077e
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when every claim (base hallucination above 40%; PE, SFT and RL each below the base; RL below the best other remedy on each conflict type; RL less stable than SFT) shows beyond its 95% CI over seeds, partly when at least one does, else not reproduced; a remedy's hallucination claims count only if its detection beats refuse-everything's (0) beyond its CI or its normal-question accuracy is not below the base's beyond its CI."
-    return judge([c if ok else replace(c, lo=math.nan, hi=math.nan) for c, ok in zip(claims(results), credited(results))])
+    """Per conflict type, never pooled: prompting, SFT and RL each below the base's hallucination rate and RL below
+    the best other remedy, plus RL less stable than SFT; reproduced when every part shows beyond its paired 95% CI
+    over seeds, partly when at least one does, else not reproduced; a remedy's part counts only if, on every template
+    of that conflict type, its detection beats refuse-everything's 0 or its normal-question consistency is not below
+    the base's beyond the CI (a third-version record keeps that version's pooled rule)."""
+    parts = zip(comparisons(results), credited(results))
+    return judge([c if ok else replace(c, lo=math.nan, hi=math.nan) for c, ok in parts])
 
 def headline(results: Results) -> str:
     "Our measured figure in words."
-    df = results.df; h = lambda m: f"{100 * _arm(df, m).mean():.0f}%"; cs, cr = claims(results), credited(results)
-    ev = df[(df.record == 'eval') & (df.conflict_type == 'none')] if 'record' in df else df[df.conflict_type == 'none']
-    fc = lambda m: f"{100 * ev[ev.method == m].false_conflict.mean():.0f}%"       # normal questions answered as conflicts
-    g = gates(results); nc = [m for m, v in g.items() if not v['credited']]
-    return (f"hallucination on conflict questions: base {h('base')}, PE {h('PE: instruction')}, verify-then-answer {h('PE: verify-then-answer')}, "
-            f"SFT {h('SFT')}, RL {h('RL (REINFORCE++)')}, with false conflicts on normal questions SFT {fc('SFT')}, "
-            f"RL {fc('RL (REINFORCE++)')}, base {fc('base')}" + (f" (refuse-everything: {h(REFUSE)} and {fc(REFUSE)})" if (ev.method == REFUSE).any() else '') + "; "
-            f"{sum(cr)}/{len(cs)} claims credited beyond their CI over {len(results.seeds)} seeds ({sum(c.shows for c in cs)} show"
-            + (f"; no credit for {', '.join(nc)}: detection not above refuse-everything's and normal accuracy below the base's)" if nc else ")"))
+    if _legacy(results): return results.headline or ''
+    df, cs, cr = at_chosen(results), comparisons(results), credited(results)
+    h = lambda m, t: f"{_arm(df, m, (t,)).mean():.0%}"
+    arms = (('base', 'base'), ('PE', 'PE: instruction'), ('SFT', 'SFT'), ('RL', RL))
+    per = '; '.join(f"{t}: " + ', '.join(f"{n} {h(m, t)}" for n, m in arms) for t in CONFLICTS)
+    fc = ', '.join(f"{m} {_arm(df, m, ('none',), 'false_conflict').mean():.0%}" for m in SWEPT)
+    failed = [c.name for c in preconditions(results) if not c.holds]
+    out = (f"hallucination rate per conflict type ({per}); false conflicts on normal questions {fc}; "
+           f"{sum(cr)}/{len(cs)} parts credited beyond their CI over {len(results.seeds)} seeds")
+    return out + (f"; failed preconditions: {'; '.join(failed)}" if failed else '')
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000133
+_OLD_GATED = {m: (f"hallucination rate: {m} − base",) for m in REMEDIES}     # the claims each remedy's gate governed
+_OLD_GATED[RL] += tuple(f"hallucination rate on {t} conflicts: {RL} −" for t in CONFLICTS)
+
+def _det(df, method: str) -> np.ndarray:
+    "Per-seed detection of `method` averaged over templates (refuse-everything: 0 when the file predates its rows)."
+    d = df[(df['record'] == 'template') & (df['method'] == method)]
+    if d.empty and method == REFUSE: return np.zeros(df['seed'].nunique())
+    return d.groupby('seed')['detection'].mean().sort_index().to_numpy(float)
+
+def _legacy_claims(results: Results) -> list[Claim]:
+    "The third version's eight claims, recomputed from its rows (pooled over conflict types, as that version did)."
+    df = results.df
+    base = _arm(df, 'base')
+    name = "base hallucination rate on conflict questions (null: the paper's 40%)"
+    out = [claim(name, mean_ci(base), better='higher', null=0.4)]
+    out += [claim(f"hallucination rate: {m} − base", paired_t(_arm(df, m), base), better='lower') for m in REMEDIES]
+    for t in CONFLICTS:
+        o = min(OTHERS, key=lambda m: _arm(df, m, (t,)).mean())
+        d = paired_t(_arm(df, RL, (t,)), _arm(df, o, (t,)))
+        out.append(claim(f"hallucination rate on {t} conflicts: {RL} − {o} (best other remedy)", d, better='lower'))
+    d = paired_t(_run(df, RL), _run(df, 'SFT'))
+    return out + [claim(f"training instability (mean |Δ| of the probe hallucination rate, 2nd half): {RL} − SFT", d)]
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000133b
+def _legacy_credited(results: Results) -> list[bool]:
+    "The third version's gate: a remedy's claims count if its pooled detection beats refusing or its accuracy holds."
+    df, ok = results.df, {}
+    for m in _OLD_GATED:
+        det = paired_t(_det(df, m), _det(df, REFUSE))
+        acc = paired_t(_arm(df, m, ('none',), 'acc'), _arm(df, 'base', ('none',), 'acc'))
+        ok[m] = bool(det.lo > 0 or not acc.hi < 0)
+    cs = _legacy_claims(results)
+    return [c.shows and all(ok[m] for m, names in _OLD_GATED.items() if c.name.startswith(names)) for c in cs]
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000083
-LABEL_COLOURS = dict(correct='#2ca02c', partial='#bcbd22', wrong='#ff7f0e', hallucinated='#d62728', false_conflict='#9467bd', other='#7f7f7f')
+LABEL_COLOURS = dict(correct='#2ca02c', partial='#bcbd22', wrong='#ff7f0e', hallucinated='#d62728',
+                     false_conflict='#9467bd', other='#7f7f7f')
 
 def scene_of(objects) -> Scene:
     "A Scene from stored [shape, colour, row, col] lists."
@@ -801,43 +1252,66 @@ def fig_conflict(examples, item: int) -> go.Figure:
     "One test scene (rendered), its question and reference, and each method's answer coloured by the judge's label."
     d = examples[examples['item'] == item]
     if d.empty: raise ValueError(f"no item {item} in the examples table; items: {sorted(set(examples['item']))}")
-    r0 = d.iloc[0]
+    r0, colours = d.iloc[0], [LABEL_COLOURS[x] for x in d['label']]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7], specs=[[{'type': 'xy'}, {'type': 'table'}]])
     fig.add_trace(go.Image(z=render_scene(scene_of(r0['objects']))), 1, 1)
-    fig.add_trace(go.Table(header=dict(values=['method', 'answer', 'judge']), columnwidth=[0.3, 0.55, 0.15],
-                           cells=dict(values=[list(d['method']), list(d['answer']), list(d['label'])],
-                                      font=dict(color=[['black'] * len(d), [LABEL_COLOURS[l] for l in d['label']], [LABEL_COLOURS[l] for l in d['label']]]))), 1, 2)
-    fig.update_xaxes(visible=False); fig.update_yaxes(visible=False)
-    return fig.update_layout(title=f"[{r0['conflict_type']}] {r0['question']}<br><sub>reference: {r0['reference']}</sub>", height=300, margin=dict(t=70, l=10, r=10, b=10))
+    cells = dict(values=[list(d['method']), list(d['answer']), list(d['label'])],
+                 font=dict(color=[['black'] * len(d), colours, colours]))
+    head = dict(values=['method', 'answer', 'judge'])
+    fig.add_trace(go.Table(header=head, columnwidth=[0.3, 0.55, 0.15], cells=cells), 1, 2)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    seen = '' if 'perceived' not in d else f" · the base {'perceives' if r0['perceived'] else 'misses'} its premises"
+    title = f"[{r0['conflict_type']}] {r0['question']}<br><sub>reference: {r0['reference']}{seen}</sub>"
+    return fig.update_layout(title=title, height=300, margin=dict(t=70, l=10, r=10, b=10))
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000083b
 class ConflictExplorer(Explorer):
     "Pick a test scene: its image, the (possibly conflicting) question and every model's answer."
     def __init__(self, examples):
-        self.ex = examples; items = examples.drop_duplicates('item')
-        self.item = W.Dropdown(options=[(f"{r.item}: [{r.conflict_type}] {r.question}", int(r.item)) for r in items.itertuples()], description='scene', layout=W.Layout(width='95%'))
-        self.fig = go.FigureWidget(self.figure()); self.item.observe(self._update, names='value')
+        self.ex = examples
+        items = examples.drop_duplicates('item').itertuples()
+        opts = [(f"{r.item}: [{r.conflict_type}] {r.question}", int(r.item)) for r in items]
+        self.item = W.Dropdown(options=opts, description='scene', layout=W.Layout(width='95%'))
+        self.fig = go.FigureWidget(self.figure())
+        self.item.observe(self._update, names='value')
         self.widget = W.VBox([self.item, self.fig])
     def figure(self): return fig_conflict(self.ex, self.item.value)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000084
-METRICS = dict(hallu='hallucination rate', acc='accuracy (= reference)', score='graded score (0-4)', rouge_l='ROUGE-L', false_conflict='false-conflict rate')
+METRICS = dict(hallu='hallucination rate', hallu_perceived='hallucination rate on items the base perceives',
+               acc='accuracy (= reference)', consistent='consistency (semantic judge)', score='graded score (0-4)',
+               rouge_l='ROUGE-L', false_conflict='false-conflict rate')
+
+def _ci_bar(x):
+    "(mean, upper error bar) of the finite values of `x` over seeds (nan, 0 when there is none)."
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    if not len(x): return math.nan, 0.0
+    i = mean_ci(x)
+    return i.estimate, 0.0 if math.isnan(i.lo) else i.hi - i.estimate
 
 def fig_rates(df, metric: str='hallu', methods=None, title: str|None=None) -> go.Figure:
     "`metric` per conflict type and method: mean over seeds with a 95% t-interval."
-    check_choice('metric', metric, tuple(METRICS)); ev = df[df['record'] == 'eval']
-    methods = list(dict.fromkeys(ev['method'])) if methods is None else list(methods); fig = go.Figure()
+    check_choice('metric', metric, tuple(METRICS))
+    ev = df[df['record'] == 'eval']
+    if metric not in ev: raise ValueError(f"these results have no {metric!r} column (a record of an earlier version)")
+    methods, fig = list(dict.fromkeys(ev['method'])) if methods is None else list(methods), go.Figure()
     for k, m in enumerate(methods):
-        iv = [mean_ci(ev[(ev['method'] == m) & (ev['conflict_type'] == t)][metric]) for t in TYPES]
-        err = [0 if math.isnan(i.lo) else i.hi - i.estimate for i in iv]
-        fig.add_trace(go.Bar(x=list(TYPES), y=[i.estimate for i in iv], name=m, marker_color=PALETTE[k % len(PALETTE)], error_y=dict(type='data', array=err)))
-    return fig.update_layout(title=title or f"{METRICS[metric]} per conflict type", barmode='group', yaxis_title=METRICS[metric],
-                             xaxis_title="conflict type ('none': normal questions)", height=380, margin=dict(t=50, l=50, r=20))
+        y, err = zip(*[_ci_bar(ev[(ev['method'] == m) & (ev['conflict_type'] == t)][metric]) for t in TYPES])
+        fig.add_trace(go.Bar(x=list(TYPES), y=list(y), name=m, marker_color=PALETTE[k % len(PALETTE)],
+                             error_y=dict(type='data', array=list(err))))
+    return fig.update_layout(title=title or f"{METRICS[metric]} per conflict type", barmode='group',
+                             yaxis_title=METRICS[metric], xaxis_title="conflict type ('none': normal questions)",
+                             height=380, margin=dict(t=50, l=50, r=20))
 
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000084b
 class RatesExplorer(Explorer):
     "A metric selector and method toggles over `fig_rates`."
     def __init__(self, df):
-        self.df = df; ms = list(dict.fromkeys(df['method']))
-        self.metric = W.Dropdown(options=[(v, k) for k, v in METRICS.items()], value='hallu', description='metric')
+        self.df, ms = df, list(dict.fromkeys(df['method']))
+        opts = [(v, k) for k, v in METRICS.items() if k in df]
+        self.metric = W.Dropdown(options=opts, value='hallu', description='metric')
         self.methods = W.SelectMultiple(options=ms, value=tuple(ms), description='methods', rows=len(ms))
         self.fig = go.FigureWidget(self.figure())
         for w in (self.metric, self.methods): w.observe(self._update, names='value')
@@ -845,30 +1319,66 @@ class RatesExplorer(Explorer):
     def figure(self): return fig_rates(self.df, self.metric.value, self.methods.value or None)
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000085
+def _mean_curve(d, col: str) -> np.ndarray:
+    "The mean over rows (seeds) of the list column `col` (missing values as nan)."
+    return np.array([[np.nan if v is None else v for v in r] for r in d[col]], float).mean(0)
+
 def fig_training(curves, rl_log) -> go.Figure:
-    "Probe hallucination rate during SFT and RL, and RL's mean reward and KL to the reference (mean over seeds)."
-    fig = make_subplots(rows=1, cols=3, subplot_titles=('probe hallucination rate', 'RL: mean reward of the samples', 'RL: KL(π‖π_ref) per token'))
-    for k, (m, d) in enumerate(curves.groupby('method', sort=False)):
-        fig.add_trace(go.Scatter(x=d['step'].iloc[0], y=np.stack(d['hallu'].to_numpy()).mean(0), name=m, legendgroup=m, line=dict(color=PALETTE[k])), 1, 1)
+    "Probe hallucination rate in SFT and RL; RL's mean reward, KL to the reference, clipped share (mean over seeds)."
+    titles = dict(reward='RL: mean reward', kl='RL: KL(π‖π_ref) per token', clip_frac='RL: clipped share')
+    cols = [c for c in titles if c in rl_log]
+    names = ['probe hallucination rate'] + [titles[c] for c in cols]
+    fig = make_subplots(rows=1, cols=1 + len(cols), subplot_titles=names)
+    order = list(dict.fromkeys(curves['method']))
+    for m, d in curves.groupby('method', sort=False):
+        x, line = d['step'].iloc[0], dict(color=PALETTE[order.index(m)])
+        fig.add_trace(go.Scatter(x=x, y=_mean_curve(d, 'hallu'), name=m, legendgroup=m, line=line), 1, 1)
     for m, d in rl_log.groupby('method', sort=False):
-        k = list(dict.fromkeys(curves['method'])).index(m) if m in set(curves['method']) else 0
-        for c, col in ((2, 'reward'), (3, 'kl')):
-            fig.add_trace(go.Scatter(x=d['step'].iloc[0], y=np.stack(d[col].to_numpy()).mean(0), name=m, legendgroup=m, showlegend=False, line=dict(color=PALETTE[k])), 1, c)
+        x, line = d['step'].iloc[0], dict(color=PALETTE[order.index(m) if m in order else 0])
+        for c, col in enumerate(cols, 2):
+            y = _mean_curve(d, col)
+            fig.add_trace(go.Scatter(x=x, y=y, name=m, legendgroup=m, showlegend=False, line=line), 1, c)
     fig.update_xaxes(title_text='update')
     return fig.update_layout(height=340, margin=dict(t=60, l=50, r=20))
 
 # %% ../../nbs/multimodal/95_mmmc.ipynb #mm000121
 def fig_templates(df, methods=None) -> go.Figure:
-    "The shortcut diagnostic: per template and method, the share of normal and of conflicting questions answered with a conflict claim (mean over seeds, 95% t-interval)."
+    "The shortcut diagnostic: per template and method, the shares of normal and of conflicting questions answered 'no'."
     tr = df[df['record'] == 'template']
     if tr.empty: raise ValueError("no 'template' rows in these results (a run from before the shortcut diagnostic)")
     methods = list(dict.fromkeys(tr['method'])) if methods is None else list(methods)
-    fig = make_subplots(rows=1, cols=len(TEMPLATES), shared_yaxes=True, subplot_titles=[f"{k!r} questions" for k in TEMPLATES])
+    titles = [f"{k!r} questions" for k in TEMPLATES]
+    fig = make_subplots(rows=1, cols=len(TEMPLATES), shared_yaxes=True, subplot_titles=titles)
+    bars = (('flag_normal', 'normal questions', '#7f7f7f'), ('flag_conflict', 'conflicting questions', '#d62728'))
     for c, k in enumerate(TEMPLATES, 1):
-        for col, name, colour in (('flag_normal', 'normal questions', '#7f7f7f'), ('flag_conflict', 'conflicting questions', '#d62728')):
-            iv = [mean_ci(tr[(tr['method'] == m) & (tr['template'] == k)][col]) for m in methods]
-            fig.add_trace(go.Bar(x=methods, y=[i.estimate for i in iv], name=name, legendgroup=name, showlegend=c == 1, marker_color=colour,
-                                 error_y=dict(type='data', array=[0 if math.isnan(i.lo) else i.hi - i.estimate for i in iv])), 1, c)
+        for col, name, colour in bars:
+            y, err = zip(*[_ci_bar(tr[(tr['method'] == m) & (tr['template'] == k)][col]) for m in methods])
+            fig.add_trace(go.Bar(x=methods, y=list(y), name=name, legendgroup=name, showlegend=c == 1,
+                                 marker_color=colour, error_y=dict(type='data', array=list(err))), 1, c)
     fig.update_yaxes(title_text='share answered "no, …" (a conflict claim)', range=[0, 1.05], row=1, col=1)
-    return fig.update_layout(barmode='group', height=420, margin=dict(t=60, l=60, r=20, b=120),
-                             title='Shortcut diagnostic: conflict claims on normal vs conflicting questions, per template')
+    title = 'Shortcut diagnostic: conflict claims on normal vs conflicting questions, per template'
+    return fig.update_layout(barmode='group', height=420, margin=dict(t=60, l=60, r=20, b=120), title=title)
+
+# %% ../../nbs/multimodal/95_mmmc.ipynb #mm000121b
+def fig_perception(pretrain, target: float|None=None) -> go.Figure:
+    "The base model's accuracy on validation premise probes after each pretraining chunk, per kind of probe and seed."
+    fig = go.Figure()
+    for k, kind in enumerate(PROBE_KINDS):
+        for j, r in enumerate(pretrain.itertuples()):
+            fig.add_trace(go.Scatter(x=r.step, y=getattr(r, kind), mode='lines+markers', name=kind, legendgroup=kind,
+                                     showlegend=j == 0, line=dict(color=PALETTE[k])))
+    if target is not None: fig.add_hline(y=target, line_dash='dot', annotation_text='stopping target')
+    title = 'Pretraining: validation premise probes answered exactly, per kind (one line per seed)'
+    return fig.update_layout(title=title, xaxis_title='pretraining update', yaxis_title='accuracy',
+                             yaxis_range=[0, 1.02], height=360)
+
+def fig_sweep(results: Results) -> go.Figure:
+    "Each swept remedy's validation consistency per learning rate (mean over seeds), its chosen value starred."
+    fig = go.Figure()
+    for k, (m, b) in enumerate(chosen(results).items()):
+        lrs, colour = list(results.config['sft_lrs' if m == 'SFT' else 'rl_lrs']), PALETTE[k]
+        fig.add_trace(go.Scatter(x=lrs, y=list(b.means), name=m, mode='lines+markers', line=dict(color=colour)))
+        star = dict(size=14, symbol='star', color=colour)
+        fig.add_trace(go.Scatter(x=[b.knob], y=[b.mean], mode='markers', marker=star, showlegend=False))
+    return fig.update_layout(title='Learning rates chosen on validation items', xaxis_type='log', height=340,
+                             xaxis_title='learning rate', yaxis_title='validation consistency (semantic judge)')
