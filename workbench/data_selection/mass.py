@@ -515,7 +515,7 @@ class MASSWorld:
     top_k: int = 3                                     # skills per document kept in s̃
     lam: float = 1.0                                   # λ: weight of the edge term in Â
     ratio: float = 0.5                                 # ρ of every selector's first arm (and of the oracle)
-    ratios: tuple = size(quick=(0.5,), full=(0.25, 0.375, 0.5, 0.75))   # ρ grid of MASS and the strongest selector
+    ratios: tuple = size(quick=(0.5,), full=(0.125, 0.25, 0.375, 0.5, 0.75))   # ρ grid of MASS and the strongest selector
 
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000042c
 @dataclass
