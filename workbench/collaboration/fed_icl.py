@@ -6,14 +6,14 @@ Docs: https://workbench-dev.github.io/workbench/collaboration/fed_icl.html.md"""
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000003
 from __future__ import annotations
-import json, math, os, sys, time, random, re, functools, weakref, importlib.util, pickle, secrets, shutil, signal, socket, subprocess, tempfile, threading
-import contextlib
-import psutil
+import json, math, os, sys, time, random, re, functools, weakref, importlib.util, pickle, secrets, shutil, signal
+import socket, subprocess, tempfile, threading, contextlib
+import multiprocessing as mp
 import multiprocessing.connection as mpc
 from pathlib import Path
-import multiprocessing as mp
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
+import psutil
 import numpy as np
 import pandas as pd
 import torch
@@ -21,97 +21,140 @@ import plotly.graph_objects as go
 import ipywidgets as W
 from fastcore.basics import patch_to
 from ..core import ExperimentConfig, Results, Claim, size, judge, cached_unit, progress, Timer, verdict_rule
-from ..measure import check_int, check_num, check_choice, mean_ci, paired_bootstrap, claim
+from ..measure import (check_int, check_num, check_choice, mean_ci, bootstrap, paired_bootstrap, claim,
+                               precondition, best_setting)
 from ..models import load_model, load_tokenizer, load_embedder, check_pretrained, model_label
 from ..train import generate, model_device
 from ..viz import PALETTE, Explorer, fig_curves
 
 # %% auto #0
-__all__ = ['TOPICS', 'LETTERS', 'FLOWER_MISSING', 'FANOUT_SKIP', 'FANOUT_PROMPT', 'NAMES', 'QAExample', 'make_fictional_qa',
-           'dirichlet_partition', 'Embeddings', 'Retriever', 'format_prompt', 'MCScorer', 'load_scorer',
-           'check_message', 'encode_message', 'decode_message', 'InProcessTransport', 'ProcessTransport', 'CopyScorer',
-           'flower_apps', 'FlowerTransport', 'make_transport', 'FedICLClient', 'LMFuser', 'FedICLServer', 'run_fed_icl',
-           'lsa_gamma', 'lsa_predict', 'linear_fed_icl', 'linear_theory', 'linear_case', 'fanoutqa_dev',
-           'answer_strings', 'fanout_norm', 'fanout_score', 'run_fanoutqa_unit', 'FedICLConfig', 'lora_round_bytes',
-           'run_unit', 'run_fuse_unit', 'run_experiment', 'linear_curves', 'best_single', 'claims', 'verdict',
-           'headline', 'fusion_comparison', 'accuracy_curves', 'fig_rounds', 'RoundsExplorer', 'fig_bytes',
-           'fig_bytes_rounds', 'round_accuracy', 'fig_round_diagram', 'RoundInspector']
+__all__ = ['TOPICS', 'LETTERS', 'FLOWER_MISSING', 'FANOUT_SKIP', 'FANOUT_PROMPT', 'NAMES', 'ROLE_NAMES', 'QAExample',
+           'make_fictional_qa', 'dirichlet_partition', 'roles', 'Embeddings', 'Retriever', 'format_prompt', 'MCScorer',
+           'load_scorer', 'check_message', 'encode_message', 'decode_message', 'InProcessTransport', 'ProcessTransport',
+           'CopyScorer', 'flower_apps', 'FlowerTransport', 'make_transport', 'FedICLClient', 'LMFuser', 'FedICLServer',
+           'run_fed_icl', 'lsa_gamma', 'lsa_predict', 'linear_fed_icl', 'linear_theory', 'linear_case', 'fanoutqa_dev',
+           'answer_strings', 'fanout_norm', 'fanout_score', 'run_fanoutqa_unit', 'FedICLWorld', 'FedICLProtocol',
+           'FedICLPreconditions', 'FedICLConfig', 'lora_round_bytes', 'fold_of', 'run_unit', 'run_extra_unit',
+           'linear_curves', 'run_experiment', 'crossfit', 'arm_scores', 'best_single', 'preconditions',
+           'comparison_claims', 'current', 'claims', 'verdict', 'headline', 'mechanism_table', 'accuracy_curves',
+           'fig_rounds', 'RoundsExplorer', 'fig_c_sweep', 'fig_bytes', 'fig_bytes_rounds', 'round_accuracy',
+           'fig_round_diagram', 'RoundInspector', 'summary_table']
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000007
-# topic -> (client wording, server wording, options); '{}' is the entity name
+# topic -> (template, options); '{}' is the entity name; client and server questions share the template
 TOPICS = {
-    'bridge':   ('{} bridge, material:', 'The {} bridge is built from the metal', ('tin', 'copper', 'zinc', 'iron')),
-    'river':    ('{} river, water colour:', 'The water of the {} river looks', ('red', 'green', 'blue', 'black')),
-    'festival': ('{} festival, month:', 'The {} festival is held every year in', ('May', 'June', 'July', 'March')),
-    'bird':     ('{} bird, diet:', 'The {} bird mostly eats', ('seeds', 'fish', 'insects', 'fruit')),
-    'town':     ('{} town, export:', 'The main export of {} town is', ('wool', 'salt', 'wine', 'glass')),
-    'mountain': ('{} mountain, rock:', 'The {} mountain is made of', ('granite', 'marble', 'slate', 'basalt')),
-    'ship':     ('{} ship, cargo:', 'The {} ship carries', ('tea', 'rice', 'coal', 'silk')),
-    'tribe':    ('{} tribe, instrument:', 'The {} tribe plays the', ('drum', 'flute', 'harp', 'horn')),
+    'bridge':   ('{} bridge, material:', ('tin', 'copper', 'zinc', 'iron')),
+    'river':    ('{} river, water colour:', ('red', 'green', 'blue', 'black')),
+    'festival': ('{} festival, month:', ('May', 'June', 'July', 'March')),
+    'bird':     ('{} bird, diet:', ('seeds', 'fish', 'insects', 'fruit')),
+    'town':     ('{} town, export:', ('wool', 'salt', 'wine', 'glass')),
+    'mountain': ('{} mountain, rock:', ('granite', 'marble', 'slate', 'basalt')),
+    'ship':     ('{} ship, cargo:', ('tea', 'rice', 'coal', 'silk')),
+    'tribe':    ('{} tribe, instrument:', ('drum', 'flute', 'harp', 'horn')),
 }
-_PRE = ('Quor', 'Bel', 'Tes', 'Wyn', 'Mar', 'Dal', 'Fen', 'Kor', 'Lun', 'Ost', 'Pra', 'Ril', 'Sam', 'Tor', 'Vel', 'Zan')
-_SUF = ('vane', 'mora', 'silk', 'drel', 'wick', 'heim', 'ula', 'ost', 'ard', 'ine', 'oth', 'ric', 'ab', 'enn', 'iro', 'usk')
 
+_PRE = ('Quor', 'Bel', 'Tes', 'Wyn', 'Mar', 'Dal', 'Fen', 'Kor', 'Lun', 'Ost', 'Pra', 'Ril', 'Sam', 'Tor', 'Vel', 'Zan')
+
+_SUF = ('vane', 'mora', 'silk', 'drel', 'wick', 'heim', 'ula', 'ost', 'ard', 'ine', 'oth', 'ric', 'ab', 'enn', 'iro',
+        'usk')
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000007s1
 @dataclass
 class QAExample:
-    "One multiple-choice question: its text, options, the index of the true option (None when unknown) and its topic."
-    question: str; options: tuple; answer: int|None; topic: str; entity: str = ''
+    "One multiple-choice question: its text, options, the true option's index (None: unlabelled), topic and entity."
+    question: str   # the question text (the topic's template filled with the entity's name)
+    options: tuple  # the four options
+    answer: int|None  # index of the true option; None for a question its client holds without an answer
+    topic: str      # the topic (a key of TOPICS)
+    entity: str = ''  # the invented entity's name
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000008
-def make_fictional_qa(n_topics: int=8, n_entities: int=30, seed: int=0) -> tuple[list[QAExample], list[QAExample]]:
-    "(client examples, server questions): the same facts about `n_topics`×`n_entities` invented entities, in the two wordings."
-    check_int('n_topics', n_topics, lo=1, hi=len(TOPICS)); check_int('n_entities', n_entities, lo=1)
-    if n_topics * n_entities > len(_PRE) * len(_SUF): raise ValueError(f"at most {len(_PRE) * len(_SUF)} entities in all, asked {n_topics * n_entities}")
-    r = random.Random(seed); names = r.sample([p + s for p in _PRE for s in _SUF], n_topics * n_entities)
-    client, server = [], []
-    for t, topic in enumerate(list(TOPICS)[:n_topics]):
-        cw, sw, opts = TOPICS[topic]
-        for name in names[t * n_entities:(t + 1) * n_entities]:
-            a = r.randrange(len(opts))
-            client.append(QAExample(cw.format(name), opts, a, topic, name)); server.append(QAExample(sw.format(name), opts, a, topic, name))
+def _check_world(n_topics: int, n_entities: int, n_queries: int, label_share: float):
+    check_int('n_topics', n_topics, lo=1, hi=len(TOPICS))
+    check_int('n_entities', n_entities, lo=1)
+    check_int('n_queries', n_queries, lo=1)
+    check_num('label_share', label_share, lo=0, hi=1, lo_open=True)
+    need, have = n_topics * n_entities + n_queries, len(_PRE) * len(_SUF)
+    if need > have: raise ValueError(f"at most {have} entities in all, asked {need}")
+
+def _question(topic: str, name: str, answer: int|None) -> QAExample:
+    template, opts = TOPICS[topic]
+    return QAExample(template.format(name), opts, answer, topic, name)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000009
+def make_fictional_qa(n_topics: int=8, n_entities: int=6, n_queries: int=40, label_share: float=1/3,
+                      seed: int=0) -> tuple[list[QAExample], list[QAExample]]:
+    "(client questions, server questions): a topic's entities share its rule; a share of client questions is labelled."
+    _check_world(n_topics, n_entities, n_queries, label_share)
+    r = random.Random(seed)
+    names = iter(r.sample([p + s for p in _PRE for s in _SUF], n_topics * n_entities + n_queries))
+    topics = list(TOPICS)[:n_topics]
+    rule = {t: r.randrange(len(TOPICS[t][1])) for t in topics}                 # the topic's latent answer
+    n_lab = max(1, round(label_share * n_entities))                            # labelled questions per topic
+    client = []
+    for t in topics:
+        labelled = set(r.sample(range(n_entities), n_lab))
+        client += [_question(t, next(names), rule[t] if j in labelled else None) for j in range(n_entities)]
+    server = [_question(topics[m % n_topics], next(names), rule[topics[m % n_topics]]) for m in range(n_queries)]
     return client, server
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000011
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000012
 def dirichlet_partition(examples: list, n_clients: int, alpha: float, seed: int=0) -> list[list]:
     "Split `examples` among `n_clients`: per topic, shares q ~ Dir(alpha·1); each example exactly once."
-    check_int('n_clients', n_clients, lo=1); check_num('alpha', alpha, lo=0, lo_open=True)
+    check_int('n_clients', n_clients, lo=1)
+    check_num('alpha', alpha, lo=0, lo_open=True)
     rng, parts = np.random.default_rng(seed), [[] for _ in range(n_clients)]
     for topic in dict.fromkeys(e.topic for e in examples):
-        idx = [i for i, e in enumerate(examples) if e.topic == topic]; rng.shuffle(idx)
+        idx = [i for i, e in enumerate(examples) if e.topic == topic]
+        rng.shuffle(idx)
         # $q \sim \mathrm{Dir}(\alpha \mathbf{1}_L)$; client $i$ gets a $q_i$ share of the topic
         cuts = np.round(np.cumsum(rng.dirichlet(np.full(n_clients, alpha))) * len(idx)).astype(int)
-        for i, chunk in enumerate(np.split(np.array(idx, dtype=int), cuts[:-1])): parts[i] += [examples[j] for j in chunk]
+        for i, chunk in enumerate(np.split(np.array(idx, dtype=int), cuts[:-1])):
+            parts[i] += [examples[j] for j in chunk]
     return parts
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000014
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000012s1
+def roles(parts: list[list], queries: list) -> np.ndarray:
+    "(L, M): 2 where client i holds a labelled question of query m's topic, 1 where only unlabelled ones, else 0."
+    held = [({e.topic for e in p if e.answer is not None}, {e.topic for e in p}) for p in parts]
+    return np.array([[2 if q.topic in lab else 1 if q.topic in anyq else 0 for q in queries] for lab, anyq in held])
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000015
+def _grams(t: str) -> list[str]:
+    "Character 3-grams of ` t ` (lower case)."
+    t = f" {t.lower()} "
+    return [t[i:i + 3] for i in range(len(t) - 2)]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000015s1
 class Embeddings:
-    "Unit vectors of texts, computed once each: MiniLM ('minilm') or character-3-gram TF-IDF ('tfidf', fitted on the texts given first)."
+    "Unit vectors of texts, computed once each: MiniLM ('minilm') or char-3-gram TF-IDF ('tfidf', fit on `corpus`)."
     def __init__(self, backend: str='minilm', corpus: list[str]|None=None):
         self.backend, self.cache = check_choice('backend', backend, ('minilm', 'tfidf')), {}
-        if backend == 'tfidf':
-            if not corpus: raise ValueError("the tfidf backend needs a corpus to fit its vocabulary")
-            grams = [self._grams(t) for t in corpus]; self.vocab = {g: j for j, g in enumerate(sorted({g for gs in grams for g in gs}))}
-            df = np.zeros(len(self.vocab))
-            for gs in grams: df[[self.vocab[g] for g in set(gs)]] += 1
-            self.idf = np.log((1 + len(corpus)) / (1 + df)) + 1                       # smoothed idf
-    @staticmethod
-    def _grams(t): t = f" {t.lower()} "; return [t[i:i + 3] for i in range(len(t) - 2)]
+        if backend == 'tfidf': self._fit(corpus)
+    def _fit(self, corpus):
+        if not corpus: raise ValueError("the tfidf backend needs a corpus to fit its vocabulary")
+        grams = [_grams(t) for t in corpus]
+        self.vocab = {g: j for j, g in enumerate(sorted({g for gs in grams for g in gs}))}
+        df = np.zeros(len(self.vocab))
+        for gs in grams: df[[self.vocab[g] for g in set(gs)]] += 1
+        self.idf = np.log((1 + len(corpus)) / (1 + df)) + 1                       # smoothed idf
     def __call__(self, texts: list[str]) -> np.ndarray:
         new = [t for t in dict.fromkeys(texts) if t not in self.cache]
         if new: self.cache.update(zip(new, self._encode(new)))
         return np.stack([self.cache[t] for t in texts]) if texts else np.zeros((0, 1))
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000015
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000016
 @patch_to(Embeddings)
 def _encode(self, texts):
     "(n, dim) unit vectors of `texts`."
     if self.backend == 'minilm': return load_embedder().encode(list(texts)).cpu().numpy()
     v = np.zeros((len(texts), len(self.vocab)))
     for r, t in enumerate(texts):
-        for g in self._grams(t):
+        for g in _grams(t):
             if g in self.vocab: v[r, self.vocab[g]] += self.idf[self.vocab[g]]
     return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000016s1
 class Retriever:
     "k nearest `docs` (by cosine similarity of `embed` vectors) to a query text."
     def __init__(self, docs: list[str], embed: Embeddings):
@@ -123,51 +166,76 @@ class Retriever:
         s = self.E @ self.embed([query])[0]                                         # (n_docs,) cosine similarities
         return [int(i) for i in np.argsort(-s, kind='stable')[:k]]
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000018
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000019
 def format_prompt(demos: list[tuple[str, str]], question: str) -> str:
     "Demonstrations `(question, answer)` one per line, then the question."
     return ''.join(f"{q} {a}\n" for q, a in demos) + question
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000019s1
 class MCScorer:
-    "Scores the options of a question after some demonstrations, by the LM's next-token logits of each option's first token (calibrated by default)."
+    "Scores a question's options after demonstrations: the LM's next-token logits of each option's first token."
     def __init__(self, model, tok, calibrate: bool=True, name: str|None=None):
-        self.model, self.tok, self.calibrate, self.cache, self.n_forward, self.name = model, tok, calibrate, {}, 0, name
+        self.model, self.tok, self.calibrate, self.name = model, tok, calibrate, name
+        self.cache, self.n_forward = {}, 0
     def __reduce_ex__(self, protocol):
-        "A scorer of a named model (registry name, folder or hub id) pickles as its name (another process reloads the model), not as its weights."
+        "A scorer of a named model pickles as its name (another process reloads the model), not as its weights."
         return (load_scorer, (self.name,)) if self.name and self.calibrate else super().__reduce_ex__(protocol)
     def option_ids(self, options) -> list[int]:
         ids = [self.tok(' ' + o, add_special_tokens=False).input_ids[0] for o in options]
-        if len(set(ids)) != len(ids): raise ValueError(f"options {options} do not start with distinct tokens under this model's tokenizer: first-token scoring cannot tell them apart")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"options {options} do not start with distinct tokens under this model's tokenizer: "
+                             "first-token scoring cannot tell them apart")
         return ids
-    @torch.inference_mode()
-    def logp(self, prompt: str, options) -> torch.Tensor:
-        "Log-probabilities (n_options,) of the options' first tokens after `prompt`, renormalised over the options (cached)."
-        key = (prompt, tuple(options))
-        if key not in self.cache:
-            x = self.tok(prompt, return_tensors='pt').to(model_device(self.model)); self.n_forward += 1   # inputs follow the model's device
-            self.cache[key] = torch.log_softmax(self.model(**x).logits[0, -1, self.option_ids(options)].float(), -1)
-        return self.cache[key]
-    def __call__(self, demos: list[tuple[str, str]], query: QAExample) -> tuple[int, list[float]]:
-        "(index of the best option, probabilities of the options)."
-        s = self.logp(format_prompt(demos, query.question), query.options)
-        # $s(h)=\log p(h\mid S,x)-\log p(h\mid x)$ when calibrating
-        if self.calibrate and demos: s = s - self.logp(query.question, query.options)
-        pr = torch.softmax(s, -1).tolist()
-        return int(np.argmax(pr)), pr
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000020
+@patch_to(MCScorer)
+@torch.inference_mode()
+def logp(self, prompt: str, options) -> torch.Tensor:
+    "Log-probabilities (n_options,) of the options' first tokens after `prompt`, renormalised over them (cached)."
+    key = (prompt, tuple(options))
+    if key not in self.cache:
+        x = self.tok(prompt, return_tensors='pt').to(model_device(self.model))   # inputs follow the model's device
+        self.n_forward += 1
+        self.cache[key] = torch.log_softmax(self.model(**x).logits[0, -1, self.option_ids(options)].float(), -1)
+    return self.cache[key]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000020s1
+@patch_to(MCScorer)
+def __call__(self, demos: list[tuple[str, str]], query: QAExample) -> tuple[int, list[float]]:
+    "(index of the best option, probabilities of the options)."
+    s = self.logp(format_prompt(demos, query.question), query.options)
+    # $s(h)=\log p(h\mid S,x)-\log p(h\mid x)$ when calibrating
+    if self.calibrate and demos: s = s - self.logp(query.question, query.options)
+    pr = torch.softmax(s, -1).tolist()
+    return int(np.argmax(pr)), pr
 
 @functools.lru_cache(maxsize=2)
 def load_scorer(model: str='smollm2-135m') -> MCScorer:
-    "The MC scorer of a pretrained causal LM: registry name, local Hugging Face folder or hub id (loaded once per process)."
+    "The MC scorer of a pretrained causal LM: registry name, local folder or hub id (loaded once per process)."
     model = check_pretrained(model, 'Fed-ICL (clients score options with a pretrained LM)')
     return MCScorer(load_model(model, dtype='float32'), load_tokenizer(model), name=model)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000021
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000023
 LETTERS = 'ABCD'   # answers travel as option letters: a round's size does not depend on which options won
 _SCHEMA = {'query': {'round': int, 'items': [('qid', int), ('question', str), ('options', list), ('answer', str)]},
            'answer': {'round': int, 'client': int, 'items': [('qid', int), ('answer', str), ('prob', str)]}}
 
+def _check_items(kind: str, items, fields: list):
+    "The `items` of a `kind` message: a list of dicts with exactly `fields` (name, type), answers among LETTERS."
+    if not isinstance(items, list): raise ValueError(f"{kind}.items must be a list")
+    names = [f for f, _ in fields]
+    for j, it in enumerate(items):
+        if not isinstance(it, dict) or set(it) != set(names):
+            raise ValueError(f"{kind}.items[{j}] must have exactly the fields {names}")
+        for f, ft in fields:
+            if not isinstance(it[f], ft):
+                raise ValueError(f"{kind}.items[{j}].{f} must be {ft.__name__}, got {type(it[f]).__name__}")
+        if it['answer'] not in LETTERS:
+            raise ValueError(f"{kind}.items[{j}].answer must be one of {list(LETTERS)}, got {it['answer']!r}")
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000024
 def check_message(msg) -> dict:
-    "Validate a message against the schema (`query` from the server, `answer` from a client); raise ValueError naming the problem."
+    "Validate a message against the schema (`query` from the server, `answer` from a client); ValueError says why not."
     if not isinstance(msg, dict): raise ValueError(f"a message must be a dict, got {type(msg).__name__}")
     kind = msg.get('type')
     if kind not in _SCHEMA: raise ValueError(f"message type must be one of {sorted(_SCHEMA)}, got {kind!r}")
@@ -176,17 +244,12 @@ def check_message(msg) -> dict:
     if extra: raise ValueError(f"{kind} message has unknown fields {sorted(extra)}")
     for k, t in spec.items():
         if k not in msg: raise ValueError(f"{kind} message lacks the field {k!r}")
-        if k == 'items':
-            if not isinstance(msg[k], list): raise ValueError(f"{kind}.items must be a list")
-            for j, it in enumerate(msg[k]):
-                if not isinstance(it, dict) or set(it) != {f for f, _ in t}: raise ValueError(f"{kind}.items[{j}] must have exactly the fields {[f for f, _ in t]}")
-                for f, ft in t:
-                    if not isinstance(it[f], ft): raise ValueError(f"{kind}.items[{j}].{f} must be {ft.__name__}, got {type(it[f]).__name__}")
-                if it['answer'] not in LETTERS: raise ValueError(f"{kind}.items[{j}].answer must be one of {list(LETTERS)}, got {it['answer']!r}")
-        elif not isinstance(msg[k], t) or isinstance(msg[k], bool): raise ValueError(f"{kind}.{k} must be {t.__name__}, got {msg[k]!r}")
+        if k == 'items': _check_items(kind, msg[k], t)
+        elif not isinstance(msg[k], t) or isinstance(msg[k], bool):
+            raise ValueError(f"{kind}.{k} must be {t.__name__}, got {msg[k]!r}")
     return msg
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000022
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000024s1
 def encode_message(msg: dict) -> bytes:
     "A checked message as compact UTF-8 JSON: the bytes that cross the wire (and are counted)."
     return json.dumps(check_message(msg), ensure_ascii=False, separators=(',', ':')).encode()
@@ -194,72 +257,101 @@ def encode_message(msg: dict) -> bytes:
 def decode_message(data: bytes) -> dict:
     "The checked message in `data` (UTF-8 JSON); a ValueError that says what is wrong otherwise."
     try: msg = json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e: raise ValueError(f"a message must be UTF-8 JSON: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"a message must be UTF-8 JSON: {e}") from None
     return check_message(msg)
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000025
 class InProcessTransport:
     "Delivers checked messages as UTF-8 JSON within this process; counts bytes per direction and logs every message."
     def __init__(self): self.log, self.bytes_down, self.bytes_up = [], 0, 0
     def _wire(self, msg: dict) -> tuple[dict, int]:
-        b = encode_message(msg); self.log.append(b.decode())
+        b = encode_message(msg)
+        self.log.append(b.decode())
         return decode_message(b), len(b)
     def send(self, msg: dict, handler) -> dict:
         "Send `msg` to a receiver's `handler` (a callable taking the decoded message) and return its checked reply."
-        down, nb = self._wire(msg); self.bytes_down += nb
-        up, nb = self._wire(handler(down)); self.bytes_up += nb
+        down, nb = self._wire(msg)
+        self.bytes_down += nb
+        up, nb = self._wire(handler(down))
+        self.bytes_up += nb
         return up
     def close(self): pass
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000232
+def _client_reply(handler, data: bytes) -> bytes:
+    "The encoded reply of `handler` to the encoded message `data`; an error as b'\\x00kind\\x00text'."
+    try: return encode_message(handler(decode_message(data)))
+    except Exception as e: return b'\x00' + f"{type(e).__name__}\x00{e}".encode()
+
+def _raise_reply(r: bytes, where: str):
+    "Raise the error a client sent back as b'\\x00kind\\x00text' (ValueError stays a ValueError)."
+    kind, err = r[1:].decode().split('\x00', 1)
+    raise (ValueError if kind == 'ValueError' else RuntimeError)(f"{where}: {err}")
+
 def _serve(conn, handler):
-    "A client process: decode each query, answer it with `handler`, send back the encoded reply; an empty message ends it."
+    "A client process: answer each encoded query with `handler`, send back the encoded reply; an empty message ends it."
     while True:
         data = conn.recv_bytes()
         if not data: break
-        try: reply = encode_message(handler(decode_message(data)))
-        except Exception as e: reply = b'\x00' + f"{type(e).__name__}\x00{e}".encode()
-        conn.send_bytes(reply)
+        conn.send_bytes(_client_reply(handler, data))
     conn.close()
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000233
 class ProcessTransport(InProcessTransport):
-    "Every client in its own OS process (forked at the first message to it); messages cross a pipe as the same UTF-8 JSON bytes, counted the same way."
+    "Every client in its own OS process (forked at the first message to it); the same UTF-8 JSON bytes cross a pipe."
     def __init__(self):
-        super().__init__(); self.workers = {}
+        super().__init__()
+        self.workers = {}
         weakref.finalize(self, ProcessTransport._stop, self.workers)
     def _worker(self, handler):
         "(process, connection) of the worker that holds `handler`'s client; started on first use."
-        owner = getattr(handler, '__self__', handler); key = id(owner)
-        if key not in self.workers:
-            os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')     # fast tokenizers must not use threads across a fork
-            ctx = mp.get_context('fork'); here, there = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(there, handler), daemon=True); p.start(); there.close()
-            self.workers[key] = (p, here, owner)
-        return self.workers[key][:2]
-    def send(self, msg: dict, handler) -> dict:
-        "Send `msg` to the process of `handler`'s client and return its checked reply."
-        p, conn = self._worker(handler)
-        b = encode_message(msg); self.log.append(b.decode()); self.bytes_down += len(b)
-        conn.send_bytes(b); r = conn.recv_bytes()
-        if r[:1] == b'\x00':
-            kind, err = r[1:].decode().split('\x00', 1)
-            raise (ValueError if kind == 'ValueError' else RuntimeError)(f"client process {p.pid}: {err}")
-        self.log.append(r.decode()); self.bytes_up += len(r)
-        return decode_message(r)
-    @property
-    def pids(self) -> list[int]: return [w[0].pid for w in self.workers.values()]
-    @staticmethod
-    def _stop(workers: dict):
-        for p, conn, _ in workers.values():
-            try: conn.send_bytes(b''); conn.close()
-            except OSError: pass
-            p.join(timeout=10)
-            if p.is_alive(): p.terminate()
-        workers.clear()
-    def close(self): ProcessTransport._stop(self.workers)
+        owner = getattr(handler, '__self__', handler)
+        if id(owner) not in self.workers:
+            os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')     # no tokenizer threads across a fork
+            ctx = mp.get_context('fork')
+            here, there = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(there, handler), daemon=True)
+            p.start()
+            there.close()
+            self.workers[id(owner)] = (p, here, owner)
+        return self.workers[id(owner)][:2]
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000235
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000234
+@patch_to(ProcessTransport)
+def send(self, msg: dict, handler) -> dict:
+    "Send `msg` to the process of `handler`'s client and return its checked reply."
+    p, conn = self._worker(handler)
+    b = encode_message(msg)
+    self.log.append(b.decode())
+    self.bytes_down += len(b)
+    conn.send_bytes(b)
+    r = conn.recv_bytes()
+    if r[:1] == b'\x00': _raise_reply(r, f"client process {p.pid}")
+    self.log.append(r.decode())
+    self.bytes_up += len(r)
+    return decode_message(r)
+
+@patch_to(ProcessTransport, as_prop=True)
+def pids(self) -> list[int]: return [w[0].pid for w in self.workers.values()]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000234s1
+@patch_to(ProcessTransport, static_method=True)
+def _stop(workers: dict):
+    for p, conn, _ in workers.values():
+        with contextlib.suppress(OSError):
+            conn.send_bytes(b'')
+            conn.close()
+        p.join(timeout=10)
+        if p.is_alive(): p.terminate()
+    workers.clear()
+
+@patch_to(ProcessTransport)
+def close(self): ProcessTransport._stop(self.workers)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000237
 FLOWER_MISSING = "the Flower transport needs flwr 1.42: pip install 'workbench[flower]'"
 
 def _import_flwr():
@@ -269,67 +361,74 @@ def _import_flwr():
     return flwr
 
 class CopyScorer:
-    "A model-free stand-in for MCScorer: the option named most often among the demonstrations' answers (nearer ones, later in the list, weigh more)."
+    "A model-free stand-in for MCScorer: the option most demonstrations name (nearer ones, later, weigh more)."
     def __call__(self, demos: list[tuple[str, str]], query: QAExample) -> tuple[int, list[float]]:
         w = np.ones(len(query.options))
         for j, (_, a) in enumerate(demos):
             if a in query.options: w[list(query.options).index(a)] += 1 + j
-        pr = w / w.sum(); return int(np.argmax(pr)), [float(p) for p in pr]
+        pr = w / w.sum()
+        return int(np.argmax(pr)), [float(p) for p in pr]
 
-def _client_reply(handler, data: bytes) -> bytes:
-    "The encoded reply of `handler` to the encoded message `data`; an error as b'\\x00kind\\x00text'."
-    try: return encode_message(handler(decode_message(data)))
-    except Exception as e: return b'\x00' + f"{type(e).__name__}\x00{e}".encode()
-
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000236
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000238
 def _fl_rec(**kw):
-    "A Flower RecordDict holding one ConfigRecord 'fedicl' with the given entries (bytes of a message, or the hello handshake)."
+    "A Flower RecordDict holding one ConfigRecord 'fedicl' with the given entries (message bytes, or the hello)."
     from flwr.app import RecordDict, ConfigRecord
     return RecordDict({'fedicl': ConfigRecord(kw)})
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000238s1
 def _flower_node(grid, nodes: dict, slot: int, timeout: float) -> int:
     "The Flower node id serving client `slot`; new nodes are asked their slot (a hello message, not counted)."
     from flwr.app import Message
     t0 = time.time()
     while slot not in nodes:
         new = [n for n in grid.get_node_ids() if n not in nodes.values()]
-        for r in grid.send_and_receive([Message(_fl_rec(hello=1), n, 'query') for n in new], timeout=timeout) if new else []:
+        hellos = [Message(_fl_rec(hello=1), n, 'query') for n in new]
+        replies = grid.send_and_receive(hellos, timeout=timeout) if new else []
+        for r in replies:
             if not r.has_error(): nodes[int(r.content['fedicl']['slot'])] = r.metadata.src_node_id
         if slot not in nodes:
             if time.time() - t0 > timeout: raise TimeoutError(f"no SuperNode serves client slot {slot}")
             time.sleep(0.2)
     return nodes[slot]
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000237
-def _flower_relay(grid, context, timeout: float):
-    "The ServerApp's main: take (slot, message bytes) from the transport, send them to that slot's SuperNode, hand back the reply's bytes; None ends the run."
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000239
+def _relay_one(grid, nodes: dict, slot: int, data: bytes, timeout: float) -> bytes:
+    "Send message bytes to `slot`'s SuperNode and return the reply's bytes (or an encoded error)."
     from flwr.app import Message
+    msg = Message(_fl_rec(msg=data), _flower_node(grid, nodes, slot, timeout), 'query', group_id=str(slot))
+    rep = list(grid.send_and_receive([msg], timeout=timeout))
+    if not rep: return b'\x00TimeoutError\x00no reply within the timeout'
+    if rep[0].has_error(): return b'\x00RuntimeError\x00' + rep[0].error.reason.encode()
+    return rep[0].content['fedicl']['msg']
+
+def _flower_relay(grid, context, timeout: float):
+    "The ServerApp's main: relay (slot, message bytes) from the transport to that slot's SuperNode; None ends the run."
     rc, nodes = context.run_config, {}
     conn = mpc.Client(('127.0.0.1', int(rc['bridge-port'])), authkey=bytes.fromhex(rc['bridge-key']))
     while (req := conn.recv()) is not None:
-        slot, data = req
-        rep = list(grid.send_and_receive([Message(_fl_rec(msg=data), _flower_node(grid, nodes, slot, timeout), 'query', group_id=str(slot))], timeout=timeout))
-        conn.send(b'\x00TimeoutError\x00no reply within the timeout' if not rep else
-                  b'\x00RuntimeError\x00' + rep[0].error.reason.encode() if rep[0].has_error() else rep[0].content['fedicl']['msg'])
+        conn.send(_relay_one(grid, nodes, *req, timeout))
     conn.close()
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000240
 def _flower_answer(msg, context):
-    "The ClientApp's query handler: load this node's client, answer the message bytes with it (or tell the hello its slot)."
+    "The ClientApp's query handler: load this node's client and answer the message bytes (or tell the hello its slot)."
     from flwr.app import Message
     r = msg.content['fedicl']
     if 'hello' in r: return Message(_fl_rec(slot=int(context.node_config['slot'])), reply_to=msg)
-    with open(context.node_config['client-file'], 'rb') as f: handler = pickle.load(f)
+    with open(context.node_config['client-file'], 'rb') as f: handler = pickle.load(f)    # unpickled per message
     return Message(_fl_rec(msg=_client_reply(handler, r['msg'])), reply_to=msg)
 
 def flower_apps(timeout: float=600.0) -> tuple:
     "(ServerApp, ClientApp) on Flower's Message API, for the Flower App that `FlowerTransport` submits."
-    _import_flwr(); from flwr.serverapp import ServerApp; from flwr.clientapp import ClientApp
+    _import_flwr()
+    from flwr.serverapp import ServerApp
+    from flwr.clientapp import ClientApp
     server, client = ServerApp(), ClientApp()
     server.main()(lambda grid, context: _flower_relay(grid, context, timeout))
     client.query()(_flower_answer)
     return server, client
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000238
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000241
 _FLOWER_APP = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -352,114 +451,164 @@ bridge-port = 0
 bridge-key = ""
 """
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000241s1
 def _free_port() -> int:
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000239
 def _flower_bin(site: str) -> Path:
-    "The folder holding `flower-superlink`: this interpreter's scripts folder (a venv not on PATH), PATH, or a --target install."
+    "The folder holding `flower-superlink`: beside this interpreter (a venv off PATH), on PATH, or a --target install."
     for d in (Path(sys.executable).parent, Path(shutil.which('flower-superlink') or '.').parent, Path(site) / 'bin'):
         if (d / 'flower-superlink').is_file(): return d
-    raise FileNotFoundError(f"flower-superlink not found beside {sys.executable}, on PATH or in {site}/bin: is flwr installed?")
+    raise FileNotFoundError(f"flower-superlink not found beside {sys.executable}, on PATH or in {site}/bin: "
+                            "is flwr installed?")
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000242
+def _flower_env(bin_dir: Path, site: str, home: Path) -> dict:
+    "The environment of every Flower process: its scripts on PATH, this package importable, a private FLWR_HOME."
+    path = os.pathsep.join(dict.fromkeys([site, *[p for p in sys.path if p]]))
+    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", FLWR_HOME=str(home),
+                TOKENIZERS_PARALLELISM='false', PYTHONPATH=path, FLWR_TELEMETRY_ENABLED='0',
+                FLWR_DISABLE_UPDATE_CHECK='1')
+
+def _write_flower_app(folder: Path, port: int, timeout: float):
+    "The Flower App (its pyproject and module) and the FLWR_HOME config that points `flwr run` at the local SuperLink."
+    (folder / 'app').mkdir()
+    (folder / 'app' / 'pyproject.toml').write_text(_FLOWER_APP)
+    (folder / 'app' / 'fedicl_app.py').write_text(
+        f"from workbench.collaboration.fed_icl import flower_apps\n_apps = flower_apps({timeout})\n"
+        "server_app = _apps[0]\nclient_app = _apps[1]\n")
+    (folder / 'home').mkdir()
+    (folder / 'home' / 'config.toml').write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000243
 class FlowerTransport(InProcessTransport):
-    "Clients as Flower SuperNodes (separate processes under a local SuperLink, --insecure); the same encoded message bytes cross Flower's Message API, counted the same way."
+    "Clients as Flower SuperNodes under a local SuperLink (loopback, --insecure); the same message bytes cross Flower."
     def __init__(self, timeout: float=600.0):
-        flwr = _import_flwr(); super().__init__()
+        flwr = _import_flwr()
+        super().__init__()
         self.timeout, self.slots, self.procs, self.st = timeout, {}, [], {}
-        self.dir = Path(tempfile.mkdtemp(prefix='fedicl-flower-')); self.port = _free_port()
+        self.dir, self.port = Path(tempfile.mkdtemp(prefix='fedicl-flower-')), _free_port()
         site = str(Path(flwr.__file__).parents[1])
         self.bin = _flower_bin(site)
-        self.env = dict(os.environ, PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", FLWR_HOME=str(self.dir / 'home'), TOKENIZERS_PARALLELISM='false',
-                        PYTHONPATH=os.pathsep.join(dict.fromkeys([site, *[p for p in sys.path if p]])), FLWR_TELEMETRY_ENABLED='0', FLWR_DISABLE_UPDATE_CHECK='1')
-        (self.dir / 'app').mkdir(); (self.dir / 'app' / 'pyproject.toml').write_text(_FLOWER_APP)
-        (self.dir / 'app' / 'fedicl_app.py').write_text(f"from workbench.collaboration.fed_icl import flower_apps\n_apps = flower_apps({timeout})\nserver_app = _apps[0]\nclient_app = _apps[1]\n")
-        (self.dir / 'home').mkdir(); (self.dir / 'home' / 'config.toml').write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        self.env = _flower_env(self.bin, site, self.dir / 'home')
+        _write_flower_app(self.dir, self.port, timeout)
         weakref.finalize(self, FlowerTransport._stop, self.procs, self.st, self.dir)
-        self._spawn('superlink', ['flower-superlink', '--insecure', '--disable-runtime-dependency-installation', '--host', '127.0.0.1', '--port', str(self.port)])
+        self._spawn('superlink', ['flower-superlink', '--insecure', '--disable-runtime-dependency-installation',
+                                  '--host', '127.0.0.1', '--port', str(self.port)])
     def _spawn(self, name: str, cmd: list[str]):
         with open(self.dir / f'{name}.log', 'wb') as log:
-            self.procs.append(subprocess.Popen([str(self.bin / cmd[0]), *cmd[1:]], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True))
-    def _slot(self, handler) -> int:
-        "The client slot of `handler`'s client; its SuperNode is started on first use, holding the client as it is now."
-        owner = getattr(handler, '__self__', handler); key = id(owner)
-        if key not in self.slots:
-            s = len(self.slots); f = self.dir / f'client{s}.pkl'; f.write_bytes(pickle.dumps(handler))
-            self._spawn(f'supernode{s}', ['flower-supernode', '--insecure', '--superlink', f'127.0.0.1:{self.port}', '--host', '127.0.0.1',
-                                          '--port', str(_free_port()), '--node-config', f'slot={s} client-file="{f}"'])
-            self.slots[key] = (s, owner)
-        return self.slots[key][0]
+            self.procs.append(subprocess.Popen([str(self.bin / cmd[0]), *cmd[1:]], env=self.env, stdout=log,
+                                               stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True))
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000240
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000244
+@patch_to(FlowerTransport)
+def _slot(self, handler) -> int:
+    "The client slot of `handler`'s client; its SuperNode is started on first use, holding the client as it is now."
+    owner = getattr(handler, '__self__', handler)
+    if id(owner) not in self.slots:
+        s = len(self.slots)
+        f = self.dir / f'client{s}.pkl'
+        f.write_bytes(pickle.dumps(handler))
+        self._spawn(f'supernode{s}', ['flower-supernode', '--insecure', '--superlink', f'127.0.0.1:{self.port}',
+                                      '--host', '127.0.0.1', '--port', str(_free_port()),
+                                      '--node-config', f'slot={s} client-file="{f}"'])
+        self.slots[id(owner)] = (s, owner)
+    return self.slots[id(owner)][0]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000244s1
 @patch_to(FlowerTransport)
 def _log_tail(self, name: str) -> str:
-    p = self.dir / f'{name}.log'; return p.read_text(errors='replace')[-1500:] if p.exists() else ''
+    p = self.dir / f'{name}.log'
+    return p.read_text(errors='replace')[-1500:] if p.exists() else ''
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000245
 @patch_to(FlowerTransport)
 def _wait_superlink(self):
     "Block until the SuperLink answers on its HTTP port; raise with its log if it exited or timed out."
     import httpx
     t0 = time.time()
     while time.time() - t0 < self.timeout:
-        if self.procs[0].poll() is not None: raise RuntimeError(f"flower-superlink exited: {self._log_tail('superlink')}")
-        try:
+        if self.procs[0].poll() is not None:
+            raise RuntimeError(f"flower-superlink exited: {self._log_tail('superlink')}")
+        with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).is_success: return
-        except httpx.HTTPError: pass
         time.sleep(0.3)
     raise TimeoutError(f"the SuperLink did not start within {self.timeout} s: {self._log_tail('superlink')}")
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000246
 @patch_to(FlowerTransport)
 def _connect(self):
     "Submit the Flower App (`flwr run`) and wait for its ServerApp to connect back to this transport."
-    self._wait_superlink(); key = secrets.token_bytes(16); lst = mpc.Listener(('127.0.0.1', 0), authkey=key); got = {}
-    th = threading.Thread(target=lambda: got.setdefault('c', lst.accept()), daemon=True); th.start()
-    cmd = [str(self.bin / 'flwr'), 'run', str(self.dir / 'app'), 'local', '--run-config', f"bridge-port={lst.address[1]} bridge-key='{key.hex()}'"]
+    self._wait_superlink()
+    key, got = secrets.token_bytes(16), {}
+    lst = mpc.Listener(('127.0.0.1', 0), authkey=key)
+    th = threading.Thread(target=lambda: got.setdefault('c', lst.accept()), daemon=True)
+    th.start()
+    cmd = [str(self.bin / 'flwr'), 'run', str(self.dir / 'app'), 'local',
+           '--run-config', f"bridge-port={lst.address[1]} bridge-key='{key.hex()}'"]
     out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, cwd=self.dir, timeout=self.timeout)
     if out.returncode: raise RuntimeError(f"`flwr run` failed: {(out.stdout + out.stderr)[-2000:]}")
     th.join(self.timeout)
-    if 'c' not in got: raise RuntimeError(f"the Flower ServerApp did not connect within {self.timeout} s; SuperLink log: {self._log_tail('superlink')}")
+    if 'c' not in got:
+        raise RuntimeError(f"the Flower ServerApp did not connect within {self.timeout} s; "
+                           f"SuperLink log: {self._log_tail('superlink')}")
     self.st.update(conn=got['c'], listener=lst)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000241
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000247
 @patch_to(FlowerTransport)
 def send(self, msg: dict, handler) -> dict:
     "Send `msg` to the SuperNode of `handler`'s client through the SuperLink and return its checked reply."
     slot = self._slot(handler)
     if 'conn' not in self.st: self._connect()
-    b = encode_message(msg); self.log.append(b.decode()); self.bytes_down += len(b)
-    conn = self.st['conn']; conn.send((slot, b))
+    b = encode_message(msg)
+    self.log.append(b.decode())
+    self.bytes_down += len(b)
+    conn = self.st['conn']
+    conn.send((slot, b))
     if not conn.poll(self.timeout): raise TimeoutError(f"no reply from client slot {slot} within {self.timeout} s")
     r = conn.recv()
-    if r[:1] == b'\x00':
-        kind, err = r[1:].decode().split('\x00', 1)
-        raise (ValueError if kind == 'ValueError' else RuntimeError)(f"Flower client slot {slot}: {err}")
-    self.log.append(r.decode()); self.bytes_up += len(r)
+    if r[:1] == b'\x00': _raise_reply(r, f"Flower client slot {slot}")
+    self.log.append(r.decode())
+    self.bytes_up += len(r)
     return decode_message(r)
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000248
 def _flower_tree(procs: list, folder: Path) -> list:
-    "Every live process of a transport: the processes it started, all their descendants, and any orphan still carrying its FLWR_HOME."
+    "Every live process of a transport: those it started, their descendants, and any orphan carrying its FLWR_HOME."
     found, home = {}, str(folder / 'home')
     for p in procs:
         with contextlib.suppress(psutil.Error):
-            root = psutil.Process(p.pid); found[root.pid] = root
+            root = psutil.Process(p.pid)
+            found[root.pid] = root
             found.update((c.pid, c) for c in root.children(recursive=True))
-    for q in psutil.process_iter():                                       # a SuperExec whose parent already died has no parent to find it by
+    for q in psutil.process_iter():               # a SuperExec whose parent already died has no parent to find it by
         with contextlib.suppress(psutil.Error, OSError):
             if q.pid not in found and q.environ().get('FLWR_HOME') == home: found[q.pid] = q
     return list(found.values())
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000248s1
+def _end_run(st: dict):
+    "Tell the ServerApp the run is over (None) and close the bridge."
+    if 'conn' not in st: return
+    with contextlib.suppress(OSError):
+        st['conn'].send(None)
+        st['conn'].close()
+        st['listener'].close()
+    st.clear()
+    time.sleep(1)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000249
 @patch_to(FlowerTransport, static_method=True)
 def _stop(procs: list, st: dict, folder: Path):
-    "End the run (None to the ServerApp), stop every process of the transport (the SuperExecs and apps Flower started too), delete the working folder."
-    if 'conn' in st:
-        try: st['conn'].send(None); st['conn'].close(); st['listener'].close()
-        except OSError: pass
-        st.clear(); time.sleep(1)
+    "End the run, stop every process of the transport (the SuperExecs and apps Flower started too), delete the folder."
+    _end_run(st)
     tree = _flower_tree(procs, folder)
-    for p in procs:                                                       # each leads its own process group (start_new_session)
+    for p in procs:                                                       # each leads its own process group
         with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(p.pid, signal.SIGTERM)
-    for q in tree:                                                        # SuperExec starts its own session: signalled one by one
+    for q in tree:                                                        # SuperExec starts its own session
         with contextlib.suppress(psutil.Error): q.terminate()
     _, alive = psutil.wait_procs(tree, timeout=10)
     for q in alive:
@@ -467,168 +616,217 @@ def _stop(procs: list, st: dict, folder: Path):
     psutil.wait_procs(alive, timeout=5)
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired): p.wait(5)   # reap the Popen objects
-    procs.clear(); shutil.rmtree(folder, ignore_errors=True)
+    procs.clear()
+    shutil.rmtree(folder, ignore_errors=True)
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000249s1
 @patch_to(FlowerTransport)
 def close(self): FlowerTransport._stop(self.procs, self.st, self.dir)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000244
 def make_transport(name: str='inprocess') -> InProcessTransport:
-    "A fresh transport by name: 'inprocess' (the default), 'process' (clients as separate OS processes) or 'flower' (clients as Flower SuperNodes; needs flwr)."
-    return {'inprocess': InProcessTransport, 'process': ProcessTransport, 'flower': FlowerTransport}[check_choice('transport', name, ('inprocess', 'process', 'flower'))]()
+    "A fresh transport: 'inprocess' (default), 'process' (clients as processes) or 'flower' (SuperNodes; needs flwr)."
+    kinds = {'inprocess': InProcessTransport, 'process': ProcessTransport, 'flower': FlowerTransport}
+    return kinds[check_choice('transport', name, tuple(kinds))]()
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000025
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000051
 class FedICLClient:
-    "One client: private examples, the LM scorer, retrieval over its own questions; answers the server's query messages."
+    "One client: private questions (some labelled), the LM scorer, retrieval over its own questions; answers queries."
     def __init__(self, cid: int, examples: list[QAExample], scorer, embed: Embeddings, C: int=2, mode: str='fed'):
         if not examples: raise ValueError(f"client {cid} holds no examples")
-        self.cid, self.ex, self.scorer, self.embed = cid, list(examples), scorer, embed
+        self.cid, self.scorer, self.embed = cid, scorer, embed
         self.C, self.mode = check_int('C', C, lo=1), check_choice('mode', mode, ('fed', 'free', 'gt'))
-        self.ret, self.relabels, self.last = Retriever([e.question for e in self.ex], embed), None, {}
+        self.relabels, self.last = None, {}
+        self._keep(list(examples))
+    def _keep(self, examples: list[QAExample]):
+        "Hold `examples`: a retriever over all their questions and one over the labelled ones."
+        self.ex = examples
+        self.lab = [i for i, e in enumerate(examples) if e.answer is not None]   # indices of the labelled questions
+        self.ret = Retriever([e.question for e in examples], self.embed)
+        self.lret = Retriever([examples[i].question for i in self.lab], self.embed)
     def filter(self, questions: list[str]):
-        "Keep only the examples among the C nearest to some server question (Algorithm 2)."
+        "Keep only the questions among the C nearest to some server question (Algorithm 2)."
         keep = sorted({i for q in questions for i in self.ret.topk(q, self.C)})
-        self.ex = [self.ex[i] for i in keep]; self.ret = Retriever([e.question for e in self.ex], self.embed)
-    def relabel(self, table: list[tuple[str, str]]) -> list[int]:
-        "Relabel every local question with the C nearest server (question, answer) pairs as demonstrations."
-        tr = Retriever([q for q, _ in table], self.embed)
-        self.relabels = [self.scorer([table[j] for j in tr.topk(e.question, self.C)[::-1]], e)[0] for e in self.ex]
-        return self.relabels
+        self._keep([self.ex[i] for i in keep])
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000026
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000052
+@patch_to(FedICLClient)
+def relabel(self, table: list[tuple[str, str]]) -> list[int]:
+    "Relabel every local question with the C nearest server (question, answer) pairs as demonstrations."
+    tr = Retriever([q for q, _ in table], self.embed)
+    self.relabels = [self.scorer([table[j] for j in tr.topk(e.question, self.C)[::-1]], e)[0] for e in self.ex]
+    return self.relabels
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000052s1
 @patch_to(FedICLClient)
 def demos(self, question: str) -> list[tuple[str, str]]:
-    "The demonstrations for a server question: the C nearest local questions, farthest first; per question its relabel, then its true label."
+    "Demonstrations for a server question, farthest first: per near question its relabel, then its true label (if any)."
+    if self.mode == 'gt':
+        return [(self.ex[self.lab[j]].question, self.ex[self.lab[j]].options[self.ex[self.lab[j]].answer])
+                for j in self.lret.topk(question, self.C)[::-1]]
     out = []
     for i in self.ret.topk(question, self.C)[::-1]:
         e = self.ex[i]
-        if self.mode in ('fed', 'free'): out.append((e.question, e.options[self.relabels[i]]))
-        if self.mode in ('fed', 'gt'): out.append((e.question, e.options[e.answer]))
+        out.append((e.question, e.options[self.relabels[i]]))
+        if self.mode == 'fed' and e.answer is not None: out.append((e.question, e.options[e.answer]))
     return out
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000053
 @patch_to(FedICLClient)
 def handle(self, msg: dict) -> dict:
-    "Answer a `query` message: relabel with the server table (fed/free), then answer every question; reply with answers only."
+    "Answer a `query` message: relabel with the server table (fed/free), then answer every question; reply answers."
     items = msg['items']
     if self.mode != 'gt': self.relabel([(it['question'], it['options'][LETTERS.index(it['answer'])]) for it in items])
     out = []
     for it in items:
-        q = QAExample(it['question'], tuple(it['options']), None, '')
-        a, pr = self.scorer(self.demos(it['question']), q)
+        a, pr = self.scorer(self.demos(it['question']), QAExample(it['question'], tuple(it['options']), None, ''))
         self.last[it['qid']] = pr
         out.append(dict(qid=it['qid'], answer=LETTERS[a], prob=f"{pr[a]:.4f}"))
     return dict(type='answer', round=msg['round'], client=self.cid, items=out)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000027
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000055
 class LMFuser:
-    "Fusion at the server by an LM (our stand-in for LLM-Blender's GenFuser): the clients' answers as demonstrations, least confident first, then the question; the LM's calibrated choice."
+    "A fusion LM at the server (our stand-in for LLM-Blender's GenFuser): clients' answers as demonstrations."
     def __init__(self, scorer): self.scorer = scorer
     def __call__(self, q: QAExample, answers: list[tuple[int, float]]) -> int:
-        "The fused option index for question `q` from the clients' (option index, probability) pairs."
+        "The fused option for question `q` from the clients' (option index, probability) pairs, least confident first."
         demos = [(q.question, q.options[h]) for h, p in sorted(answers, key=lambda t: t[1])]
         return self.scorer(demos, q)[0] if demos else 0
 
+def _initial_table(queries: list[QAExample], seed: int, init) -> list[int]:
+    "$C_1$: random answers from `seed` (the paper), or the given option indices."
+    if init is None:
+        r = random.Random(seed)
+        return [r.randrange(len(e.options)) for e in queries]
+    init = [int(a) for a in init]
+    if len(init) != len(queries) or any(not 0 <= a < len(e.options) for a, e in zip(init, queries)):
+        raise ValueError(f"init must hold one option index per question ({len(queries)}), got {init}")
+    return init
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000056
 class FedICLServer:
-    "Holds the questions (no answers) and the current answer table; aggregates client answers by majority vote ('vote') or by a fusion LM ('fuse')."
-    def __init__(self, queries: list[QAExample], seed: int=0, rule: str='vote', fuser=None):
+    "Holds the questions (no answers) and the current answer table; aggregates by majority vote or by a fusion LM."
+    def __init__(self, queries: list[QAExample], seed: int=0, rule: str='vote', fuser=None, init=None):
         if not queries: raise ValueError("the server needs at least one question (M >= 1)")
         self.rule = check_choice('rule', rule, ('vote', 'fuse'))
         if rule == 'fuse' and fuser is None: raise ValueError("rule='fuse' needs a fuser, e.g. LMFuser(scorer)")
-        self.q = [QAExample(e.question, e.options, None, e.topic, e.entity) for e in queries]      # labels never reach the server
-        r = random.Random(seed); self.answers = [r.randrange(len(e.options)) for e in self.q]       # $C_1$: random answers
+        self.q = [QAExample(e.question, e.options, None, e.topic, e.entity) for e in queries]   # labels never reach it
+        self.answers = _initial_table(self.q, seed, init)                                      # $C_1$
         self.fuser, self.vote, self.fused = fuser, None, None
     def message(self, k: int) -> dict:
         "The round-k query message: every question with its options and current answer."
-        return dict(type='query', round=k, items=[dict(qid=m, question=e.question, options=list(e.options), answer=LETTERS[a])
-                                                  for m, (e, a) in enumerate(zip(self.q, self.answers))])
-    def aggregate(self, replies: list[dict]) -> tuple[list[int], list[int]]:
-        "(the new answer table, the probability-weighted vote). The table is the majority vote (ties by summed probability) under 'vote'; under 'fuse', the fusion LM's answer where the clients support it more than the current answer, else the current one."
-        votes, mass, given = np.zeros((len(self.q), 4)), np.zeros((len(self.q), 4)), [[] for _ in self.q]
-        for rep in replies:
-            for it in rep['items']:
-                m = it['qid']; h = LETTERS.index(it['answer'])
-                if not 0 <= m < len(self.q): raise ValueError(f"client {rep['client']} answered an unknown question id {m}")
-                # $\arg\max_h \sum_i \mathbb 1[y^i_m = h]$, ties by $\sum_i p^i_m$
-                votes[m, h] += 1; mass[m, h] += float(it['prob']); given[m].append((h, float(it['prob'])))
-        self.vote = [int(i) for i in np.argmax(votes + 1e-3 * mass / max(len(replies), 1), 1)]
-        if self.rule == 'vote': self.answers = self.vote
-        else:
-            self.fused = [int(self.fuser(q, g)) for q, g in zip(self.q, given)]
-            # keep the fused answer only if it is "better": more summed client probability than the current answer
-            self.answers = [f if mass[m, f] > mass[m, a] else a for m, (f, a) in enumerate(zip(self.fused, self.answers))]
-        return self.answers, [int(i) for i in np.argmax(mass, 1)]
+        items = [dict(qid=m, question=e.question, options=list(e.options), answer=LETTERS[a])
+                 for m, (e, a) in enumerate(zip(self.q, self.answers))]
+        return dict(type='query', round=k, items=items)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000028
-def run_fed_icl(clients: list[FedICLClient], server: FedICLServer, rounds: int, transport=None, filter_first: bool=True) -> list[dict]:
-    "Run `rounds` rounds; per round the server's new table, its majority vote and weighted vote, the fusion LM's answers ('fuse' only), every client's answers, and the bytes each way."
-    check_int('rounds', rounds, lo=1); tr = transport or InProcessTransport(); hist = []
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000057
+def _tally(replies: list[dict], M: int) -> tuple[np.ndarray, np.ndarray, list]:
+    "(votes (M, 4), summed probability (M, 4), each question's (option, probability) pairs) of the clients' replies."
+    votes, mass, given = np.zeros((M, 4)), np.zeros((M, 4)), [[] for _ in range(M)]
+    for rep in replies:
+        for it in rep['items']:
+            m, h, p = it['qid'], LETTERS.index(it['answer']), float(it['prob'])
+            if not 0 <= m < M: raise ValueError(f"client {rep['client']} answered an unknown question id {m}")
+            votes[m, h] += 1
+            mass[m, h] += p
+            given[m].append((h, p))
+    return votes, mass, given
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000057s1
+@patch_to(FedICLServer)
+def aggregate(self, replies: list[dict]) -> tuple[list[int], list[int]]:
+    "(the new answer table, the probability-weighted vote): majority vote (ties by summed probability), or fusion."
+    votes, mass, given = _tally(replies, len(self.q))
+    # $\arg\max_h \sum_i \mathbb 1[y^i_m = h]$, ties by $\sum_i p^i_m(h)$
+    self.vote = [int(i) for i in np.argmax(votes + 1e-3 * mass / max(len(replies), 1), 1)]
+    if self.rule == 'vote': self.answers = self.vote
+    else:
+        self.fused = [int(self.fuser(q, g)) for q, g in zip(self.q, given)]
+        # keep the fused answer only if it is "better": more summed client probability than the current answer
+        self.answers = [f if mass[m, f] > mass[m, a] else a for m, (f, a) in enumerate(zip(self.fused, self.answers))]
+    return self.answers, [int(i) for i in np.argmax(mass, 1)]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000058
+def run_fed_icl(clients: list[FedICLClient], server: FedICLServer, rounds: int, transport=None,
+                filter_first: bool=True) -> list[dict]:
+    "Run `rounds` rounds; per round the new table, its votes, the fused answers ('fuse'), each client's answers, bytes."
+    check_int('rounds', rounds, lo=1)
+    tr, hist = transport or InProcessTransport(), []
     if filter_first:
         for c in clients: c.filter([e.question for e in server.q])
     for k in range(1, rounds + 1):
         d0, u0 = tr.bytes_down, tr.bytes_up
         replies = [tr.send(server.message(k), c.handle) for c in clients]
         table, wvote = server.aggregate(replies)
-        hist.append(dict(round=k, table=table, vote=server.vote, wvote=wvote, fused=server.fused, bytes_down=tr.bytes_down - d0, bytes_up=tr.bytes_up - u0,
+        hist.append(dict(round=k, table=table, vote=server.vote, wvote=wvote, fused=server.fused,
+                         bytes_down=tr.bytes_down - d0, bytes_up=tr.bytes_up - u0,
                          clients=[[LETTERS.index(it['answer']) for it in r['items']] for r in replies]))
     return hist
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000034
 def lsa_gamma(Lam: np.ndarray, T: float) -> np.ndarray:
-    "Γ = (1 + 1/T) Λ + tr(Λ)/T · I of a linear-attention model pretrained with context length T on inputs of covariance Λ."
+    "Γ = (1 + 1/T) Λ + tr(Λ)/T · I of a linear-attention model pretrained at context length T on covariance Λ."
     return (1 + 1 / T) * Lam + np.trace(Lam) / T * np.eye(len(Lam))
 
 def lsa_predict(X: np.ndarray, y: np.ndarray, Xq: np.ndarray, Gi: np.ndarray) -> np.ndarray:
     "ICL predictions at Xq (M, d) from demonstrations X (n, d), y (n,): $x^\\top\\Gamma^{-1}\\frac1n\\sum_j x_j y_j$."
     return Xq @ (Gi @ (X.T @ y) / len(y))
 
-def linear_fed_icl(Xc: np.ndarray, yc: np.ndarray, Xs: np.ndarray, Gi: np.ndarray, rounds: int, y0: np.ndarray|None=None) -> list[np.ndarray]:
-    "Server answers (M,) after each round, clients Xc (L, N, d) with labels yc (L, N), server questions Xs (M, d); y0 defaults to 0."
-    y = np.zeros(len(Xs)) if y0 is None else np.asarray(y0, float); out = []
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000034s1
+def linear_fed_icl(Xc: np.ndarray, yc: np.ndarray, Xs: np.ndarray, Gi: np.ndarray, rounds: int,
+                   y0: np.ndarray|None=None) -> list[np.ndarray]:
+    "Server answers (M,) after each round: clients Xc (L, N, d), labels yc (L, N), server questions Xs (M, d); y0: 0."
+    y, out = (np.zeros(len(Xs)) if y0 is None else np.asarray(y0, float)), []
     for _ in range(rounds):
-        yhat = [lsa_predict(Xs, y, X, Gi) for X in Xc]                                   # step 1: relabel with the server table
-        y = np.mean([lsa_predict(np.concatenate([X, X]), np.concatenate([t, h]), Xs, Gi) for X, t, h in zip(Xc, yc, yhat)], 0)   # step 2 + average
+        yhat = [lsa_predict(Xs, y, X, Gi) for X in Xc]                          # step 1: relabel with the server table
+        # step 2 on the 2N true and relabelled examples, then the server's average
+        y = np.mean([lsa_predict(np.concatenate([X, X]), np.concatenate([t, h]), Xs, Gi)
+                     for X, t, h in zip(Xc, yc, yhat)], 0)
         out.append(y)
     return out
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000035
 def linear_theory(Xc, yc, Xs, Gi) -> dict:
     "H, w_limit (pooled ICL) and the fixed point w* = (2I − H)^{-1} w_limit."
     X, y = Xc.reshape(-1, Xc.shape[-1]), yc.reshape(-1)
-    H = Gi @ (X.T @ X / len(X)) @ Gi @ (Xs.T @ Xs / len(Xs)); wl = Gi @ (X.T @ y) / len(X)
+    # $H=\Gamma^{-1}\frac{\sum x x^\top}{NL}\Gamma^{-1}\frac{\sum_m x_m x_m^\top}{M}$
+    H = Gi @ (X.T @ X / len(X)) @ Gi @ (Xs.T @ Xs / len(Xs))
+    # $w_{\text{limit}}=\Gamma^{-1}\frac{\sum x y}{NL}$
+    wl = Gi @ (X.T @ y) / len(X)
     return dict(H=H, w_limit=wl, w_star=np.linalg.solve(2 * np.eye(len(H)) - H, wl), norm_H=float(np.linalg.norm(H, 2)))
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000035
 def linear_case(matched: bool, d: int=4, L: int=3, N: int=4000, M: int=4000, T: float=1e6, seed: int=0) -> dict:
-    "A random instance: clients' inputs ~ N(0, Λ_c), server's ~ N(0, Λ_s), pretraining Λ = I; Λ_c = Λ_s = I when `matched`."
-    g = np.random.default_rng(seed); w = g.standard_normal(d)
+    "A random instance: client inputs ~ N(0, Λ_c), server's ~ N(0, Λ_s), pretraining Λ = I; Λ_c = Λ_s = I if `matched`."
+    g = np.random.default_rng(seed)
+    w = g.standard_normal(d)
     sc, ss = (np.ones(d), np.ones(d)) if matched else (np.linspace(0.4, 1.4, d), np.linspace(1.3, 0.5, d))
-    Xc = g.standard_normal((L, N, d)) * np.sqrt(sc); Xs = g.standard_normal((M, d)) * np.sqrt(ss)
+    Xc, Xs = g.standard_normal((L, N, d)) * np.sqrt(sc), g.standard_normal((M, d)) * np.sqrt(ss)
     return dict(Xc=Xc, yc=Xc @ w + 0.1 * g.standard_normal((L, N)), Xs=Xs, Gi=np.linalg.inv(lsa_gamma(np.eye(d), T)))
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000381
-FANOUT_SKIP = ("the fanoutqa package is not installed, so its unit was skipped: `pip install --target /tmp/fq_site --no-deps fanoutqa` "
-               "and run with PYTHONPATH=/tmp/fq_site")
+FANOUT_SKIP = ("the fanoutqa package is not installed, so its unit was skipped: "
+               "`pip install --target /tmp/fq_site --no-deps fanoutqa` and run with PYTHONPATH=/tmp/fq_site")
 
 def fanoutqa_dev() -> list[dict]|None:
-    "FanOutQA's dev questions as shipped in the `fanoutqa` wheel (its data file, read without importing the package), or None when it is not installed."
+    "FanOutQA's dev questions from the `fanoutqa` wheel (its data file, read without importing it), or None."
     spec = importlib.util.find_spec('fanoutqa')
     if spec is None or not spec.submodule_search_locations: return None
     p = Path(list(spec.submodule_search_locations)[0]) / 'data' / 'fanout-final-dev.json'
     return json.loads(p.read_text()) if p.exists() else None
 
 def answer_strings(ref) -> list[str]:
-    "The strings a FanOutQA reference answer is made of: list items, dict keys and values (recursively), 'yes'/'no' for booleans."
+    "The strings a FanOutQA reference answer is made of: list items, dict keys and values, 'yes'/'no' for booleans."
     if isinstance(ref, list): return [s for a in ref for s in answer_strings(a)]
     if isinstance(ref, dict): return [s for a in [*ref.keys(), *ref.values()] for s in answer_strings(a)]
     return ['yes' if ref else 'no'] if isinstance(ref, bool) else [str(ref)]
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000382
 def fanout_norm(text) -> str:
-    "FanOutQA's string normalisation without its spaCy lemmas: lower case, '1,234' -> '1234', `,.?!:;` removed, whitespace collapsed."
+    "FanOutQA's normalisation without spaCy lemmas: lower case, '1,234' -> '1234', `,.?!:;` removed, spaces collapsed."
     t = re.sub(r"(\d+,)+\d+(\.\d+)?", lambda m: m[0].replace(',', ''), str(text).lower())
     return re.sub(r"\s+", ' ', re.sub(r"[,.?!:;]", '', t)).strip()
 
 def fanout_score(ref, candidate: str) -> tuple[float, bool]:
-    "(loose accuracy: share of the reference's strings found as whole words in the candidate, strict: all of them found)."
+    "(loose: share of the reference's strings found as whole words in the candidate, strict: all of them found)."
     c, refs = fanout_norm(candidate), [fanout_norm(a) for a in answer_strings(ref)]
     found = [bool(a) and re.search(rf"\b{re.escape(a)}\b", c) is not None for a in refs]
     return (sum(found) / len(found) if found else 0.0), bool(found) and all(found)
@@ -640,312 +838,691 @@ def _pages(q: dict) -> set[str]:
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000385
 FANOUT_PROMPT = "Answer the question. Be brief; if it asks about several things, answer each one.\nQuestion: {}"
 
+def _fanout_lengths(dev: list[dict], ntok) -> dict:
+    "Per dev question: tokens of the question and of its answer strings, their number, and the pages it cites."
+    return dict(question_tokens=[ntok(q['question']) for q in dev],
+                answer_tokens=[ntok(' '.join(answer_strings(q['answer']))) for q in dev],
+                answer_strings=[len(answer_strings(q['answer'])) for q in dev], pages=[len(_pages(q)) for q in dev])
+
+def _fanout_answer(S, q: dict, max_new_tokens: int, chat: bool) -> dict:
+    "One closed-book answer (chat template, or plain text for a base model), scored with its question-echo control."
+    out = generate(S.model, S.tok, FANOUT_PROMPT.format(q['question']) + ('' if chat else '\nAnswer:'), max_new_tokens,
+                   chat=chat)
+    (lo, st), (elo, _) = fanout_score(q['answer'], out), fanout_score(q['answer'], q['question'])
+    return dict(id=q['id'], question=q['question'], reference=json.dumps(q['answer'])[:300], answer=out[:300],
+                loose=round(lo, 4), strict=int(st), echo_loose=round(elo, 4))
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000386
 def run_fanoutqa_unit(model: str, n: int, max_new_tokens: int, seed: int) -> dict:
-    "Lengths of all FanOutQA dev questions in the model's tokens, and closed-book answers to `n` of them (chat template if the tokenizer has one, else plain text) scored by string accuracy (with the echo control)."
+    "Lengths of all FanOutQA dev questions in the model's tokens, and `n` closed-book answers, scored."
     dev = fanoutqa_dev()
     if dev is None: raise ImportError(FANOUT_SKIP)
-    S = load_scorer(model); tok = S.tok; ntok = lambda t: len(tok(t, add_special_tokens=False).input_ids)
-    chat = bool(getattr(tok, 'chat_template', None))                                  # a base model without a chat template gets plain text
-    lengths = dict(question_tokens=[ntok(q['question']) for q in dev], answer_tokens=[ntok(' '.join(answer_strings(q['answer']))) for q in dev],
-                   answer_strings=[len(answer_strings(q['answer'])) for q in dev], pages=[len(_pages(q)) for q in dev])
-    recs = []
+    S = load_scorer(model)
+    lengths = _fanout_lengths(dev, lambda t: len(S.tok(t, add_special_tokens=False).input_ids))
+    chat = bool(getattr(S.tok, 'chat_template', None))                     # a base model without a template: plain text
+    recs, keys = [], ('question_tokens', 'answer_strings', 'pages')
     for i in random.Random(seed).sample(range(len(dev)), n):
-        q = dev[i]; out = generate(S.model, tok, FANOUT_PROMPT.format(q['question']) + ('' if chat else '\nAnswer:'), max_new_tokens, chat=chat)
-        (lo, st), (elo, _) = fanout_score(q['answer'], out), fanout_score(q['answer'], q['question'])
-        recs.append(dict(id=q['id'], question=q['question'], reference=json.dumps(q['answer'])[:300], answer=out[:300], loose=round(lo, 4), strict=int(st),
-                         echo_loose=round(elo, 4), question_tokens=lengths['question_tokens'][i], answer_strings=lengths['answer_strings'][i], pages=lengths['pages'][i]))
+        recs.append(_fanout_answer(S, dev[i], max_new_tokens, chat) | {k: lengths[k][i] for k in keys})
     return dict(questions=recs, lengths=lengths)
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000038
 @dataclass
-class FedICLConfig(ExperimentConfig):
-    "Fed-ICL on the fictional encyclopedia with a pretrained causal LM (default SmolLM2-135M-Instruct) as every client's LM."
-    alphas: tuple = size(quick=(1.0,), full=(0.05, 1.0, 100.0))   # Dirichlet concentrations of the partition (small = heterogeneous)
-    n_seeds: int = size(quick=1, full=3)                      # seeds per alpha
+class FedICLWorld:
+    "The world of topic rules, the server's questions and the partition."
+    alphas: tuple = size(quick=(1.0,), full=(0.05, 1.0, 100.0))   # Dirichlet concentrations (small = heterogeneous)
     n_clients: int = size(quick=2, full=3)                    # L, clients (empty ones after the partition are dropped)
-    n_topics: int = size(quick=4, full=8)                     # topics of the encyclopedia
-    n_entities: int = size(quick=4, full=10)                  # entities (facts) per topic
-    n_queries: int = size(quick=4, full=10)                   # M, server questions per unit (drawn across topics)
-    rounds: int = size(quick=2, full=3)                       # K, Fed-ICL rounds
-    C: int = 1                                                # nearest examples per prompt (the paper: 5; a 135M model copies best from 1)
-    variants: tuple = ('fed', 'free')                         # iterative variants run: 'fed' (Fed-ICL) and 'free' (Fed-ICL-Free)
+    n_topics: int = size(quick=4, full=8)                     # topics, one latent rule each
+    n_entities: int = size(quick=3, full=6)                   # client questions per topic
+    label_share: float = size(quick=0.5, full=1 / 3)          # share of each topic's client questions labelled (>= 1)
+    n_queries: int = size(quick=6, full=40)                   # M, server questions (round-robin over the topics)
     backend: str = 'minilm'                                   # retrieval: 'minilm' (all-MiniLM-L6-v2) or 'tfidf'
-    model: str = 'smollm2-135m'                               # client and fusion LM: a pretrained registry name, local Hugging Face folder or hub id (a GPU user can pick a bigger one)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000038s1
+@dataclass
+class FedICLProtocol:
+    "The protocol's knobs, the arms and the model."
+    n_seeds: int = size(quick=1, full=3)                      # seeds per alpha
+    rounds: int = size(quick=2, full=5)                       # K, Fed-ICL rounds
+    Cs: tuple = size(quick=(1, 2), full=(1, 3, 5))            # nearest examples per prompt, swept for every arm
+    variants: tuple = size(quick=('fed', 'free'), full=('fed',))   # 'fed' (Fed-ICL) and 'free' (Fed-ICL-Free)
+    aggregations: tuple = size(quick=('vote', 'fuse'), full=('vote',))   # 'vote' (the paper's for MC), 'fuse'
+    model: str = 'smollm2-135m'                               # client and fusion LM: registry name, folder or hub id
     lora_rank: int = 8                                        # r of the analytic LoRA FedAvg round
-    aggregations: tuple = ('vote', 'fuse')                    # server aggregations of Fed-ICL: 'vote' (majority; the paper's rule for multiple choice) and 'fuse' (a fusion LM)
-    transport: str = 'inprocess'                              # 'inprocess', 'process' (every client in its own OS process) or 'flower' (clients as Flower SuperNodes; needs flwr); same messages and answers
-    fanout_n: int = size(quick=1, full=24)                    # FanOutQA dev questions answered closed-book (0: none; the unit is skipped when fanoutqa is not installed)
+    transport: str = 'inprocess'                              # 'inprocess', 'process' or 'flower' (same messages)
+    fanout_n: int = size(quick=1, full=24)                    # FanOutQA dev questions answered closed-book (0: none)
     fanout_tokens: int = 64                                   # new tokens per closed-book FanOutQA answer
-    unit_fields: ClassVar[tuple] = ('n_seeds', 'alphas', 'aggregations', 'transport')   # transport: the answers do not depend on it (checked in the tests)
-    cache_version: ClassVar[int] = 1
-    def validate(self):
-        for a in self.alphas: check_num('alphas', a, lo=0, lo_open=True)
-        for k in ('n_seeds', 'n_clients', 'n_topics', 'n_entities', 'n_queries', 'rounds', 'C', 'lora_rank', 'fanout_tokens'): check_int(k, getattr(self, k), lo=1)
-        check_int('fanout_n', self.fanout_n, lo=0)
-        check_choice('backend', self.backend, ('minilm', 'tfidf'))
-        if 'fed' not in self.variants or not set(self.variants) <= {'fed', 'free'}: raise ValueError(f"variants must include 'fed' and be drawn from ('fed', 'free'), got {self.variants}")
-        if self.n_queries > self.n_topics * self.n_entities: raise ValueError(f"n_queries={self.n_queries} exceeds the {self.n_topics * self.n_entities} facts")
-        if 'vote' not in self.aggregations or not set(self.aggregations) <= {'vote', 'fuse'}: raise ValueError(f"aggregations must include 'vote' and be drawn from ('vote', 'fuse'), got {self.aggregations}")
-        check_choice('transport', self.transport, ('inprocess', 'process', 'flower'))
-        check_pretrained(self.model, 'Fed-ICL (clients score options with a pretrained LM)')   # one-line TypeError/ValueError; refuses scratch models
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000039
+@dataclass
+class FedICLPreconditions:
+    "The preconditions' thresholds, declared before the full run (quick: loose, one seed cannot make intervals)."
+    min_pooled: float = size(quick=0.0, full=0.8)     # precondition: centralised ICL accuracy (CI lower end)
+    min_own: float = size(quick=0.0, full=0.7)        # precondition: a client on topics it holds labelled (CI low end)
+    min_headroom: float = size(quick=-1.0, full=0.05)  # precondition: centralised ICL − Fed-ICL-GT, each α (CI low end)
+
+@dataclass
+class FedICLConfig(FedICLPreconditions, FedICLProtocol, FedICLWorld, ExperimentConfig):
+    "Fed-ICL in the world of topic rules with a pretrained causal LM (default SmolLM2-135M-Instruct) at every client."
+    unit_fields: ClassVar[tuple] = ('n_seeds', 'alphas', 'Cs', 'variants', 'aggregations', 'transport', 'fanout_n',
+                                    'fanout_tokens', 'min_pooled', 'min_own', 'min_headroom')
+    cache_version: ClassVar[int] = 2
     @property
     def seeds(self) -> list[int]: return self.seed_list(self.n_seeds)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000039
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000040
+def _check_sets(cfg: FedICLConfig):
+    "The tuple fields: positive alphas, an increasing C grid, the arms and aggregations allowed."
+    for a in cfg.alphas: check_num('alphas', a, lo=0, lo_open=True)
+    if not cfg.Cs or list(cfg.Cs) != sorted(set(cfg.Cs)): raise ValueError(f"Cs must be increasing, got {cfg.Cs}")
+    for C in cfg.Cs: check_int('Cs', C, lo=1)
+    if 'fed' not in cfg.variants or not set(cfg.variants) <= {'fed', 'free'}:
+        raise ValueError(f"variants must include 'fed' and be drawn from ('fed', 'free'), got {cfg.variants}")
+    if 'vote' not in cfg.aggregations or not set(cfg.aggregations) <= {'vote', 'fuse'}:
+        raise ValueError(f"aggregations must include 'vote' and be drawn from ('vote', 'fuse'), got {cfg.aggregations}")
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000040s1
+def _validate(self: FedICLConfig):
+    for k in ('n_seeds', 'n_clients', 'rounds', 'lora_rank', 'fanout_tokens'): check_int(k, getattr(self, k), lo=1)
+    check_int('fanout_n', self.fanout_n, lo=0)
+    _check_world(self.n_topics, self.n_entities, self.n_queries, self.label_share)
+    if self.n_queries <= self.n_topics:
+        raise ValueError(f"n_queries={self.n_queries} must exceed n_topics={self.n_topics}: both folds need questions")
+    _check_sets(self)
+    check_choice('backend', self.backend, ('minilm', 'tfidf'))
+    check_choice('transport', self.transport, ('inprocess', 'process', 'flower'))
+    check_pretrained(self.model, 'Fed-ICL (clients score options with a pretrained LM)')   # refuses scratch models
+
+FedICLConfig.validate = _validate
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000042
 def lora_round_bytes(model, rank: int, n_clients: int, targets: tuple=('q_proj', 'v_proj'), bytes_per: int=4) -> int:
-    "Bytes of one FedAvg round of rank-`rank` LoRA on the model's own `targets` Linear layers (W_q and W_v of every block): fp32, down and up, every client."
-    named = [(n.rsplit('.', 1)[-1], m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]   # (short name, layer)
+    "Bytes of a FedAvg round of rank-`rank` LoRA on the model's `targets` Linear layers: fp32, both ways, all clients."
+    named = [(n.rsplit('.', 1)[-1], m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     lin, found = [m for n, m in named if n in targets], {n for n, _ in named} & set(targets)
-    if found != set(targets): raise ValueError(f"LoRA FedAvg's bytes are counted on Linear layers named {list(targets)}; {type(model).__name__} has {sorted(found) or 'none of them'}")
+    if found != set(targets):
+        raise ValueError(f"LoRA FedAvg's bytes are counted on Linear layers named {list(targets)}; "
+                         f"{type(model).__name__} has {sorted(found) or 'none of them'}")
     # $r(d_\text{in}+d_\text{out})$ per adapted matrix: A is $r\times d_\text{in}$, B is $d_\text{out}\times r$
     return 2 * n_clients * rank * sum(m.in_features + m.out_features for m in lin) * bytes_per
 
-def _queries(sv: list, M: int, seed: int) -> list[int]:
-    "M question indices spread over the topics (round-robin over a shuffled order per topic)."
-    r = random.Random(seed + 7); by = {}
-    for i, e in enumerate(sv): by.setdefault(e.topic, []).append(i)
-    for v in by.values(): r.shuffle(v)
-    order = [i for j in range(max(map(len, by.values()))) for v in by.values() if j < len(v) for i in [v[j]]]
-    return order[:M]
+def fold_of(qid: int, n_topics: int) -> int:
+    "The cross-fitting fold of server question `qid`: the j-th question of each topic falls in fold j mod 2."
+    return (qid // n_topics) % 2
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000040
-def _items(method, alpha, seed, rnd, answers, truth, client=-1) -> list[dict]:
-    return [dict(alpha=alpha, seed=seed, method=method, round=rnd, client=client, qid=m, correct=int(a == t)) for m, (a, t) in enumerate(zip(answers, truth))]
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000043
+def _items(method, alpha, seed, C, rnd, answers, truth, client=-1, role=None) -> list[dict]:
+    "One row per question: whether `answers` got it right."
+    out = []
+    for m, (a, t) in enumerate(zip(answers, truth)):
+        r = dict(alpha=alpha, seed=seed, C=C, method=method, round=rnd, client=client, qid=m, correct=int(a == t))
+        out.append(r if role is None else r | dict(role=int(role[m])))
+    return out
 
-def _hit_rate(parts, holder, Q, emb) -> float:
-    "Share of questions whose nearest example at the client holding the fact is that fact (retrieval quality)."
-    return float(np.mean([parts[h][Retriever([e.question for e in parts[h]], emb).topk(q.question, 1)[0]].entity == q.entity for h, q in zip(holder, Q)]))
-
-def _unit_setup(cfg: FedICLConfig, alpha: float, seed: int) -> tuple:
-    "(scorer, client examples, server questions, their true answers, embeddings, non-empty client partitions) of one (alpha, seed) unit."
+def _setup(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
+    "The world, partition and roles of one (alpha, seed): scorer, client questions, server questions, truth, parts."
     S = load_scorer(cfg.model)
-    cl, sv = make_fictional_qa(cfg.n_topics, cfg.n_entities, seed); qi = _queries(sv, cfg.n_queries, seed)
-    emb = Embeddings(cfg.backend, corpus=[e.question for e in cl + sv])
-    return S, cl, [sv[i] for i in qi], [sv[i].answer for i in qi], emb, [p for p in dirichlet_partition(cl, cfg.n_clients, alpha, seed) if p]
+    cl, Q = make_fictional_qa(cfg.n_topics, cfg.n_entities, cfg.n_queries, cfg.label_share, seed)
+    emb = Embeddings(cfg.backend, corpus=[e.question for e in cl + Q])
+    parts = [p for p in dirichlet_partition(cl, cfg.n_clients, alpha, seed) if p]
+    return dict(S=S, cl=cl, Q=Q, truth=[q.answer for q in Q], emb=emb, parts=parts, roles=roles(parts, Q))
 
-def run_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
-    "One (alpha, seed) unit: item rows, bytes per round, the per-question answers of Fed-ICL, and diagnostics."
-    S, cl, Q, truth, emb, parts = _unit_setup(cfg, alpha, seed); n0 = S.n_forward
-    lora_bytes = lora_round_bytes(S.model, cfg.lora_rank, len(parts))              # first: a model without q_proj/v_proj fails before any scoring
-    holder = [next(i for i, p in enumerate(parts) if any(e.entity == q.entity for e in p)) for q in Q]
-    mk = lambda mode: [FedICLClient(i, p, S, emb, cfg.C, mode) for i, p in enumerate(parts)]
-    rows = _items('zero_shot', alpha, seed, 0, [S([], q)[0] for q in Q], truth)
-    with make_transport(cfg.transport) as tr: gt = run_fed_icl(mk('gt'), FedICLServer(Q, seed), 1, tr, filter_first=False)[0]
-    for i, ans in enumerate(gt['clients']): rows += _items('single', alpha, seed, 1, ans, truth, client=i)
-    rows += _items('gt', alpha, seed, 1, gt['vote'], truth)
-    with make_transport(cfg.transport) as tr: ub = run_fed_icl([FedICLClient(0, cl, S, emb, cfg.C, 'gt')], FedICLServer(Q, seed), 1, tr, filter_first=False)[0]
-    rows += _items('ub', alpha, seed, 1, ub['vote'], truth)
-    comm, hist = [dict(alpha=alpha, seed=seed, method='gt', round=1, bytes_down=gt['bytes_down'], bytes_up=gt['bytes_up'])], {}
-    for mode in cfg.variants:
-        with make_transport(cfg.transport) as tr: hist[mode] = run_fed_icl(mk(mode), FedICLServer(Q, seed), cfg.rounds, tr)
-        for h in hist[mode]:
-            rows += _items(mode, alpha, seed, h['round'], h['vote'], truth) + _items(mode + '_w', alpha, seed, h['round'], h['wvote'], truth)
-            comm.append(dict(alpha=alpha, seed=seed, method=mode, round=h['round'], bytes_down=h['bytes_down'], bytes_up=h['bytes_up']))
-            if mode == 'fed':                                                         # every client's own answers in the round
-                for i, ans in enumerate(h['clients']): rows += _items('fed_client', alpha, seed, h['round'], ans, truth, client=i)
-    hit = _hit_rate(parts, holder, Q, emb)
-    answers = [dict(alpha=alpha, seed=seed, qid=m, question=q.question, options=list(q.options), truth=t, holder=h,
-                    vote=[hh['vote'][m] for hh in hist['fed']], clients=[[c[m] for c in hh['clients']] for hh in hist['fed']])
-               for m, (q, t, h) in enumerate(zip(Q, truth, holder))]
-    unit = dict(alpha=alpha, seed=seed, n_clients=len(parts), n_examples=[len(p) for p in parts], retrieval_hit=hit, n_forward=S.n_forward - n0,
-                lora_bytes=lora_bytes)
-    return dict(rows=rows, comm=comm, answers=answers, unit=unit)
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000044
+def _run(cfg: FedICLConfig, w: dict, C: int, mode: str, seed: int, rounds: int, init=None, rule: str='vote') -> list:
+    "`rounds` rounds of the protocol in world `w` with every client in `mode` at context size C."
+    clients = [FedICLClient(i, p, w['S'], w['emb'], C, mode) for i, p in enumerate(w['parts'])]
+    server = FedICLServer(w['Q'], seed, rule, LMFuser(w['S']) if rule == 'fuse' else None, init)
+    with make_transport(cfg.transport) as tr: return run_fed_icl(clients, server, rounds, tr, filter_first=mode != 'gt')
 
-def run_fuse_unit(cfg: FedICLConfig, alpha: float, seed: int) -> dict:
-    "Fed-ICL with the fusion aggregation at one (alpha, seed): rows per round of the adopted table ('fuse') and of the fusion LM's own answers ('fuse_lm'), bytes, and how often the fused answer was kept."
-    S, cl, Q, truth, emb, parts = _unit_setup(cfg, alpha, seed); n0 = S.n_forward
-    with make_transport(cfg.transport) as tr:
-        hist = run_fed_icl([FedICLClient(i, p, S, emb, cfg.C, 'fed') for i, p in enumerate(parts)], FedICLServer(Q, seed, 'fuse', LMFuser(S)), cfg.rounds, tr)
-    rows, comm = [], []
-    for h in hist:
-        rows += _items('fuse', alpha, seed, h['round'], h['table'], truth) + _items('fuse_lm', alpha, seed, h['round'], h['fused'], truth)
-        comm.append(dict(alpha=alpha, seed=seed, method='fuse', round=h['round'], bytes_down=h['bytes_down'], bytes_up=h['bytes_up']))
-    kept = [round(float(np.mean(np.array(h['table']) == np.array(h['fused']))), 3) for h in hist]
-    return dict(rows=rows, comm=comm, unit=dict(alpha=alpha, seed=seed, fused_kept=kept, n_forward=S.n_forward - n0))
+def _comm(alpha, seed, C, method, hist) -> list[dict]:
+    return [dict(alpha=alpha, seed=seed, C=C, method=method, round=h['round'], bytes_down=h['bytes_down'],
+                 bytes_up=h['bytes_up']) for h in hist]
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000041
-def run_experiment(cfg: FedICLConfig) -> Results:
-    "Every (alpha, seed) unit (and its fusion unit), cached; rows per question, tables for the figures, claims and verdict."
-    rows, comm, answers, units, fusion = [], [], [], [], []
-    with Timer() as t:
-        for alpha in progress(cfg.alphas, desc='alpha'):
-            for seed in progress(cfg.seeds, desc='seed'):
-                u = cached_unit('fed_icl', cfg, dict(alpha=alpha, seed=seed), lambda: run_unit(cfg, alpha, seed))
-                rows += u['rows']; comm += u['comm']; units.append(u['unit'])
-                answers += u['answers'] if seed == cfg.seeds[0] else []
-                if 'fuse' in cfg.aggregations:
-                    f = cached_unit('fed_icl', cfg, dict(alpha=alpha, seed=seed, aggregation='fuse'), lambda: run_fuse_unit(cfg, alpha, seed))
-                    rows += f['rows']; comm += f['comm']; fusion.append(f['unit'])
-        fanout = dict(questions=[], lengths={})
-        if cfg.fanout_n and fanoutqa_dev() is not None:
-            fanout = cached_unit('fed_icl', cfg, dict(unit='fanoutqa', n=cfg.fanout_n), lambda: run_fanoutqa_unit(cfg.model, cfg.fanout_n, cfg.fanout_tokens, cfg.seed))
-    notes = (f"Every client's LM and the fusion LM is {model_label(cfg.model)}. Accuracy is the server's answer (majority vote, ties by summed probability) against the true option; chance is 0.25. "
-             "'fuse' is Fed-ICL with our fusion aggregation (a fusion LM's answer kept when clients support it more than the current one), reported beside the claims, not in them. "
-             "Bytes are UTF-8 JSON messages, both directions, all clients. The task is a copy-the-fact task on invented entities. 'fed_client' rows are each client's own answer in a Fed-ICL round. "
-             + ("The fanoutqa tables hold FanOutQA dev questions answered closed-book (string accuracy) and every dev question's length." if fanout['questions']
-                else FANOUT_SKIP + '.' if cfg.fanout_n else "No FanOutQA questions were asked (fanout_n=0)."))
-    tables = dict(comm=comm, answers=answers, units=units, fusion=fusion, linear=linear_curves(), fanoutqa=fanout['questions'],
-                  fanoutqa_lengths=[fanout['lengths']] if fanout['lengths'] else [])
-    res = Results('fed_icl', cfg, rows, seeds=cfg.seeds, tables={k: v for k, v in tables.items() if v},   # a skipped unit leaves no (empty) table
-                  notes=notes, wall_time_s=t.s)
-    return res.conclude(verdict, claims(res), headline(res))
+def _curve(alpha, seed, C, method, hist, truth, key='vote') -> dict:
+    "Server accuracy per round of one run."
+    acc = [round(float(np.mean(np.array(h[key]) == truth)), 4) for h in hist]
+    return dict(alpha=alpha, seed=seed, C=C, method=method, acc=acc)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000042
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000045
+def _client_records(alpha, seed, C, w: dict, gt: dict, fed: list, truth_run: list) -> list[dict]:
+    "Per client: its role per question, and whether it was right alone, in each Fed-ICL round, and from the true table."
+    t = np.array(w['truth'])
+    right = lambda ans: (np.array(ans) == t).astype(int).tolist()
+    return [dict(alpha=alpha, seed=seed, C=C, client=i, role=w['roles'][i].tolist(), alone=right(gt['clients'][i]),
+                 fed=[right(h['clients'][i]) for h in fed], truth_start=right(truth_run[-1]['clients'][i]),
+                 n_questions=len(w['parts'][i]), n_labelled=sum(e.answer is not None for e in w['parts'][i]))
+            for i in range(len(w['parts']))]
+
+def _answer_records(alpha, C, w: dict, fed: list, truth_run: list) -> list[dict]:
+    "Per question (first seed only): text, options, truth, each client's role, the votes and answers per round."
+    return [dict(alpha=alpha, C=C, qid=m, question=q.question, options=list(q.options), truth=q.answer,
+                 roles=w['roles'][:, m].tolist(), vote=[h['vote'][m] for h in fed],
+                 clients=[[c[m] for c in h['clients']] for h in fed], truth_vote=[h['vote'][m] for h in truth_run])
+            for m, q in enumerate(w['Q'])]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000046
+def _baselines(cfg, w: dict, alpha, seed, C) -> tuple[list, dict, list]:
+    "(rows, the one-round run, comm): each client alone, their vote (Fed-ICL-GT), centralised ICL; zero-shot (first C)."
+    S, Q, truth = w['S'], w['Q'], w['truth']
+    rows = _items('zero_shot', alpha, seed, 0, 0, [S([], q)[0] for q in Q], truth) if C == cfg.Cs[0] else []
+    gt = _run(cfg, w, C, 'gt', seed, 1)[0]
+    for i, ans in enumerate(gt['clients']): rows += _items('single', alpha, seed, C, 1, ans, truth, i, w['roles'][i])
+    rows += _items('gt', alpha, seed, C, 1, gt['vote'], truth)
+    ub = _run(cfg, dict(w, parts=[w['cl']]), C, 'gt', seed, 1)[0]             # every labelled question at one client
+    rows += _items('ub', alpha, seed, C, 1, ub['vote'], truth)
+    return rows, gt, _comm(alpha, seed, C, 'gt', [gt])
+
+def _topic_hit(w: dict) -> float:
+    "Share of server questions whose nearest labelled client question (all pooled) is of the same topic."
+    lab = [e for e in w['cl'] if e.answer is not None]
+    r = Retriever([e.question for e in lab], w['emb'])
+    return float(np.mean([lab[r.topk(q.question, 1)[0]].topic == q.topic for q in w['Q']]))
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000047
+def run_unit(cfg: FedICLConfig, alpha: float, seed: int, C: int) -> dict:
+    "One (alpha, seed, C) unit: baselines, Fed-ICL from the random table and from the truth; rows, tables, diagnostics."
+    t0, w = time.time(), _setup(cfg, alpha, seed)
+    S, truth, n0 = w['S'], w['truth'], w['S'].n_forward
+    lora_bytes = lora_round_bytes(S.model, cfg.lora_rank, len(w['parts']))    # a model without q_proj fails early
+    rows, gt, comm = _baselines(cfg, w, alpha, seed, C)
+    fed = _run(cfg, w, C, 'fed', seed, cfg.rounds)
+    truth_run = _run(cfg, w, C, 'fed', seed, cfg.rounds, init=truth)
+    for h in fed: rows += _items('fed', alpha, seed, C, h['round'], h['vote'], truth)
+    rows += _items('fed_w', alpha, seed, C, cfg.rounds, fed[-1]['wvote'], truth)
+    rows += _items('fed_truth', alpha, seed, C, cfg.rounds, truth_run[-1]['vote'], truth)
+    curves = [_curve(alpha, seed, C, m, hh, truth, k) for m, hh, k in
+              (('fed', fed, 'vote'), ('fed_w', fed, 'wvote'), ('fed_truth', truth_run, 'vote'))]
+    unit = dict(alpha=alpha, seed=seed, C=C, n_clients=len(w['parts']), n_examples=[len(p) for p in w['parts']],
+                topic_hit=_topic_hit(w), n_forward=S.n_forward - n0, lora_bytes=lora_bytes, wall_s=time.time() - t0)
+    return dict(rows=rows, comm=comm + _comm(alpha, seed, C, 'fed', fed), curves=curves, units=[unit],
+                clients=_client_records(alpha, seed, C, w, gt, fed, truth_run),
+                answers=_answer_records(alpha, C, w, fed, truth_run) if seed == cfg.seeds[0] else [])
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000048
+def run_extra_unit(cfg: FedICLConfig, alpha: float, seed: int, C: int, arm: str) -> dict:
+    "Fed-ICL-Free ('free') or Fed-ICL with the fusion aggregation ('fuse') at one (alpha, seed, C)."
+    w = _setup(cfg, alpha, seed)
+    truth = w['truth']
+    mode, rule = ('free', 'vote') if arm == 'free' else ('fed', 'fuse')
+    hist = _run(cfg, w, C, mode, seed, cfg.rounds, rule=rule)
+    key = 'table' if arm == 'fuse' else 'vote'
+    rows = _items(arm, alpha, seed, C, cfg.rounds, hist[-1][key], truth)
+    curves = [_curve(alpha, seed, C, arm, hist, truth, key)]
+    if arm == 'fuse':
+        rows += _items('fuse_lm', alpha, seed, C, cfg.rounds, hist[-1]['fused'], truth)
+        kept = [round(float(np.mean(np.array(h['table']) == np.array(h['fused']))), 3) for h in hist]
+        curves.append(dict(alpha=alpha, seed=seed, C=C, method='fused_kept', acc=kept))
+    return dict(rows=rows, comm=_comm(alpha, seed, C, arm, hist), curves=curves)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000049
+def _collect(out: dict, u: dict):
+    "Append a unit's rows and tables to the run's."
+    for k, v in u.items(): out.setdefault(k, []).extend(v)
+
+def _run_units(cfg: FedICLConfig) -> dict:
+    "Every (alpha, seed, C) unit and the extra arms' units, cached: rows and tables."
+    out = {}
+    for alpha in progress(cfg.alphas, desc='alpha'):
+        for seed in progress(cfg.seeds, desc='seed'):
+            for C in cfg.Cs:
+                key = dict(alpha=alpha, seed=seed, C=C)
+                _collect(out, cached_unit('fed_icl', cfg, key, lambda: run_unit(cfg, alpha, seed, C)))
+                for arm in [a for a in ('free', 'fuse') if a in cfg.variants + cfg.aggregations]:
+                    _collect(out, cached_unit('fed_icl', cfg, key | dict(arm=arm),
+                                              lambda: run_extra_unit(cfg, alpha, seed, C, arm)))
+    return out
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000049s1
+def _fanout(cfg: FedICLConfig) -> dict:
+    if not cfg.fanout_n or fanoutqa_dev() is None: return dict(questions=[], lengths={})
+    key = dict(unit='fanoutqa', n=cfg.fanout_n, tokens=cfg.fanout_tokens)
+    return cached_unit('fed_icl', cfg, key,
+                       lambda: run_fanoutqa_unit(cfg.model, cfg.fanout_n, cfg.fanout_tokens, cfg.seed))
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000090
 def linear_curves(rounds: int=12) -> list[dict]:
     "Distance to w* and to w_limit per round of the linear-attention simulator, matched and mismatched covariances."
     out = []
     for matched in (True, False):
-        c = linear_case(matched, N=2000, M=2000); th = linear_theory(**c)
+        c = linear_case(matched, N=2000, M=2000)
+        th = linear_theory(**c)
         ys = linear_fed_icl(c['Xc'], c['yc'], c['Xs'], c['Gi'], rounds)
         ws = [np.linalg.lstsq(c['Xs'], y, rcond=None)[0] for y in ys]
-        out.append(dict(case='matched' if matched else 'mismatched', round=list(range(1, rounds + 1)), norm_H=round(th['norm_H'], 4),
-                        to_star=[max(float(f"{np.linalg.norm(w - th['w_star']):.3e}"), 1e-15) for w in ws], to_limit=[float(f"{np.linalg.norm(w - th['w_limit']):.3e}") for w in ws]))
+        out.append(dict(case='matched' if matched else 'mismatched', round=list(range(1, rounds + 1)),
+                        norm_H=round(th['norm_H'], 4),
+                        to_star=[max(float(f"{np.linalg.norm(w - th['w_star']):.3e}"), 1e-15) for w in ws],
+                        to_limit=[float(f"{np.linalg.norm(w - th['w_limit']):.3e}") for w in ws]))
     return out
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000043
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000090s1
+def _notes(cfg: FedICLConfig, fanout: dict) -> str:
+    fq = "No FanOutQA questions." if not cfg.fanout_n else FANOUT_SKIP + '.'
+    if fanout['questions']:
+        fq = "The fanoutqa tables hold FanOutQA dev questions answered closed-book and every dev question's length."
+    return (f"Every client's LM is {model_label(cfg.model)}. World: every entity of a topic has the topic's answer; "
+            f"{cfg.label_share:.2f} of each topic's client questions are labelled; the server asks about entities no "
+            "client holds. Accuracy is the server's answer (majority vote, ties by summed probability) against the "
+            "true option; chance is 0.25. Rows carry C (0: zero-shot); 'fed_truth' is Fed-ICL from the true table. "
+            "Each arm's C (and the single client) is chosen by two-fold cross-fitting over the server questions. Bytes "
+            "are UTF-8 JSON messages, both directions, all clients. " + fq)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000091
+def run_experiment(cfg: FedICLConfig) -> Results:
+    "Every cached unit; rows per question, tables for the figures, preconditions, claims and verdict."
+    with Timer() as t:
+        out = _run_units(cfg)
+        fanout = _fanout(cfg)
+    tables = dict(comm=out['comm'], curves=out['curves'], units=out['units'], clients=out['clients'],
+                  answers=out['answers'], linear=linear_curves(), fanoutqa=fanout['questions'],
+                  fanoutqa_lengths=[fanout['lengths']] if fanout['lengths'] else [])
+    res = Results('fed_icl', cfg, out['rows'], seeds=cfg.seeds, tables={k: v for k, v in tables.items() if v},
+                  notes=_notes(cfg, fanout), wall_time_s=t.s)
+    return res.conclude(verdict, claims(res), headline(res))
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000093
+def crossfit(tab: pd.DataFrame, folds, prefer=None) -> tuple[pd.Series, list[dict]]:
+    "Per row, the score of the column chosen on the other fold's rows; ties go to the `prefer`-largest (default: last)."
+    folds, cols = np.asarray(folds), list(tab.columns)
+    rank = prefer or (lambda c: cols.index(c))
+    out, picks = pd.Series(np.nan, index=tab.index), []
+    for f in np.unique(folds):
+        held = tab.values[folds != f].T                                     # (K, n) scores of the other fold
+        if not held.size: raise ValueError(f"fold {f} has no held-out fold to choose on")
+        b = best_setting(cols, held, ties='flag')
+        pick = max([b.knob, *b.tied_with], key=rank)
+        out[folds == f] = tab[pick].values[folds == f]
+        picks.append(dict(fold=int(f), pick=pick, tied=bool(b.tied), means=b.means))
+    return out, picks
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000095
+def _pivot(df: pd.DataFrame, method: str, alpha: float, last: bool=True) -> pd.DataFrame:
+    "(seed, qid) × C correctness of a server-level arm at `alpha` (its last round)."
+    d = df[(df.method == method) & (df.alpha == alpha)]
+    if last: d = d[d['round'] == d['round'].max()]
+    return d.pivot_table(index=['seed', 'qid'], columns='C', values='correct').sort_index(axis=1)
+
+def _folds(index: pd.MultiIndex, n_topics: int) -> np.ndarray:
+    return np.array([fold_of(q, n_topics) for q in index.get_level_values('qid')])
+
+def arm_scores(R: Results, method: str, alpha: float) -> tuple[pd.Series, list]:
+    "Per (seed, qid), the arm's correctness at the C chosen on the other fold; and the choices."
+    tab = _pivot(R.df, method, alpha)
+    return crossfit(tab, _folds(tab.index, R.config['n_topics']))
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000096
+def best_single(R: Results, alpha: float) -> tuple[pd.Series, list]:
+    "Per (seed, qid), the single client's correctness, (client, C) chosen per seed on the other fold; and the choices."
+    d = R.df[(R.df.method == 'single') & (R.df.alpha == alpha)]
+    out, picks = [], []
+    for s, ds in d.groupby('seed'):
+        tab = ds.pivot_table(index=['seed', 'qid'], columns=['client', 'C'], values='correct')
+        tab.columns = list(tab.columns)                                       # (client, C) tuples
+        v, p = crossfit(tab, _folds(tab.index, R.config['n_topics']), prefer=lambda k: (k[1], -k[0]))
+        out.append(v)
+        picks += [dict(x, seed=int(s)) for x in p]
+    return pd.concat(out).sort_index(), picks
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000097
+def _pooled_ub(R: Results) -> pd.Series:
+    "Centralised ICL per (seed, qid) at its cross-fitted C (it does not depend on alpha: the first alpha's rows)."
+    return arm_scores(R, 'ub', min(R.df.alpha))[0]
+
+def _own_topics(R: Results) -> pd.Series:
+    "Each client alone, on the questions of topics it holds a labelled question of, at its cross-fitted C (all alphas)."
+    d = R.df[(R.df.method == 'single') & (R.df.role == 2)]
+    tab = d.pivot_table(index=['alpha', 'seed', 'client', 'qid'], columns='C', values='correct').sort_index(axis=1)
+    tab = tab.dropna()                                                       # a (client, question) seen at every C
+    return crossfit(tab, _folds(tab.index, R.config['n_topics']))[0]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000098
+def preconditions(R: Results) -> list[Claim]:
+    "The model can use the context (pooled, own topics), and one round leaves room to gain at each alpha."
+    c = R.config
+    out = [precondition("the model can use the context: centralised ICL (every labelled question at one client), "
+                        "accuracy at its held-out C", bootstrap(_pooled_ub(R).values, unit='questions'), c,
+                        'min_pooled'),
+           precondition("a client alone on topics it holds a labelled question of, accuracy at its held-out C",
+                        bootstrap(_own_topics(R).values, unit='client × question pairs'), c, 'min_own')]
+    for a in sorted(R.df.alpha.unique()):
+        ub, gt = arm_scores(R, 'ub', a)[0], arm_scores(R, 'gt', a)[0]
+        name = f"α={a:g}: room to gain: centralised ICL − Fed-ICL-GT (accuracy, each at its held-out C)"
+        out.append(precondition(name, paired_bootstrap(ub.values, gt.values, unit='questions'), c, 'min_headroom'))
+    return out
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000099
+def _bytes_claim(R: Results) -> Claim:
+    "log10 of LoRA FedAvg's bytes per round over Fed-ICL's, per (alpha, seed) unit, against 2 (100×)."
+    cm, un = R.table('comm'), R.table('units')
+    keys = ['alpha', 'seed'] + (['C'] if 'C' in cm else [])
+    per = cm[cm.method == 'fed'].groupby(keys)[['bytes_down', 'bytes_up']].mean().sum(1)
+    lora = un.set_index(keys).lora_bytes.reindex(per.index)
+    return claim('log10(LoRA FedAvg bytes ÷ Fed-ICL bytes) per round', mean_ci(np.log10(lora.values / per.values),
+                                                                                unit='units'), null=2.0)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000099s1
+def comparison_claims(R: Results) -> list[Claim]:
+    "Per alpha: Fed-ICL after K rounds − Fed-ICL-GT and − the best single client (each at its held-out choice)."
+    out = []
+    for a in sorted(R.df.alpha.unique()):
+        fed, gt, one = arm_scores(R, 'fed', a)[0], arm_scores(R, 'gt', a)[0], best_single(R, a)[0]
+        out.append(claim(f'α={a:g}: Fed-ICL − Fed-ICL-GT, one round (accuracy, each at its held-out C)',
+                         paired_bootstrap(fed.values, gt.reindex(fed.index).values, unit='questions')))
+        out.append(claim(f'α={a:g}: Fed-ICL − best single client (accuracy, client and C held-out)',
+                         paired_bootstrap(fed.values, one.reindex(fed.index).values, unit='questions')))
+    return out + [_bytes_claim(R)]
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000101
+def current(R: Results) -> bool:
+    "Whether `R` was recorded by this version of the experiment (topic rules, a C sweep), not the first one."
+    return 'Cs' in R.config
+
 def _acc(df: pd.DataFrame, method: str, alpha: float, rnd: int|None=None) -> pd.Series:
-    "Correctness per (seed, qid) of a server-level method at `alpha` (last round by default)."
+    "First version: correctness per (seed, qid) of a server-level method at `alpha` (last round by default)."
     d = df[(df.method == method) & (df.alpha == alpha)]
     d = d[d['round'] == (d['round'].max() if rnd is None else rnd)]
     return d.set_index(['seed', 'qid']).correct.sort_index()
 
-def best_single(df: pd.DataFrame, alpha: float) -> pd.Series:
-    "Per seed, the answers of the client alone with the highest accuracy (a generous baseline: chosen on the test questions)."
+def _legacy_best_single(df: pd.DataFrame, alpha: float) -> pd.Series:
+    "First version: per seed, the client with the highest accuracy on the test questions themselves."
     d = df[(df.method == 'single') & (df.alpha == alpha)]
     best = d.groupby(['seed', 'client']).correct.mean().groupby('seed').idxmax()
-    return pd.concat([d[(d.seed == s) & (d.client == c)] for s, c in best]).set_index(['seed', 'qid']).correct.sort_index()
+    rows = pd.concat([d[(d.seed == s) & (d.client == c)] for s, c in best])
+    return rows.set_index(['seed', 'qid']).correct.sort_index()
 
-def claims(results: Results) -> list[Claim]:
-    "Per alpha: Fed-ICL (last round) − best single client, and − one-round Fed-ICL-GT (paired bootstrap over seed×question); then log10 of LoRA-FedAvg bytes ÷ Fed-ICL bytes per round > 2."
-    df, out = results.df, []
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000102
+def _legacy_claims(R: Results) -> list[Claim]:
+    "The first version's claims: per alpha, Fed-ICL − best single client and − Fed-ICL-GT; then the bytes."
+    df, out = R.df, []
     for a in sorted(df.alpha.unique()):
         fed = _acc(df, 'fed', a)
-        out.append(claim(f'α={a:g}: Fed-ICL − best single client (accuracy)', paired_bootstrap(fed.values, best_single(df, a).values, unit='questions')))
-        out.append(claim(f'α={a:g}: Fed-ICL − Fed-ICL-GT, one round (accuracy)', paired_bootstrap(fed.values, _acc(df, 'gt', a).values, unit='questions')))
-    cm, un = results.table('comm'), results.table('units')
-    per = cm[cm.method == 'fed'].groupby(['alpha', 'seed'])[['bytes_down', 'bytes_up']].mean().sum(1)
-    lora = un.set_index(['alpha', 'seed']).lora_bytes.reindex(per.index)
-    out.append(claim('log10(LoRA FedAvg bytes ÷ Fed-ICL bytes) per round', mean_ci(np.log10(lora.values / per.values), unit='units'), null=2.0))
-    return out
+        out.append(claim(f'α={a:g}: Fed-ICL − best single client (accuracy)',
+                         paired_bootstrap(fed.values, _legacy_best_single(df, a).values, unit='questions')))
+        out.append(claim(f'α={a:g}: Fed-ICL − Fed-ICL-GT, one round (accuracy)',
+                         paired_bootstrap(fed.values, _acc(df, 'gt', a).values, unit='questions')))
+    return out + [_bytes_claim(R)]
 
+def claims(R: Results) -> list[Claim]:
+    "The preconditions, then the claims (the first version's records: their own claims, which had no preconditions)."
+    if not current(R): return _legacy_claims(R)
+    return preconditions(R) + comparison_claims(R)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000103
+def _strongest(R: Results, a: float) -> str:
+    "The stronger baseline at `alpha` by its held-out-chosen accuracy: 'gt' or 'single'."
+    return 'gt' if arm_scores(R, 'gt', a)[0].mean() >= best_single(R, a)[0].mean() else 'single'
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000103s1
 @verdict_rule
-def verdict(results: Results) -> str:
-    "Not reproduced when no accuracy claim shows (the byte saving of exchanging answers instead of weights holds by design and cannot carry the verdict alone); otherwise reproduced when every claim (Fed-ICL beats the best single client and one-round Fed-ICL-GT at every alpha, and sends over 100× fewer bytes than LoRA FedAvg) shows beyond its 95% CI, partly when some do."
-    cs = claims(results)
+def verdict(R: Results) -> str:
+    ("Not reproduced when no accuracy claim shows (the byte saving of exchanging answers instead of weights holds by "
+     "design and cannot carry the verdict alone) or when Fed-ICL is below the stronger baseline at some alpha beyond "
+     "its 95% CI; otherwise reproduced when every claim (Fed-ICL after K rounds beats one-round Fed-ICL-GT and the "
+     "best single client at every alpha, each at its held-out C, and sends over 100x fewer bytes than LoRA FedAvg) "
+     "shows beyond its 95% CI, partly when some do.")
+    cs = [c for c in claims(R) if not c.is_precondition]
     if not any(c.shows for c in cs[:-1]): return 'not reproduced'
+    if current(R):
+        for a in sorted(R.df.alpha.unique()):
+            key = 'Fed-ICL-GT' if _strongest(R, a) == 'gt' else 'best single'
+            if any(c.opposite for c in cs if c.name.startswith(f'α={a:g}:') and key in c.name): return 'not reproduced'
     return judge(cs)
 
-def headline(results: Results) -> str:
-    "Our measured figure in words."
-    df, un, cm = results.df, results.table('units'), results.table('comm')
-    parts = [f"α={a:g}: Fed-ICL {_acc(df, 'fed', a).mean():.2f} vs best client {best_single(df, a).mean():.2f}, GT {_acc(df, 'gt', a).mean():.2f}, "
-             f"zero-shot {_acc(df, 'zero_shot', a).mean():.2f}, centralised {_acc(df, 'ub', a).mean():.2f}" for a in sorted(df.alpha.unique())]
-    b = cm[cm.method == 'fed'][['bytes_down', 'bytes_up']].sum(1).mean()
-    fq = pd.DataFrame(results.tables.get('fanoutqa') or [])
-    fq_txt = f"; FanOutQA dev closed-book: string accuracy {fq.loose.mean():.2f} (question-echo control {fq.echo_loose.mean():.2f}) on {len(fq)} questions" if len(fq) else ''
-    model = model_label(results.config.get('model', 'smollm2-135m'))                 # older results files lack the field
-    return f"{model}, accuracy after {int(df[df.method == 'fed']['round'].max())} rounds — " + '; '.join(parts) + f"; {b / 1e3:.1f} kB per round vs {un.lora_bytes.mean() / 1e6:.1f} MB for LoRA FedAvg" + fq_txt
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000104
+def _flat(df: pd.DataFrame, method: str, alpha: float) -> float:
+    "Mean accuracy of an arm that has no C (zero-shot) at `alpha`."
+    return float(df[(df.method == method) & (df.alpha == alpha)].correct.mean())
 
-def fusion_comparison(results: Results) -> list[Claim]:
-    "Per alpha: Fed-ICL with the fusion aggregation − with the vote, and − the best single client (last round; paired bootstrap over seed×question). Reported beside the claims, not in the verdict: the paper votes on multiple choice."
-    df, out = results.df, []
-    if 'fuse' not in set(df.method): return out
-    for a in sorted(df.alpha.unique()):
-        fu = _acc(df, 'fuse', a)
-        out.append(claim(f'α={a:g}: Fed-ICL fusion − Fed-ICL vote (accuracy)', paired_bootstrap(fu.values, _acc(df, 'fed', a).values, unit='questions')))
-        out.append(claim(f'α={a:g}: Fed-ICL fusion − best single client (accuracy)', paired_bootstrap(fu.values, best_single(df, a).values, unit='questions')))
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000104s1
+def headline(R: Results) -> str:
+    "Our measured figure in words."
+    df, un, cm = R.df, R.table('units'), R.table('comm')
+    K, model = int(df[df.method == 'fed']['round'].max()), model_label(R.config.get('model', 'smollm2-135m'))
+    b = cm[cm.method == 'fed'][['bytes_down', 'bytes_up']].sum(1).mean()
+    tail = f"; {b / 1e3:.1f} kB per round vs {un.lora_bytes.mean() / 1e6:.1f} MB for LoRA FedAvg"
+    if not current(R): return f"{model}, accuracy after {K} rounds — " + _legacy_parts(R) + tail + _fanout_text(R)
+    parts = [f"α={a:g}: Fed-ICL {arm_scores(R, 'fed', a)[0].mean():.2f} vs GT {arm_scores(R, 'gt', a)[0].mean():.2f}, "
+             f"best client {best_single(R, a)[0].mean():.2f}, from the true table "
+             f"{arm_scores(R, 'fed_truth', a)[0].mean():.2f}, centralised {arm_scores(R, 'ub', a)[0].mean():.2f}, "
+             f"zero-shot {_flat(df, 'zero_shot', a):.2f}" for a in sorted(df.alpha.unique())]
+    lab = lambda c: f"{c.name.split(' (')[0]} {c.estimate:.2f} [{c.lo:.2f}, {c.hi:.2f}] < {c.null:g}"
+    failed = [lab(c) for c in preconditions(R) if not c.holds]
+    pre = '; preconditions ' + ('hold' if not failed else 'fail: ' + ', '.join(failed))
+    return f"{model}, accuracy after {K} rounds — " + '; '.join(parts) + tail + pre + _fanout_text(R)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000105
+def _legacy_parts(R: Results) -> str:
+    df = R.df
+    m = lambda arm, a: _acc(df, arm, a).mean()
+    return '; '.join(f"α={a:g}: Fed-ICL {m('fed', a):.2f} vs best client {_legacy_best_single(df, a).mean():.2f}, "
+                     f"GT {m('gt', a):.2f}, zero-shot {m('zero_shot', a):.2f}, centralised {m('ub', a):.2f}"
+                     for a in sorted(df.alpha.unique()))
+
+def _fanout_text(R: Results) -> str:
+    fq = pd.DataFrame(R.tables.get('fanoutqa') or [])
+    if not len(fq): return ''
+    return (f"; FanOutQA dev closed-book: string accuracy {fq.loose.mean():.2f} (question-echo control "
+            f"{fq.echo_loose.mean():.2f}) on {len(fq)} questions")
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000107
+def _pairs(cl: pd.DataFrame, role: int, was: int, key: str='fed') -> np.ndarray:
+    "Over client × question pairs of `role` whose answer alone was right (`was`=1) or wrong (0): right after K rounds."
+    v = []
+    for r in cl.itertuples():
+        last = r.fed[-1] if key == 'fed' else r.truth_start
+        v += [last[m] for m in range(len(r.role)) if r.role[m] == role and r.alone[m] == was]
+    return np.array(v, dtype=float)
+
+def _last(df: pd.DataFrame, m: str, a: float, C: int) -> pd.DataFrame:
+    "Rows of arm `m` at (alpha, C), its last round."
+    d = df[(df.method == m) & (df.alpha == a) & (df.C == C)]
+    return d[d['round'] == d['round'].max()]
+
+def _rate(x: np.ndarray) -> str:
+    if not len(x): return '—'
+    i = bootstrap(x, unit='pairs')
+    return f"{i.estimate:.2f} [{i.lo:.2f}, {i.hi:.2f}] (n={i.n})" if i.n > 1 else f"{i.estimate:.2f} (n=1)"
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000108
+def mechanism_table(R: Results) -> pd.DataFrame:
+    "Per alpha and C: roles, holder flips and carried rules (from the random and the true table), server accuracies."
+    cl, df, out = R.table('clients'), R.df, []
+    for (a, C), d in cl.groupby(['alpha', 'C']):
+        roles_ = np.concatenate([np.array(r) for r in d.role])
+        acc = lambda m: _last(df, m, a, C).correct.mean()
+        out.append({'α': a, 'C': C, 'roles 2/1/0': '/'.join(f"{(roles_ == k).mean():.2f}" for k in (2, 1, 0)),
+                    'holder flips': _rate(1 - _pairs(d, 2, 1)), 'carried': _rate(_pairs(d, 1, 0)),
+                    'holder flips, true start': _rate(1 - _pairs(d, 2, 1, 'truth')),
+                    'carried, true start': _rate(_pairs(d, 1, 0, 'truth')),
+                    'GT': round(acc('gt'), 3), 'Fed-ICL': round(acc('fed'), 3),
+                    'from the true table': round(acc('fed_truth'), 3)})
+    return pd.DataFrame(out)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000121
+NAMES = dict(fed='Fed-ICL', fed_w='Fed-ICL, probability-weighted vote', fed_truth='Fed-ICL from the true table',
+             free='Fed-ICL-Free', fuse='Fed-ICL, fusion aggregation', zero_shot='zero-shot',
+             single='best single client', gt='Fed-ICL-GT (1 round)', ub='centralised ICL (UB)')
+
+def _at(df: pd.DataFrame, method: str, alpha: float, C: int) -> float:
+    "Mean accuracy of a one-round arm at (alpha, C)."
+    return float(df[(df.method == method) & (df.alpha == alpha) & (df.C == C)].correct.mean())
+
+def _client_curves(R: Results, alpha: float, C: int, K: int) -> dict:
+    "name -> (rounds, accuracy) of each client alone (flat) and of its own answers inside Fed-ICL."
+    cl, out, ks = R.table('clients'), {}, list(range(1, K + 1))
+    d = cl[(cl.alpha == alpha) & (cl.C == C)]
+    for i, di in d.groupby('client'):
+        out[f'client {i} inside Fed-ICL'] = (ks, [float(np.mean([r[k] for r in di.fed])) for k in range(K)])
+        out[f'client {i} alone'] = (ks, [float(np.mean(list(di.alone)))] * K)
     return out
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000051
-NAMES = dict(fed='Fed-ICL', fed_w='Fed-ICL, probability-weighted vote', free='Fed-ICL-Free', fuse='Fed-ICL, fusion aggregation', zero_shot='zero-shot', single='best single client', gt='Fed-ICL-GT (1 round)', ub='centralised ICL (UB)')
-
-def accuracy_curves(R: Results, alpha: float, clients: bool=False) -> dict:
-    "name -> (rounds, mean accuracy over seeds) at `alpha`; one-shot methods repeated over the rounds; with `clients`, each client alone and its own answers inside Fed-ICL."
-    df = R.df; K = int(df[df.method == 'fed']['round'].max()); ks = list(range(1, K + 1)); out = {}
-    for m in ('fed', 'fed_w', 'free', 'fuse'):
-        d = df[(df.method == m) & (df.alpha == alpha)]
-        if len(d): out[NAMES[m]] = (ks, [float(d[d['round'] == k].correct.mean()) for k in ks])
-    for i in sorted(df[df.method == 'single'].client.unique()) if clients else []:
-        d, a = df[(df.method == 'fed_client') & (df.alpha == alpha) & (df.client == i)], df[(df.method == 'single') & (df.alpha == alpha) & (df.client == i)]
-        if len(d): out[f'client {i} inside Fed-ICL'] = (ks, [float(d[d['round'] == k].correct.mean()) for k in ks])
-        out[f'client {i} alone'] = (ks, [float(a.correct.mean())] * K)
-    flat = dict(zero_shot=_acc(df, 'zero_shot', alpha).mean(), single=best_single(df, alpha).mean(), gt=_acc(df, 'gt', alpha).mean(), ub=_acc(df, 'ub', alpha).mean())
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000122
+def accuracy_curves(R: Results, alpha: float, C: int, clients: bool=False) -> dict:
+    "name -> (rounds, mean accuracy over seeds) at (alpha, C); one-shot arms repeated over the rounds."
+    df, cv = R.df, R.table('curves')
+    K = int(df[df.method == 'fed']['round'].max())
+    ks, out = list(range(1, K + 1)), {}
+    d = df[(df.method == 'fed') & (df.alpha == alpha) & (df.C == C)]
+    out[NAMES['fed']] = (ks, [float(d[d['round'] == k].correct.mean()) for k in ks])
+    for m in ('fed_w', 'fed_truth', 'free', 'fuse'):
+        c = cv[(cv.method == m) & (cv.alpha == alpha) & (cv.C == C)]
+        if len(c): out[NAMES[m]] = (ks, np.mean(np.stack(c.acc.tolist()), 0).tolist())
+    if clients: out |= _client_curves(R, alpha, C, K)
+    flat = dict(zero_shot=_flat(df, 'zero_shot', alpha), single=best_single(R, alpha)[0].mean(),
+                gt=_at(df, 'gt', alpha, C), ub=_at(df, 'ub', alpha, C))
     return out | {NAMES[m]: (ks, [float(v)] * K) for m, v in flat.items()}
 
-def fig_rounds(R: Results, alpha: float, max_round: int|None=None, clients: bool=False) -> go.Figure:
-    "Server accuracy against round at `alpha`, with the chance level (and, with `clients`, every client's own accuracy)."
-    cur = {k: (x[:max_round], y[:max_round]) for k, (x, y) in accuracy_curves(R, alpha, clients).items()}
-    fig = fig_curves(cur, title=f'Server accuracy per round, α={alpha:g} ({R.mode} run, {len(R.seeds)} seed(s))', y_title='accuracy', x_title='round')
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000123
+def fig_rounds(R: Results, alpha: float, C: int, max_round: int|None=None, clients: bool=False) -> go.Figure:
+    "Server accuracy against round at (alpha, C), with the chance level (and, with `clients`, every client's own)."
+    cur = {k: (x[:max_round], y[:max_round]) for k, (x, y) in accuracy_curves(R, alpha, C, clients).items()}
+    fig = fig_curves(cur, title=f'Server accuracy per round, α={alpha:g}, C={C} ({R.mode} run, {len(R.seeds)} seed(s))',
+                     y_title='accuracy', x_title='round')
     fig.add_hline(y=0.25, line_dash='dot', line_color='grey', annotation_text='chance')
     return fig.update_yaxes(range=[0, 1.05])
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000123s1
 class RoundsExplorer(Explorer):
-    "α dropdown and a rounds slider over `fig_rounds`."
+    "α and C dropdowns and a rounds slider over `fig_rounds`."
     def __init__(self, R: Results):
-        self.R, al = R, [float(a) for a in sorted(R.df.alpha.unique())]; K = int(R.df[R.df.method == 'fed']['round'].max())
-        self.alpha = W.Dropdown(options=al, value=al[0], description='α'); self.k = W.IntSlider(value=K, min=1, max=K, description='rounds')
-        self.clients = W.Checkbox(value=True, description='each client'); self.fig = go.FigureWidget(self.figure())
-        for w in (self.alpha, self.k, self.clients): w.observe(self._update, 'value')
-        self.widget = W.VBox([W.HBox([self.alpha, self.k, self.clients]), self.fig])
-    def figure(self) -> go.Figure: return fig_rounds(self.R, self.alpha.value, self.k.value, self.clients.value)
+        self.R, al, Cs = R, [float(a) for a in sorted(R.df.alpha.unique())], [int(c) for c in R.config['Cs']]
+        K = int(R.df[R.df.method == 'fed']['round'].max())
+        self.alpha = W.Dropdown(options=al, value=al[0], description='α')
+        self.C = W.Dropdown(options=Cs, value=Cs[-1], description='C')
+        self.k = W.IntSlider(value=K, min=1, max=K, description='rounds')
+        self.clients = W.Checkbox(value=True, description='each client')
+        self.fig = go.FigureWidget(self.figure())
+        for w in (self.alpha, self.C, self.k, self.clients): w.observe(self._update, 'value')
+        self.widget = W.VBox([W.HBox([self.alpha, self.C, self.k, self.clients]), self.fig])
+    def figure(self) -> go.Figure:
+        return fig_rounds(self.R, self.alpha.value, self.C.value, self.k.value, self.clients.value)
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000055
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000127
+def fig_c_sweep(R: Results, alpha: float) -> go.Figure:
+    "Accuracy against C per arm at `alpha`: centralised, Fed-ICL-GT, the clients alone (mean), Fed-ICL, from the truth."
+    df, Cs = R.df, list(R.config['Cs'])
+    last = lambda m: df[(df.method == m) & (df['round'] == df[df.method == m]['round'].max())]
+    curves = {NAMES[m]: (Cs, [float(last(m)[(last(m).alpha == alpha) & (last(m).C == C)].correct.mean()) for C in Cs])
+              for m in ('ub', 'gt', 'fed', 'fed_truth')}
+    curves['single clients (mean)'] = (Cs, [_at(df, 'single', alpha, C) for C in Cs])
+    fig = fig_curves(curves, title=f'Accuracy against C, α={alpha:g} ({R.mode} run)', y_title='accuracy', x_title='C')
+    return fig.update_yaxes(range=[0, 1.05]).update_xaxes(tickvals=Cs)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000130
+def _bytes_points(R: Results, a: float, C: int) -> list[tuple]:
+    "(label, cumulative bytes, accuracy) per communicating method and round at (alpha, C), after the free ones."
+    df, cm = R.df, R.table('comm')
+    pts = [('zero-shot', 1, _flat(df, 'zero_shot', a)), ('best single client', 1, best_single(R, a)[0].mean())]
+    for m in ('gt', 'fed', 'free', 'fuse'):
+        c = cm[(cm.method == m) & (cm.alpha == a) & (cm.C == C)]
+        for k in sorted(c['round'].unique()):
+            b = c[c['round'] <= k].groupby('seed')[['bytes_down', 'bytes_up']].sum().sum(1).mean()
+            d = df[(df.method == m) & (df.alpha == a) & (df.C == C) & (df['round'] == k)]
+            if len(d): pts.append((f"{NAMES[m]} r{k}", b, d.correct.mean()))
+    return pts
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000131
 def fig_bytes(R: Results) -> go.Figure:
-    "Accuracy vs cumulative bytes per method and alpha; one LoRA FedAvg round as a vertical line."
-    df, cm, un, fig = R.df, R.table('comm'), R.table('units'), go.Figure()
-    for j, a in enumerate(sorted(df.alpha.unique())):
-        pts = [('zero-shot', 1, _acc(df, 'zero_shot', a).mean()), ('best single client', 1, best_single(df, a).mean())]
-        for m in ('gt', 'fed', 'free', 'fuse'):
-            c = cm[(cm.method == m) & (cm.alpha == a)]
-            for k in sorted(c['round'].unique()):
-                b = c[c['round'] <= k].groupby('seed')[['bytes_down', 'bytes_up']].sum().sum(1).mean()
-                pts.append((f"{NAMES[m]} r{k}", b, df[(df.method == m) & (df.alpha == a) & (df['round'] == k)].correct.mean()))
-        fig.add_trace(go.Scatter(x=[p[1] for p in pts], y=[p[2] for p in pts], text=[p[0] for p in pts], mode='markers+text', textposition='top center',
-                                 name=f'α={a:g}', marker=dict(size=9, color=PALETTE[j % len(PALETTE)])))
-    fig.add_vline(x=float(un.lora_bytes.mean()), line_dash='dash', annotation_text='1 LoRA FedAvg round')
-    return fig.update_layout(title='Accuracy vs bytes sent', xaxis=dict(type='log', title='bytes sent (cumulative)'), yaxis=dict(title='accuracy', range=[0, 1.1]),
-                             height=380, margin=dict(t=50, l=50, r=20, b=40))
+    "Accuracy vs cumulative bytes per method and alpha at the largest C; one LoRA FedAvg round as a vertical line."
+    fig, C = go.Figure(), R.config['Cs'][-1]
+    for j, a in enumerate(sorted(R.df.alpha.unique())):
+        pts = _bytes_points(R, a, C)
+        fig.add_trace(go.Scatter(x=[p[1] for p in pts], y=[p[2] for p in pts], text=[p[0] for p in pts],
+                                 mode='markers+text', textposition='top center', name=f'α={a:g}',
+                                 marker=dict(size=9, color=PALETTE[j % len(PALETTE)])))
+    fig.add_vline(x=float(R.table('units').lora_bytes.mean()), line_dash='dash', annotation_text='1 LoRA FedAvg round')
+    return fig.update_layout(title=f'Accuracy vs bytes sent (C={C})', height=380, margin=dict(t=50, l=50, r=20, b=40),
+                             xaxis=dict(type='log', title='bytes sent (cumulative)'),
+                             yaxis=dict(title='accuracy', range=[0, 1.1]))
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000562
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000134
 def fig_bytes_rounds(R: Results) -> go.Figure:
     "Cumulative bytes against round per communicating method, and k rounds of analytic LoRA FedAvg (dashed)."
     cm, un, fig = R.table('comm'), R.table('units'), go.Figure()
-    cm = cm.assign(total=cm.bytes_down + cm.bytes_up); K = int(cm[cm.method == 'fed']['round'].max()); ks = list(range(1, K + 1))
+    cm = cm[cm.C == R.config['Cs'][-1]].assign(total=lambda d: d.bytes_down + d.bytes_up)
+    K = int(cm[cm.method == 'fed']['round'].max())
     for j, m in enumerate(m for m in ('gt', 'fed', 'free', 'fuse') if m in set(cm.method)):
-        per = cm[cm.method == m].groupby('round').total.mean()                     # bytes of round k, mean over alpha and seeds
-        fig.add_trace(go.Scatter(x=list(per.index), y=list(per.cumsum()), mode='lines+markers', name=NAMES[m], line=dict(color=PALETTE[j % len(PALETTE)])))
-    fig.add_trace(go.Scatter(x=ks, y=[float(un.lora_bytes.mean()) * k for k in ks], mode='lines+markers', name='LoRA FedAvg (analytic)', line=dict(dash='dash', color='grey')))
-    return fig.update_layout(title='Bytes sent vs round', xaxis=dict(title='round', dtick=1), yaxis=dict(type='log', title='bytes sent (cumulative)'),
-                             height=360, margin=dict(t=50, l=60, r=20, b=40))
+        per = cm[cm.method == m].groupby('round').total.mean()                     # round k's bytes, mean over units
+        fig.add_trace(go.Scatter(x=list(per.index), y=list(per.cumsum()), mode='lines+markers', name=NAMES[m],
+                                 line=dict(color=PALETTE[j % len(PALETTE)])))
+    fig.add_trace(go.Scatter(x=list(range(1, K + 1)), y=[float(un.lora_bytes.mean()) * k for k in range(1, K + 1)],
+                             mode='lines+markers', name='LoRA FedAvg (analytic)', line=dict(dash='dash', color='grey')))
+    return fig.update_layout(title='Bytes sent vs round', xaxis=dict(title='round', dtick=1), height=360,
+                             yaxis=dict(type='log', title='bytes sent (cumulative)'),
+                             margin=dict(t=50, l=60, r=20, b=40))
 
-# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000058
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000137
+ROLE_NAMES = {2: 'holds a labelled question', 1: 'holds unlabelled questions only', 0: 'holds nothing of the topic'}
+
 def round_accuracy(recs: list[dict], k: int) -> tuple[float, list[float]]:
-    "(server accuracy, each client's accuracy) at round `k` (1-based) over question records of the `answers` table (one alpha and seed)."
+    "(server accuracy, each client's accuracy) at round `k` (1-based) over `answers` records of one alpha, C and seed."
     srv = float(np.mean([r['vote'][k - 1] == r['truth'] for r in recs]))
-    return srv, [float(np.mean([r['clients'][k - 1][i] == r['truth'] for r in recs])) for i in range(len(recs[0]['clients'][k - 1]))]
+    L = len(recs[0]['clients'][k - 1])
+    return srv, [float(np.mean([r['clients'][k - 1][i] == r['truth'] for r in recs])) for i in range(L)]
 
+def _client_label(rec: dict, i: int, k: int, acc: float) -> str:
+    a, role = rec['clients'][k - 1][i], rec['roles'][i]
+    flip = role == 2 and a != rec['truth'] and k > 1 and a == rec['vote'][k - 2]    # wrong, as the table it was sent
+    return (f"client {i}: {ROLE_NAMES[role]}{' — holder flip' if flip else ''}<br>{rec['options'][a]}"
+            f"<br>round accuracy {acc:.2f}")
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000138
 def fig_round_diagram(recs: list[dict], m: int, k: int) -> go.Figure:
-    "Server and clients for question record `m` of `recs` (the `answers` records of one alpha and seed) at round `k` (1-based), with the round's accuracies."
-    rec, (acc_s, acc_c) = recs[m], round_accuracy(recs, k); L = len(rec['clients'][k - 1]); xs = np.linspace(0, 1, L) if L > 1 else np.array([0.5]); fig = go.Figure()
+    "Server and clients for question record `m` of `recs` (one alpha, C and seed) at round `k` (1-based)."
+    rec, (acc_s, acc_c) = recs[m], round_accuracy(recs, k)
+    L, fig = len(rec['clients'][k - 1]), go.Figure()
+    xs = np.linspace(0, 1, L) if L > 1 else np.array([0.5])
     col = lambda a: '#2ca02c' if a == rec['truth'] else '#d62728'
     for i, a in enumerate(rec['clients'][k - 1]):
-        fig.add_trace(go.Scatter(x=[xs[i], 0.5], y=[0, 1], mode='lines', line=dict(color='lightgrey'), showlegend=False, hoverinfo='skip'))
-        fig.add_trace(go.Scatter(x=[xs[i]], y=[0], mode='markers+text', marker=dict(size=40, color=col(a)), showlegend=False,
-                                 text=[f"client {i}{' (holds the fact)' if i == rec['holder'] else ''}<br>{rec['options'][a]}<br>round accuracy {acc_c[i]:.2f}"], textposition='bottom center'))
+        fig.add_trace(go.Scatter(x=[xs[i], 0.5], y=[0, 1], mode='lines', line=dict(color='lightgrey'), showlegend=False,
+                                 hoverinfo='skip'))
+        fig.add_trace(go.Scatter(x=[xs[i]], y=[0], mode='markers+text', marker=dict(size=40, color=col(a)),
+                                 showlegend=False, text=[_client_label(rec, i, k, acc_c[i])],
+                                 textposition='bottom center'))
     v = rec['vote'][k - 1]
-    fig.add_trace(go.Scatter(x=[0.5], y=[1], mode='markers+text', marker=dict(size=50, color=col(v), symbol='square'), showlegend=False,
-                             text=[f"server vote: {rec['options'][v]}<br>server accuracy this round {acc_s:.2f} ({len(recs)} questions)"], textposition='top center'))
-    return fig.update_layout(title=f"{rec['question']} … (truth: {rec['options'][rec['truth']]}), round {k}", height=380,
-                             xaxis=dict(visible=False, range=[-0.3, 1.3]), yaxis=dict(visible=False, range=[-0.8, 1.6]), margin=dict(t=50, l=10, r=10, b=10))
+    fig.add_trace(go.Scatter(x=[0.5], y=[1], mode='markers+text', showlegend=False, textposition='top center',
+                             marker=dict(size=50, color=col(v), symbol='square'),
+                             text=[f"server vote: {rec['options'][v]}<br>server accuracy this round {acc_s:.2f}"]))
+    title = f"{rec['question']} … (truth: {rec['options'][rec['truth']]}), round {k}"
+    return fig.update_layout(title=title, height=400,
+                             xaxis=dict(visible=False, range=[-0.3, 1.3]), yaxis=dict(visible=False, range=[-0.9, 1.6]),
+                             margin=dict(t=50, l=10, r=10, b=10))
 
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000139
 class RoundInspector(Explorer):
-    "α and question dropdowns and a round slider over `fig_round_diagram`."
+    "α, C and question dropdowns and a round slider over `fig_round_diagram`."
     def __init__(self, R: Results):
-        self.T = R.table('answers'); al = [float(a) for a in sorted(self.T.alpha.unique())]; K = len(self.T.vote.iloc[0])
-        self.alpha = W.Dropdown(options=al, value=al[0], description='α'); self.q = W.Dropdown(options=[int(q) for q in sorted(self.T.qid.unique())], value=0, description='question')
-        self.k = W.IntSlider(value=1, min=1, max=K, description='round'); self.fig = go.FigureWidget(self.figure())
-        for w in (self.alpha, self.q, self.k): w.observe(self._update, 'value')
-        self.widget = W.VBox([W.HBox([self.alpha, self.q, self.k]), self.fig])
+        self.T = R.table('answers')
+        al, Cs = [float(a) for a in sorted(self.T.alpha.unique())], [int(c) for c in sorted(self.T.C.unique())]
+        K = len(self.T.vote.iloc[0])
+        self.alpha = W.Dropdown(options=al, value=al[0], description='α')
+        self.C = W.Dropdown(options=Cs, value=Cs[-1], description='C')
+        self.q = W.Dropdown(options=[int(q) for q in sorted(self.T.qid.unique())], value=0, description='question')
+        self.k = W.IntSlider(value=1, min=1, max=K, description='round')
+        self.fig = go.FigureWidget(self.figure())
+        for w in (self.alpha, self.C, self.q, self.k): w.observe(self._update, 'value')
+        self.widget = W.VBox([W.HBox([self.alpha, self.C, self.q, self.k]), self.fig])
     def figure(self) -> go.Figure:
-        recs = self.T[self.T.alpha == self.alpha.value].sort_values('qid').to_dict('records')
+        T = self.T[(self.T.alpha == self.alpha.value) & (self.T.C == self.C.value)]
+        recs = T.sort_values('qid').to_dict('records')
         return fig_round_diagram(recs, [r['qid'] for r in recs].index(self.q.value), self.k.value)
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000151
+def _row(a: float, m: str, v: pd.Series, picks: list, bytes_: float) -> dict:
+    i = bootstrap(v.values, unit='questions')
+    ci = f"[{i.lo:.2f}, {i.hi:.2f}]" if i.n > 1 else '—'
+    chosen = ', '.join(str(p['pick']) + '*' * p['tied'] for p in picks) or '—'
+    return {'α': a, 'method': NAMES[m], 'accuracy': round(i.estimate, 3), 'CI95': ci, 'n': i.n,
+            'chosen (per fold)': chosen, 'bytes/round': int(bytes_)}
+
+# %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000151s1
+def summary_table(R: Results) -> pd.DataFrame:
+    "Per alpha and arm: accuracy at the held-out choice (mean, 95% CI over seed×question), the choices, bytes/round."
+    df, cm, out = R.df, R.table('comm'), []
+    for a in sorted(df.alpha.unique()):
+        d = df[(df.method == 'zero_shot') & (df.alpha == a)]
+        out.append(_row(a, 'zero_shot', d.correct, [], 0))
+        for m in [m for m in ('single', 'gt', 'fed', 'fed_w', 'fed_truth', 'free', 'fuse', 'ub')
+                  if m in set(df.method)]:
+            v, picks = best_single(R, a) if m == 'single' else arm_scores(R, m, a)
+            b = cm[(cm.method == m.split('_')[0]) & (cm.alpha == a)][['bytes_down', 'bytes_up']].sum(1)
+            out.append(_row(a, m, v, picks, b.mean() if len(b) and m != 'ub' else 0))
+    return pd.DataFrame(out)
