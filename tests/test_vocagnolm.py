@@ -8,7 +8,7 @@ from workbench.objectives.vocagnolm import (copy_corpus, copy_items, copy_lists,
     token_spans, align_spans, aggregate_teacher_loss, teacher_token_losses, teacher_guided_loss, build_stream, shuffle_mapped,
     train_student, StreamWindows, window_starts, score_heldout, stream_token_losses, shared_vocab_map, exact_match_kd_targets,
     exact_match_kd_loss, vocab_overlap, kept_share_by_class, teacher_copy_accuracy, heldout_overlap, claims, preconditions,
-    verdict, headline, strongest_baseline, arm_best, VocAgnoLMConfig, TEACHERS)
+    verdict, headline, strongest_baseline, arm_best, VocAgnoLMConfig, TEACHERS, fig_seed_curves)
 from workbench.core import Results, UNTESTABLE, VERDICTS
 from workbench.data import train_bpe
 from workbench.models import tiny_llama
@@ -247,3 +247,13 @@ def test_the_rule_reads_the_recorded_claims():
     assert verdict(R) == UNTESTABLE
     R.claims = [c for c in R.claims if not c.is_precondition]
     assert verdict(R) == 'reproduced'
+
+
+def test_fig_seed_curves_draws_one_line_per_run():
+    import pandas as pd
+    curves = pd.DataFrame([dict(setting=n, seed=s, step=[1, 2, 3], loss=[3.4, 3.4 - s, 1.0])
+                           for n in ('CPT', 'CPT noise-free', 'Rho-1 k=0.4') for s in (0, 1, 2)])
+    fig = fig_seed_curves(curves)
+    assert len(fig.data) == 6 and {d.legendgroup for d in fig.data} == {'CPT', 'CPT noise-free'}
+    assert list(fig.data[1].y) == [3.4, 2.4, 1.0]                  # seed 1 of CPT, in table order
+    with pytest.raises(ValueError, match='no curves'): fig_seed_curves(curves, ('CPT', 'clean'))

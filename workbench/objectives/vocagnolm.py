@@ -37,7 +37,7 @@ __all__ = ['TOKEN_CLASSES', 'TEACHERS', 'REFERENCE', 'METRICS', 'copy_corpus', '
            'VocAgnoLMConfig', 'teacher_label', 'setting_label', 'heldout_overlap', 'run_experiment', 'arm_best',
            'strongest_baseline', 'preconditions', 'comparison_claims', 'claims', 'verdict', 'headline',
            'example_selection', 'fig_alignment', 'AlignmentExplorer', 'fig_kept', 'metric_table', 'fig_sweep',
-           'fig_metric']
+           'fig_metric', 'fig_seed_curves']
 
 # %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000008
 _WORDS = "number answer the sum of is a and we get so triangle prime even odd equal side angle product square".split()
@@ -898,3 +898,18 @@ def fig_metric(df, col: str='acc', title: str|None=None, chance: float|None=None
     fig.update_yaxes(title_text=f'{name} ({better} is better)')
     return fig.update_layout(title=title or name, height=420, template='plotly_white',
                              margin=dict(t=50, l=60, r=20, b=120))
+
+# %% ../../nbs/objectives/61_vocagnolm.ipynb #vg000071b
+def fig_seed_curves(curves, settings=('CPT', 'CPT noise-free'), title: str|None=None) -> go.Figure:
+    "The training loss of each of `settings` on every seed: one line per run, one colour per setting."
+    missing = set(settings) - set(curves.setting)
+    if missing:
+        raise ValueError(f"no curves for {sorted(missing)}; settings in the table: {sorted(set(curves.setting))}")
+    fig = go.Figure()
+    for i, name in enumerate(settings):
+        for r in curves[curves.setting == name].itertuples():
+            fig.add_scatter(x=r.step, y=r.loss, mode='lines', line_color=PALETTE[i % len(PALETTE)],
+                            name=f'{name}, seed {r.seed}', legendgroup=name)
+    fig.update_xaxes(title_text='update')
+    fig.update_yaxes(title_text='training loss (nats)')
+    return fig.update_layout(title=title or 'Training loss per seed', height=400, template='plotly_white')
