@@ -223,12 +223,11 @@ def test_the_strongest_selector_and_best_rho_are_chosen_on_validation():
     assert 'reference centroid' in name and '(0.375 vs 0.375)' in name
 
 
-def test_the_first_versions_record_still_recomputes():
-    "The committed run of the first version (one held-out set, no splits) keeps its three claims and its verdict."
-    try: R = load_results('mass')
-    except FileNotFoundError: pytest.skip('no full run recorded')
-    if current(R): pytest.skip('the recorded run is of this version')
-    assert len(claims(R)) == 3 and verdict(R) == R.verdict
+def test_a_first_version_record_says_to_rerun():
+    "A record of the first version (one held-out set, `loss` instead of `loss_seen`) is refused with what to do."
+    R = load_results('mass')
+    rows = [{k: v for k, v in r.items() if k not in ('loss_seen', 'loss_unseen')} | dict(loss=r['loss_seen']) for r in R.rows]
+    with pytest.raises(ValueError, match='first version.*workbench run mass --full'): claims(dataclasses.replace(R, rows=rows))
 
 
 def test_recorded_run_is_full_with_five_seeds_and_its_preconditions():

@@ -903,24 +903,12 @@ def comparison_claims(results: Results) -> list[Claim]:
         if b: out.append(_vs_baseline(df, b, T, s))
     return out
 
-# %% ../../nbs/data_selection/70_mass.ipynb #ms000051d
-def _legacy_claims(results: Results) -> list[Claim]:
-    "The three parts of the first version's records (one held-out set, no preconditions), so that they still recompute."
-    df = results.df
-    def by(m, col='loss'): return df[df.method == m].sort_values('seed')[col].to_numpy(float)
-    name = f"full − MASS held-out loss at equal tokens (ρ={results.config['ratio']})"
-    out = [claim(name, paired_t(by('full'), by('mass'))),
-           claim("full at T − MASS at T/2 held-out loss (≥50% fewer tokens)",
-                 paired_t(by('full'), by('mass', 'loss_half')))]
-    ran = [m for m in BASELINES if m in set(df.method)]
-    b = min(ran, key=lambda m: by(m).mean()) if ran else None
-    name = f"{METHOD_NAMES.get(b)} − MASS held-out loss at equal tokens (strongest simple selector)"
-    return out + ([claim(name, paired_t(by(b), by('mass')))] if b else [])
-
 # %% ../../nbs/data_selection/70_mass.ipynb #ms000051dx0
 def claims(results: Results) -> list[Claim]:
     "The preconditions (training, headroom, task), then the claims."
-    if 'loss_seen' not in results.df: return _legacy_claims(results)
+    if 'loss_seen' not in results.df:
+        raise ValueError("a record of MASS's first version (one held-out set, no preconditions): its rule is retired; "
+                         "rerun with `workbench run mass --full`")
     pre = training_preconditions(results) + headroom_preconditions(results) + task_preconditions(results)
     return pre + comparison_claims(results)
 
