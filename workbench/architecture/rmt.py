@@ -261,7 +261,7 @@ class CausalLM(nn.Module):
         _init_weights(self, c)
     def _extra(self, c): pass
     def no_weight_decay(self) -> set:
-        "Parameters AdamW leaves undecayed (`workbench.train.param_groups`): the tables and norm gains, as the paper's code."
+        "Parameters AdamW leaves undecayed (`workbench.train.param_groups`): tables and norm gains, as in the paper."
         return {f'{n}.weight' for n, m in self.named_modules() if isinstance(m, (Embedding, RMSNorm))}
     def embed(self, e: Tensor) -> Tensor: return e                  # (B, T, D) -> residual
     def readout(self, x: Tensor) -> Tensor: return x                # residual -> (B, T, D)
