@@ -6,8 +6,8 @@ from test_any_model import fake_device, _DEV  # noqa: F401  (the fixture, shared
 
 # The tiny folders are random 4-block models (Qwen2 with SmolLM2's tokenizer, Gemma-3 with Gemma-3's 262k tokenizer, three
 # sliding-window layers and one full-attention layer). Small overrides keep each run to seconds on one thread.
-_MORPHKV_TINY = dict(prompt_tokens=16, response_tokens=4, windows=(2,), snapkv_window=4, fact_after=1, speed_steps=1, heldout_tokens=2,
-                     long_tokens=6, long_fraction=0.5)
+_MORPHKV_TINY = dict(prompt_tokens=48, response_tokens=4, windows=(2,), snapkv_window=4, fact_after=1, speed_steps=1, heldout_tokens=2,
+                     heldout_evict=1)
 _COS_TINY = dict(keep_layers=(0, -1), n_rep=2, n_mc=10, n_real=50)     # M_q: the first and the last of the 4 blocks
 
 
@@ -18,7 +18,7 @@ def _api(module):
 
 @pytest.mark.parametrize('arch', ['qwen2', 'gemma3'])
 def test_morphkv_runs_on_a_tiny_model(arch):
-    "Every part of the quick run (references, held-out choice of R, replays, controls, speed, long part); kvpress peers on Qwen2 only (see below)."
+    "Every part of the quick run (references, held-out choice of R, replays, controls, speed); kvpress peers on Qwen2 only (see below)."
     from workbench.testing import tiny_folder
     api, folder = _api('workbench.inference.morphkv'), tiny_folder(arch)
     res = api.run_experiment(api.config(mode='quick', model=folder, **_MORPHKV_TINY, **({'presses': ()} if arch == 'gemma3' else {})))   # kvpress: see the next test

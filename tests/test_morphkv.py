@@ -225,7 +225,7 @@ def test_distinct_n_and_fact_positions():
     assert distinct_n([1, 2, 1, 2, 1, 2], 2) == 0.4 and distinct_n([1, 2, 3, 4], 2) == 1.0
 
 def test_recorded_run_has_the_claims():
-    "The committed run carries the frontier and long-part claims (its verdict is recomputed in tests/test_experiments.py)."
+    "The committed run carries the frontier's claims (its verdict is recomputed in tests/test_experiments.py)."
     from workbench.core import load_results
     assert len(load_results('morphkv').claims) >= 4
 
@@ -248,8 +248,11 @@ def test_claims_judge_below_the_top_budget_at_measured_bytes():
             if f < 0.75:   # MorphKV holds 20% more bytes than its entries (its queries); much lower KL at 0.25, higher at 0.5
                 rows.append(dict(split='eval', prompt=f'p{i}', policy='morphkv-sum', fraction=f, peak_bytes=b * 1.2, kl=(0.1 if f == 0.25 else 10) / b * (1 + 0.05 * i),
                                  probe_acc=0.5 + 0.1 * (f == 0.25) + 0.01 * i, chosen=True, window=2))
+    for i in range(6):                                              # the full cache beats the no-prompt control
+        rows += [dict(split='eval', prompt=f'p{i}', policy='full', fraction=1.0, peak_bytes=1000, kl=0.0, probe_acc=1.0),
+                 dict(split='eval', prompt=f'p{i}', policy='no-prompt', probe_acc=0.0)]
     res = Results('morphkv', cfg, rows, seeds=[0])
-    cl = claims(res)
+    cl = [c for c in claims(res) if not c.is_precondition]
     assert [c.name.split(' bytes')[0] for c in cl] == ['25.0%', '25.0%', '50.0%', '50.0%']
     assert cl[0].shows and not cl[2].shows and cl[2].estimate < 0   # KL: win at 25%, loss at 50%
     assert cl[1].shows                                                # recall better at 25%
@@ -259,9 +262,9 @@ def test_morph_bytes_inverts_policy_entries():
     from types import SimpleNamespace
     from workbench.inference.morphkv import morph_bytes
     smol = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
-    for C, R in ((16, 8), (32, 16), (80, 32)):
+    for C, R in ((16, 8), (32, 16), (80, 32), (80, 7)):
         assert policy_entries('morphkv-max', morph_bytes(C, R, smol), R, smol) == C
-    assert morph_bytes(32, 16, smol) == 56                          # 16 queries of 9 heads = 24 entries of 3 KV heads
+    assert morph_bytes(32, 16, smol) == 40                          # 16 group-summed queries of 3 KV heads = 8 entries
 
 def test_kvpress_at_morphkv_bytes(setup):
     "A kvpress decoding press given MorphKV's bytes (keys, values, cached queries) holds no more than those, buffered hidden states included, and within 2%."
@@ -274,86 +277,140 @@ def test_kvpress_at_morphkv_bytes(setup):
         pr = press_decode(m, ids, make_press(p, Cb, T, I, target=policy_entries(p, Cb, I, m.config)), N, teacher=ref.tokens)[0]
         assert mk * (1 - 2 * BYTES_TOL) < peak(pr) <= mk + 1, (p, peak(pr), mk)
 
-@pytest.mark.parametrize('kw,msg', [(dict(long_prompts=('doc-macbeth', 'doc-code')), 'long prompts must be evaluation prompts'),
-                                    (dict(long_prompts=('doc-code',)), 'at least two distinct'),
-                                    (dict(long_policies=('morphkv-sum',)), 'long policy must be one of'),
-                                    (dict(long_fraction=1.5), 'long_fraction'), (dict(press_interval=0), 'press_interval')])
-def test_invalid_long_arguments(kw, msg):
-    with pytest.raises(ValueError, match=msg): MorphKVConfig(mode='quick', **kw)
+def test_group_summed_queries_keep_the_per_head_set():
+    "The review's claim: scoring with group-summed window queries keeps exactly the set that per-head queries keep."
+    from workbench.inference.morphkv import group_sum
+    from workbench.inference.kvcache import recent_topk
+    def per_head(qwin, keys, scaling, budget, window, agg):               # the earlier code: each head's logits, summed
+        B, Hq, R, d = qwin.shape
+        Hk, S = keys.shape[1], keys.shape[2]
+        logit = torch.einsum('bkgrd,bksd->bkrs', qwin.view(B, Hk, Hq // Hk, R, d) * scaling, keys[:, :, :S - window])
+        A = logit.softmax(-1)
+        return recent_topk(A.sum(2) if agg == 'sum' else A.amax(2), budget - window, window)
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        q, k = torch.randn(2, 9, 6, 64, generator=g), torch.randn(2, 3, 50, 64, generator=g)   # SmolLM2's heads
+        for agg in ('sum', 'max'):
+            want = per_head(q, k, 0.125, 20, 6, agg).sort(-1).values
+            got = morph_select(group_sum(q, 3), k, 0.125, 20, 6, agg).sort(-1).values
+            assert torch.equal(got, want), (trial, agg)
+    with pytest.raises(ValueError, match='multiple of n_kv'): group_sum(torch.zeros(1, 4, 2, 8), 3)
 
-def test_new_fields_keep_the_cached_units():
-    "The long part and kvpress fields are unit fields (each unit's key names what it uses): adding them leaves the frontier's cached units valid."
-    from workbench.core import _unit_config
-    u = _unit_config(MorphKVConfig(mode='full'))
-    assert not {'press_interval', 'long_prompts', 'long_tokens', 'long_fraction', 'long_policies', 'presses'} & set(u)
-    assert MorphKVConfig(mode='full').long_tokens >= 512 and MorphKVConfig(mode='full').long_budget == round(0.125 * (128 + 512))
+def test_morphkv_caches_group_summed_queries(setup):
+    "The cache holds (B, n_kv, R, d) queries: R/2 entries' worth of bytes, and the same replay as before."
+    m, ids, ref = setup
+    c = MorphKVCache(12, 4)
+    tr = decode(m, ids, c, N, teacher=ref.tokens)
+    q = c.layers[0].extra['q']
+    assert q.shape == (1, m.config.num_key_value_heads, 4, m.config.hidden_size // m.config.num_attention_heads)
+    e = ref.kv_bytes[0] / T                                          # bytes of one entry (all layers)
+    assert tr.state_bytes[-1] == 2 * e                              # 4 queries = 2 entries
+    assert policy_entries('morphkv-sum', 16, 4, m.config) == 14
 
-def test_long_claims_paired_t_at_equal_bytes():
-    "The long part adds a KL and a fact-recall claim against the best baseline, with a paired t-interval over its prompts."
-    from workbench.core import Results
-    from workbench.inference.morphkv import claims, long_claims, verdict
-    cfg = MorphKVConfig(mode='quick', fractions=(0.25, 0.5, 0.75))
-    rows = []
-    for i in range(4):
-        for p, kl, acc in (('streamingllm', 0.5, 0.3), ('h2o', 0.3, 0.4), ('tova', 0.6, 0.2), ('morphkv-sum', 0.1, 0.8)):
-            rows.append(dict(split='long', prompt=f'p{i}', policy=p, fraction=0.25, peak_bytes=100, kl=kl * (1 + 0.1 * i), probe_acc=acc + 0.01 * i,
-                             chosen=p == 'morphkv-sum', window=2 if p == 'morphkv-sum' else None))
-    res = Results('morphkv', cfg, rows, seeds=[0])
-    cl = long_claims(res)
-    assert len(cl) == 2 and 'best other (h2o)' in cl[0].name and cl[0].n == 4 and 'paired t' in cl[0].ci
-    assert all(c.shows for c in cl) and abs(cl[0].estimate - 0.2 * 1.15) < 1e-9
-    assert claims(res) == cl and verdict(res) == 'reproduced'
+def test_window_grid_and_heldout_eviction():
+    "The grid {8, 32, C/4, C/2} below C; the full run's held-out replays evict at every judged budget; too short fails."
+    full = MorphKVConfig(mode='full')
+    for f in full.judged:
+        grid = full.window_grid(f)
+        C = full.budget(f)
+        assert {8, 32, round(C / 4), round(C / 2)} & set(range(1, C)) == set(grid) and len(grid) == 4
+        n = full.heldout_len(f)
+        assert n >= 256 and full.prompt_tokens + n - C >= full.heldout_evict > 0
+    with pytest.raises(ValueError, match='must evict'):
+        MorphKVConfig(mode='full', heldout_evict=600)
 
+def test_choose_windows_refuses_ties_and_flags_edges():
+    "Held-out KL per window chooses each arm's best; a tie raises; a best at the end of the grid is flagged."
+    import pandas as pd
+    from workbench.inference.morphkv import choose_windows
+    def rows(kl):
+        return pd.DataFrame([dict(split='heldout', prompt=f'p{i}', policy=p, fraction=0.25, window=R, kl=kl(p, R) + 0.01 * i)
+                             for i in range(2) for p in ('morphkv-sum', 'morphkv-max', 'h2o') for R in (2, 4, 8, 16)])
+    ch = choose_windows(rows(lambda p, R: abs(R - 4) * 0.1 + (p == 'morphkv-max') * 0.05 + (p == 'h2o') * (16 - R)))
+    c = ch[0.25]
+    assert c['morphkv-sum'].knob == 4 and not c['morphkv-sum'].at_edge and c['morph'] == 'morphkv-sum'
+    assert c['h2o'].knob == 16 and c['h2o'].at_edge                 # H2O's best at the grid's largest window
+    with pytest.raises(ValueError, match='refuses a tie'):
+        choose_windows(rows(lambda p, R: 0.0))                      # no eviction: every window scores KL 0
 
-def _fake_results(kl25=0.1, kl50=0.1, rec=0.1, long_kl=0.1, long_rec=0.1, n=6, pre=()):
-    """Rows shaped like run_experiment's: at budgets 25% and 50% (75%: a baseline point only) MorphKV's KL below the best other
-    policy's by `kl25`/`kl50` (per prompt, at 1.2x its entries' bytes: its queries) and its fact recall above by `rec`; on the
-    long responses its KL below the best baseline's by `long_kl` and its recall above by `long_rec`; `pre`: preconditions."""
+def test_recall_is_judged_on_informative_prompts_only():
+    "Prompts where the full cache's recall does not beat the no-prompt control leave the recall claims."
+    from workbench.inference.morphkv import informative, comparisons
+    r = _fake_results(n=6, uninformative=2)
+    assert informative(r) == [f'p{i}' for i in range(2, 6)]
+    rec = [c for c in comparisons(r) if 'fact recall' in c.name]
+    assert rec and all(c.n == 4 and '(4 informative prompts)' in c.name for c in rec)
+
+def _fake_results(kl25=0.1, kl50=0.1, rec=0.1, n=6, pre=(), uninformative=0):
+    """Rows shaped like run_experiment's: at budgets 25% and 50% (75%: a baseline point only) MorphKV's KL below the
+    strongest other policy's by `kl25`/`kl50` (per prompt, at 1.2x its entries' bytes: its queries) and its fact recall
+    above by `rec`; the full cache and the no-prompt control per prompt (the first `uninformative` prompts: the control
+    recalls as much as the full cache); `pre`: preconditions."""
     from workbench.core import Results
     cfg = MorphKVConfig(mode='quick', fractions=(0.25, 0.5, 0.75))
     rows = []
     for i in range(n):
-        w = 1 + 0.1 * i                                                          # the gap varies by prompt: a real interval
+        w = 1 + 0.1 * i                                                      # the gap varies by prompt: a real interval
+        base = dict(split='eval', prompt=f'p{i}')
         for f, b in ((0.25, 100), (0.5, 200), (0.75, 300)):
-            for p, off in (('streamingllm', 0.0), ('h2o', 0.05)):               # h2o: the stronger baseline (lower KL, better recall)
-                rows.append(dict(split='eval', prompt=f'p{i}', policy=p, fraction=f, peak_bytes=b, kl=0.5 + 0.02 * i - off, probe_acc=0.5 + off, chosen=False, window=None))
+            for p, off in (('streamingllm', 0.0), ('h2o', 0.05)):           # h2o: the stronger baseline
+                rows.append(dict(base, policy=p, fraction=f, peak_bytes=b, kl=0.5 + 0.02 * i - off, probe_acc=0.5 + off,
+                                 chosen=False, window=None))
+            rows.append(dict(base, policy='h2o-r', fraction=f, peak_bytes=b, kl=0.01, probe_acc=1.0, chosen=False,
+                             window=2))                                      # a diagnostic: never the strongest baseline
             if f < 0.75:
                 gap = kl25 if f == 0.25 else kl50
-                rows.append(dict(split='eval', prompt=f'p{i}', policy='morphkv-sum', fraction=f, peak_bytes=b * 1.2, kl=0.45 + 0.02 * i - gap * w,
-                                 probe_acc=0.55 + rec * w, chosen=True, window=2))
-        for p, kl, acc in (('streamingllm', 0.5, 0.3), ('h2o', 0.3, 0.4), ('tova', 0.6, 0.2)):
-            rows.append(dict(split='long', prompt=f'p{i}', policy=p, fraction=0.25, peak_bytes=100, kl=kl + 0.01 * i, probe_acc=acc + 0.01 * i, chosen=False, window=None))
-        rows.append(dict(split='long', prompt=f'p{i}', policy='morphkv-sum', fraction=0.25, peak_bytes=100, kl=0.3 + 0.01 * i - long_kl * w,
-                         probe_acc=0.4 + 0.01 * i + long_rec * w, chosen=True, window=2))
+                rows.append(dict(base, policy='morphkv-sum', fraction=f, peak_bytes=b * 1.2,
+                                 kl=0.45 + 0.02 * i - gap * w, probe_acc=0.55 + rec * w, chosen=True, window=2))
+        rows.append(dict(base, policy='full', fraction=1.0, peak_bytes=1000, kl=0.0, probe_acc=0.9))
+        rows.append(dict(base, policy='no-prompt', probe_acc=0.9 if i < uninformative else 0.2 + 0.05 * i))
     return Results('morphkv', cfg, rows, seeds=[0], claims=list(pre))
 
 
 def _precondition(holds: bool):
-    "A made-up precondition (the problem exists: StreamingLLM's KL at the smallest budget above the declared threshold 0.1)."
+    "A made-up precondition (the problem exists: StreamingLLM's KL at the smallest budget above the threshold 0.1)."
     from workbench.core import Claim
     est = 0.3 if holds else 0.02
-    return Claim('KL of StreamingLLM at 25% bytes (made up)', est, est - 0.01, est + 0.01, null=0.1, role='precondition', threshold_from='min_kl')
+    return Claim('KL of StreamingLLM at 25% bytes (made up)', est, est - 0.01, est + 0.01, null=0.1, role='precondition',
+                 threshold_from='min_kl')
 
 
 @pytest.mark.parametrize('kw,want', [
-    (dict(), 'reproduced'),                                                       # both budgets and the long part, KL and recall
-    (dict(kl50=-0.1), 'partly'),                                                  # worse KL than the best other policy at 50%
-    (dict(long_kl=0.0, long_rec=0.0), 'partly'),                                  # the frontier wins, the long responses show nothing
-    (dict(kl25=0.0, kl50=0.0, rec=0.0, long_kl=0.0, long_rec=0.0), 'not reproduced'),    # no effect anywhere
-    (dict(kl25=-0.1, kl50=-0.1, rec=-0.1, long_kl=-0.1, long_rec=-0.1), 'not reproduced'),  # every comparison the other way
+    (dict(), 'reproduced'),                                                   # both budgets, KL and recall
+    (dict(kl50=-0.1), 'partly'),                                              # worse KL than the strongest at 50%
+    (dict(kl25=0.0, kl50=0.0, rec=0.0), 'not reproduced'),                    # no effect anywhere
+    (dict(kl25=-0.1, kl50=-0.1, rec=-0.1), 'not reproduced'),                 # every comparison the other way
 ])
 def test_verdict_rule_on_made_up_rows(kw, want):
-    from workbench.inference.morphkv import claims, verdict
-    r = _fake_results(**kw); cs = claims(r)
-    assert len(cs) == 6 and sum('best other (h2o)' in c.name for c in cs) == 6   # judged against the stronger baseline, the 75% budget not judged
+    from workbench.inference.morphkv import claims, comparisons, verdict
+    r = _fake_results(**kw)
+    cs = comparisons(r)
+    assert len(cs) == 4 and sum('best other (h2o)' in c.name for c in cs) == 4   # the 75% budget not judged
+    pre = [c for c in claims(r) if c.is_precondition]
+    assert len(pre) == 3 and all(c.holds for c in pre)                        # KL at 25% and 50%, recall informative
     assert verdict(r) == want
 
 
-@pytest.mark.parametrize('kw', [dict(), dict(kl50=-0.1), dict(kl25=0.0, kl50=0.0, rec=0.0, long_kl=0.0, long_rec=0.0)])
+def test_preconditions_fail_without_eviction_or_informative_recall():
+    "Thresholds come from the config: a KL below `min_kl` or recall no better than the control fails a precondition."
+    from workbench.inference.morphkv import preconditions
+    r = _fake_results()
+    r.config = dict(r.config, min_kl=1.0)                                     # the strongest policy's KL (~0.5) is below
+    assert [c.holds for c in preconditions(r)] == [False, False, True]
+    r = _fake_results(uninformative=5)                                        # one informative prompt: no comparison
+    assert not preconditions(r)[-1].holds or r.config['min_recall_gain'] == 0
+    r.config = dict(r.config, min_recall_gain=0.1)
+    assert not preconditions(r)[-1].holds
+    old = _fake_results()
+    old.config = {k: v for k, v in old.config.items() if k not in ('min_kl', 'min_recall_gain')}
+    assert preconditions(old) == []                                           # an earlier design's record declared none
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(kl50=-0.1), dict(kl25=0.0, kl50=0.0, rec=0.0)])
 def test_failed_precondition_makes_it_untestable(kw):
     from workbench.inference.morphkv import claims, verdict
     assert verdict(_fake_results(**kw, pre=[_precondition(False)])) == 'untestable here'
-    assert verdict(_fake_results(**kw, pre=[_precondition(True)])) == verdict(_fake_results(**kw))   # one that holds changes nothing
+    assert verdict(_fake_results(**kw, pre=[_precondition(True)])) == verdict(_fake_results(**kw))
     r = _fake_results(**kw)
     r.conclude(verdict, claims(r) + [_precondition(False)])                  # the way run_experiment records it
     assert r.verdict == 'untestable here' and '| precondition |' in r.claims_markdown()

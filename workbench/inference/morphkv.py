@@ -1,4 +1,4 @@
-"""A constant-size KV cache that keeps the recent tokens plus the older ones they attend to most saves 52.9% memory with 18.2% higher accuracy on average than SnapKV and H2O on long-response tasks.
+"""Constant KV cache of recent + most-attended older tokens: on long responses 52.9% less memory, +18.2% vs SnapKV/H2O
 
 Docs: https://workbench-dev.github.io/workbench/inference/morphkv.html.md"""
 
@@ -10,45 +10,58 @@ import contextlib, copy, functools, math, re, time
 from dataclasses import dataclass
 from typing import ClassVar
 import numpy as np, pandas as pd, torch
+from fastcore.basics import patch
 from transformers.cache_utils import DynamicCache
 from ..core import ExperimentConfig, size, Results, cached_unit, progress, judge, in_test, verdict_rule
-from ..measure import torch_threads, check_int, check_num, check_choice, paired_bootstrap, paired_t, claim, compare_speed
+from ..measure import (torch_threads, check_int, check_num, check_choice, paired_bootstrap, claim,
+                               compare_speed, best_setting, precondition, mean_ci, Interval)
 from ..models import load_model, load_tokenizer, check_pretrained, model_label
 from ..train import generate_ids, model_device
 from ..data import load_corpus
 from ..viz import Explorer, PALETTE
-from .kvcache import (check_window, held_bytes, cache_bytes, PolicyCache, DecodeTrace, decode, decode_batch,
-                                         decode_stacked, decode_more, reference_logprobs, replay_after_prefill, recent_topk, group_attention,
-                                         StreamingLLMCache, H2OCache, TOVACache, SnapKVCache)
+from .kvcache import (check_window, held_bytes, cache_bytes, PolicyCache, decode, decode_batch,
+                                         decode_stacked, decode_more, reference_logprobs, replay_after_prefill,
+                                         recent_topk, StreamingLLMCache, H2OCache, TOVACache, SnapKVCache)
 
 # %% auto #0
-__all__ = ['POLICIES', 'KVPRESS_PEERS', 'PROMPTS', 'BYTES_TOL', 'MorphKVCache', 'morph_select', 'make_policy', 'policy_entries',
-           'morph_bytes', 'make_press', 'press_state_bytes', 'press_decode', 'prompt_facts', 'build_prompt',
-           'probe_tokens', 'distinct_n', 'fact_positions', 'at_bytes', 'best_other', 'MorphKVConfig', 'choose_window',
-           'run_experiment', 'claims', 'long_best', 'long_claims', 'verdict', 'headline', 'fig_frontier',
-           'FrontierExplorer']
+__all__ = ['POLICIES', 'KVPRESS_PEERS', 'PROMPTS', 'BYTES_TOL', 'NOT_BASELINES', 'group_sum', 'MorphKVCache', 'morph_select',
+           'make_policy', 'policy_entries', 'morph_bytes', 'make_press', 'press_state_bytes', 'press_decode',
+           'prompt_facts', 'build_prompt', 'probe_tokens', 'distinct_n', 'fact_positions', 'at_bytes', 'best_other',
+           'MorphKVConfig', 'choose_windows', 'run_experiment', 'informative', 'preconditions', 'comparisons', 'claims',
+           'verdict', 'headline', 'fig_frontier', 'FrontierExplorer', 'fig_windows']
 
 # %% ../../nbs/inference/20_morphkv.ipynb #8128601e
+def group_sum(query, n_kv: int):
+    "Queries (B, n_q, T, d) summed over each KV head's group of query heads: (B, n_kv, T, d)."
+    B, Hq, T, d = query.shape
+    if Hq % n_kv: raise ValueError(f"n_q ({Hq}) must be a multiple of n_kv ({n_kv})")
+    # $\bar q_{i,g}=\sum_{h\in g}q_{i,h}$
+    return query.view(B, n_kv, Hq // n_kv, T, d).sum(2)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #8128601eb
 class MorphKVCache(PolicyCache):
-    "MorphKV: the `window` most recent tokens plus the older ones the recent queries attend to most; never more than `budget`."
+    "MorphKV: the `window` newest tokens plus the older ones the recent queries attend to most; at most `budget`."
     name = 'morphkv'
     fixed_size = True
     def __init__(self, budget: int, window: int=16, aggregate: str='sum'):
-        super().__init__(budget); self.window = check_window(budget, window)
+        super().__init__(budget)
+        self.window = check_window(budget, window)
         self.aggregate = check_choice('aggregate', aggregate, ('sum', 'max'))
     def record(self, L, query, scaling):
-        q = query if 'q' not in L.extra else torch.cat([L.extra['q'], query], 2)
-        L.extra['q'] = q[:, :, -self.window:].clone()                          # (B, n_q, <= R, d) window queries; a copy, so
-                                                                               # the prompt's (or a batch's) queries are freed
-    def select(self, L, query, scaling): return morph_select(L.extra['q'], L.keys, scaling, self.budget, self.window, self.aggregate)
+        q = group_sum(query, L.keys.shape[1])                                  # (B, n_kv, T, d): a third of the bytes
+        q = q if 'q' not in L.extra else torch.cat([L.extra['q'], q], 2)
+        L.extra['q'] = q[:, :, -self.window:].clone()                          # (B, n_kv, <= R, d), a copy
+    def select(self, L, query, scaling):
+        return morph_select(L.extra['q'], L.keys, scaling, self.budget, self.window, self.aggregate)
 
 # %% ../../nbs/inference/20_morphkv.ipynb #3bb987dd
 def morph_select(qwin, keys, scaling, budget, window, aggregate='sum'):
-    "Indices (B, n_kv, budget) to keep: the last `window` entries plus the top `budget - window` older ones."
-    B, Hq, R, d = qwin.shape; Hk, S = keys.shape[1], keys.shape[2]
+    "Indices (B, n_kv, budget): the last `window` entries and the top `budget - window` older ones."
+    Hk, S = keys.shape[1], keys.shape[2]
+    q = qwin if qwin.shape[1] == Hk else group_sum(qwin, Hk)                   # (B, n_kv, R, d) group-summed queries
     old = keys[:, :, :S - window]                                              # (B, n_kv, S - R, d)
-    # $\ell_{ij} = \sum_{h\in g} q_{i,h}^\top k_j / \sqrt d$: GQA logits summed over the group before the softmax
-    logit = torch.einsum('bkgrd,bksd->bkrs', qwin.view(B, Hk, Hq // Hk, R, d) * scaling, old)
+    # $\ell_{ij}=\sum_{h\in g}q_{i,h}^\top k_j/\sqrt d=\bar q_{i,g}^\top k_j/\sqrt d$: GQA logits summed over the group
+    logit = torch.einsum('bkrd,bksd->bkrs', q * scaling, old)
     A = logit.softmax(-1)                                                      # softmax over older tokens only
     # $s_j = \sum_i A_{ij}$ or $\max_i A_{ij}$
     s = A.sum(2) if aggregate == 'sum' else A.amax(2)                          # (B, n_kv, S - R)
@@ -57,33 +70,42 @@ def morph_select(qwin, keys, scaling, budget, window, aggregate='sum'):
 # %% ../../nbs/inference/20_morphkv.ipynb #39565c81
 POLICIES = ('full', 'streamingllm', 'h2o', 'h2o-r', 'tova', 'snapkv', 'morphkv-sum', 'morphkv-max')
 
-def make_policy(name: str, budget: int, window: int=16, n_sink: int=4, snapkv_window: int|None=None) -> PolicyCache:
+def make_policy(name: str, budget: int, window: int=16, n_sink: int=4, snapkv_window: int|None=None,
+                h2o_window: int|None=None) -> PolicyCache:
     "A fresh cache for policy `name` (one of `POLICIES`) keeping `budget` entries per layer and KV head."
     check_choice('policy', name, POLICIES)
     if name == 'full': return PolicyCache()
     if name == 'streamingllm': return StreamingLLMCache(budget, n_sink=min(n_sink, budget - 1))
     if name == 'tova': return TOVACache(budget)
-    if name == 'h2o': return H2OCache(budget, max(1, budget // 2))              # H2O's usual split: recent = half the budget
-    if name == 'h2o-r': return H2OCache(budget, window)
+    if name == 'h2o': return H2OCache(budget, h2o_window or max(1, budget // 2))   # usual split: recent = half
+    if name == 'h2o-r': return H2OCache(budget, window)                            # MorphKV's window
     if name == 'snapkv': return SnapKVCache(budget, min(snapkv_window or window, budget), kernel=5, pool='avg')
     return MorphKVCache(budget, window, name.split('-')[1])
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pe001
+def _query_entries(window: int) -> int:
+    "Entries' worth of MorphKV's `window` group-summed queries: R x n_kv x d numbers against 2 x n_kv x d per entry."
+    return math.ceil(window / 2)
+
 def policy_entries(name: str, budget: int, window: int, config) -> int:
-    "Entries policy `name` may keep within a byte budget of `budget` entries once its own state is paid for (model `config`)."
-    check_int('budget', budget, lo=1); check_int('window', window, lo=1)
+    "Entries policy `name` may keep within `budget` entries' worth of bytes once its own state is paid for."
+    check_int('budget', budget, lo=1)
+    check_int('window', window, lo=1)
     n_q, n_kv = config.num_attention_heads, config.num_key_value_heads
-    if name.startswith('morphkv'): return budget - math.ceil(window * n_q / (2 * n_kv))       # R cached queries
-    if name.startswith('kvpress-') and name != 'kvpress-snapkv':                              # R-1 buffered hidden states
-        hd = getattr(config, 'head_dim', None) or config.hidden_size // n_q                    # Gemma 3: its own head width
+    if name.startswith('morphkv'): return budget - _query_entries(window)       # R cached queries
+    if name.startswith('kvpress-') and name != 'kvpress-snapkv':                        # R-1 buffered hidden states
+        hd = getattr(config, 'head_dim', None) or config.hidden_size // n_q              # Gemma 3: its own head width
         return budget - math.ceil((window - 1) * (1 + config.hidden_size / (2 * n_kv * hd)))
     return budget
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pe001b
 def morph_bytes(entries: int, window: int, config) -> int:
-    "The byte budget, in entries' worth, that MorphKV with `entries` entries and `window` cached queries holds (the inverse of `policy_entries`)."
-    return entries + math.ceil(window * config.num_attention_heads / (2 * config.num_key_value_heads))
+    "The bytes, in entries' worth, that MorphKV holds with `entries` entries and `window` cached queries."
+    return entries + _query_entries(window)
 
 # %% ../../nbs/inference/20_morphkv.ipynb #76650605
-KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm')
+KVPRESS_PEERS = ('kvpress-snapkv', 'kvpress-streamingllm', 'kvpress-expected-attention', 'kvpress-tova',
+                 'kvpress-knorm')
 
 def _rows_of(v, sl, B):
     "Batch rows `sl` of a tensor (or a tuple of tensors) whose first dim is the batch `B`; anything else as is."
@@ -91,29 +113,33 @@ def _rows_of(v, sl, B):
     if isinstance(v, tuple) and v and all(torch.is_tensor(x) for x in v): return tuple(_rows_of(x, sl, B) for x in v)
     return v
 
+# %% ../../nbs/inference/20_morphkv.ipynb #76650605b
 @functools.cache
 def _stacked_press_class():
-    import kvpress                                  # lazily: importing kvpress wraps every registered attention function
+    import kvpress                                  # lazily: importing kvpress wraps every registered attention fn
     from kvpress.utils import compute_n_kept
     @dataclass
     class StackedPress(kvpress.ScorerPress):
-        "kvpress scorers, press m on batch rows m*rows .. (m+1)*rows-1 (rows=None: one press, all rows), keeping entries in time order."
+        "kvpress scorers, press m on batch rows m*rows .. (m+1)*rows-1 (None: one press), keeping time order."
         presses: tuple = ()
         rows: int|None = None
         def post_init_from_model(self, model):
             for p in self.presses: p.post_init_from_model(model)
         def score(self, module, hidden_states, keys, values, attentions, kwargs):
-            B = keys.shape[0]; P = self.rows or B; out = []
+            B, out = keys.shape[0], []
+            P = self.rows or B
             for m, p in enumerate(self.presses):
-                sl = slice(m * P, (m + 1) * P); p.compression_ratio = self.compression_ratio
+                sl = slice(m * P, (m + 1) * P)
+                p.compression_ratio = self.compression_ratio
                 kw = {k: _rows_of(v, sl, B) for k, v in kwargs.items()}
-                out.append(p.score(module, hidden_states[sl], keys[sl], values[sl], None if attentions is None else attentions[sl], kw))
+                att = None if attentions is None else attentions[sl]
+                out.append(p.score(module, hidden_states[sl], keys[sl], values[sl], att, kw))
             return torch.cat(out)                                              # (B, n_kv, S)
         def compress(self, module, hidden_states, keys, values, attentions, kwargs):
             if self.compression_ratio == 0: return keys, values
             s = self.score(module, hidden_states, keys, values, attentions, kwargs)
-            idx = s.topk(compute_n_kept(keys.shape[2], self.compression_ratio), -1).indices.sort(-1).values   # in time order
-            idx = idx[..., None].expand(-1, -1, -1, keys.shape[-1])
+            k = compute_n_kept(keys.shape[2], self.compression_ratio)
+            idx = s.topk(k, -1).indices.sort(-1).values[..., None].expand(-1, -1, -1, keys.shape[-1])  # time order
             return keys.gather(2, idx).contiguous(), values.gather(2, idx).contiguous()
     return StackedPress
 
@@ -125,164 +151,196 @@ def _scorer(name, n_sink=4, snapkv_window=32):
             'kvpress-expected-attention': kvpress.ExpectedAttentionPress, 'kvpress-tova': kvpress.TOVAPress,
             'kvpress-knorm': kvpress.KnormPress}[name]()
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0kp001b
 def make_press(names, budget: int, prompt_len: int, window: int=16, rows: int|None=None, n_sink: int=4,
                snapkv_window: int=32, in_order: bool=True, target: int|None=None):
-    "A kvpress press for `names` (one of `KVPRESS_PEERS`, or several decoding presses on blocks of `rows` batch rows) at `budget` entries."
+    "A kvpress press for `names` (a `KVPRESS_PEERS` name, or decoding presses on blocks of `rows` rows) at `budget`."
     names = (names,) if isinstance(names, str) else tuple(names)
     for k in names: check_choice('kvpress peer', k, KVPRESS_PEERS)
-    check_int('budget', budget, lo=1); check_int('prompt_len', prompt_len, lo=1); check_int('window', window, lo=1)
+    check_int('budget', budget, lo=1)
+    check_int('prompt_len', prompt_len, lo=1)
+    check_int('window', window, lo=1)
     import kvpress
-    Stacked, ratio = _stacked_press_class(), lambda keep: max(0.0, 1 - keep / prompt_len)
+    Stacked = _stacked_press_class()
+    def ratio(keep): return max(0.0, 1 - keep / prompt_len)
     if names == ('kvpress-snapkv',):
-        return Stacked(presses=(_scorer(names[0], n_sink, min(snapkv_window, prompt_len - 1)),), rows=rows, compression_ratio=ratio(budget))
-    if 'kvpress-snapkv' in names: raise ValueError("kvpress-snapkv compresses only the prompt: it cannot share a batch with decoding presses")
+        snap = _scorer(names[0], n_sink, min(snapkv_window, prompt_len - 1))
+        return Stacked(presses=(snap,), rows=rows, compression_ratio=ratio(budget))
+    if 'kvpress-snapkv' in names:
+        raise ValueError("kvpress-snapkv compresses only the prompt: it cannot share a batch with decoding presses")
     target = target or budget - window
-    if target < n_sink + 1: raise ValueError(f"target ({target}) must be > n_sink ({n_sink}): the budget is too small for window {window}")
+    if target < n_sink + 1:
+        raise ValueError(f"target ({target}) must be > n_sink ({n_sink}): the budget is too small for window {window}")
     scorers = tuple(_scorer(k, n_sink) for k in names)
     pre = Stacked(presses=scorers, rows=rows, compression_ratio=ratio(target))
     dec = Stacked(presses=scorers, rows=rows) if in_order else scorers[0]
-    return kvpress.PrefillDecodingPress(prefilling_press=pre if in_order else None,
-                                        decoding_press=kvpress.DecodingPress(base_press=dec, compression_interval=window, target_size=target))
+    dp = kvpress.DecodingPress(base_press=dec, compression_interval=window, target_size=target)
+    return kvpress.PrefillDecodingPress(prefilling_press=pre if in_order else None, decoding_press=dp)
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0kp003
 def press_state_bytes(press) -> int:
-    "Bytes of a press's buffered hidden states (kvpress's `DecodingPress` keeps those of the steps since the last compression)."
+    "Bytes of a press's buffered hidden states (kvpress's `DecodingPress` keeps those since the last compression)."
     dec = getattr(press, 'decoding_press', None)
     return 0 if dec is None else held_bytes(t for buf in dec.hidden_states_buffer.values() for t in buf)
 
-def press_decode(model, input_ids, press, max_new_tokens: int, teacher=None, reference=None, keep_logits=True, on_step=None, copies=1) -> list:
-    "`decode_batch` with a kvpress press hooked into `model`, on a plain `DynamicCache` (`copies`: one per press of a stack): `state_bytes` the press's."
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0kp003b
+def press_decode(model, input_ids, press, max_new_tokens: int, teacher=None, reference=None, keep_logits=True,
+                 on_step=None, copies=1) -> list:
+    "`decode_batch` with a kvpress press hooked into `model` (`copies`: one per press of a stack); its `state_bytes`."
     state = []
     def step(i, cache):
         state.append(press_state_bytes(press) / (copies * input_ids.shape[0]))
         if on_step: on_step(i, cache)
-    with press(model): trs = decode_batch(model, input_ids, DynamicCache(), max_new_tokens, teacher, reference=reference, keep_logits=keep_logits,
-                                          on_step=step, copies=copies)
+    with press(model):
+        trs = decode_batch(model, input_ids, DynamicCache(), max_new_tokens, teacher, reference=reference,
+                           keep_logits=keep_logits, on_step=step, copies=copies)
     for tr in trs: tr.state_bytes = list(state)
     return trs
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0pr002
 _FACTS = {  # the prompt's facts a response should reuse (continuations: found in the passage, see `prompt_facts`)
-    'list-market': ('Copper Ladle', 'Odalys Fenwright', 'Bramblecote', 'Tamsin Orrell', 'Tidewright', 'Joachim Pellery', 'Saltmarrow',
-                    'Ysolde Grint', 'Lantern Loom', 'Meralda Voss', 'Quillon', 'Bastien', 'Glass Heron', 'Ottilie Marsh', 'Hollowbrine',
-                    'Caradoc Venn', 'Varrowmere'),
-    'list-inventory': ('KB-114', 'KB-207', 'KB-319', 'KB-402', 'KB-558', 'KB-611', 'KB-736', 'KB-805', 'Halvard', 'Sorrel-4', 'Tesmer',
-                       'Brannoc', 'Kelvaro'),
+    'list-market': ('Copper Ladle', 'Odalys Fenwright', 'Bramblecote', 'Tamsin Orrell', 'Tidewright', 'Joachim Pellery',
+                    'Saltmarrow', 'Ysolde Grint', 'Lantern Loom', 'Meralda Voss', 'Quillon', 'Bastien', 'Glass Heron',
+                    'Ottilie Marsh', 'Hollowbrine', 'Caradoc Venn', 'Varrowmere'),
+    'list-inventory': ('KB-114', 'KB-207', 'KB-319', 'KB-402', 'KB-558', 'KB-611', 'KB-736', 'KB-805', 'Halvard',
+                       'Sorrel-4', 'Tesmer', 'Brannoc', 'Kelvaro'),
     'steps-tea': ('Dunmere', 'Oskana', 'Verrin', 'Felsgard', 'quelberry', 'Tarrow', 'ambrins', 'ambrin'),
-    'story-lighthouse': ('Ilsabet Marrow', 'Torvin Quade', 'Wenna Calloway', 'Skerrow', 'Anselm Rook', 'Saint Orlaith', 'Pellinore',
-                         'Aldermouth', 'Ilsabet', 'Torvin', 'Wenna', 'Anselm'),
-    'story-caravan': ('Dalvi Noor', 'Emrys Tallow', 'Sefa Ondine', 'Greybarrow', 'Kith Amarra', 'Velmorra', 'Lantern of Vosk', 'Ashkar',
-                      'Serreth', 'Dalvi', 'Emrys', 'Sefa'),
-    'code-tests': ('parse_sku_code', 'restock_threshold', 'WarehouseLedger', 'record_shipment', 'record_sale', 'reconcile_counts',
-                   'low_stock_report', 'stockroom', 'safety_days', 'daily_sales', 'lead_days'),
+    'story-lighthouse': ('Ilsabet Marrow', 'Torvin Quade', 'Wenna Calloway', 'Skerrow', 'Anselm Rook', 'Saint Orlaith',
+                         'Pellinore', 'Aldermouth', 'Ilsabet', 'Torvin', 'Wenna', 'Anselm'),
+    'story-caravan': ('Dalvi Noor', 'Emrys Tallow', 'Sefa Ondine', 'Greybarrow', 'Kith Amarra', 'Velmorra',
+                      'Lantern of Vosk', 'Ashkar', 'Serreth', 'Dalvi', 'Emrys', 'Sefa'),
+    'code-tests': ('parse_sku_code', 'restock_threshold', 'WarehouseLedger', 'record_shipment', 'record_sale',
+                   'reconcile_counts', 'low_stock_report', 'stockroom', 'safety_days', 'daily_sales', 'lead_days'),
     'steps-station': ('Orvik-3', 'Brenholt', 'Calder', 'Vantry', 'Mossel', 'TL-90', 'Kestrin'),
 }
 
-_STAGE = {'Enter', 'Alarum', 'Attendants', 'King', 'Queen', 'With', 'Soldier', 'Flourish', 'Exit', 'Exeunt', 'Within', 'Lord', 'Lords', 'Others'}
+_STAGE = {'Alarum', 'Attendants', 'Enter', 'Exeunt', 'Exit', 'Flourish', 'King', 'Lord', 'Lords', 'Others', 'Queen',
+          'Soldier', 'With', 'Within'}
 
 _PROBES = {  # name: (question, answer from the prompt) asked after the response
-    'list-market': ('Who keeps the Glass Heron?', 'Ottilie Marsh'), 'list-inventory': ('What is the code of the Sorrel-4 diesel generator?', 'KB-319'),
+    'list-market': ('Who keeps the Glass Heron?', 'Ottilie Marsh'),
+    'list-inventory': ('What is the code of the Sorrel-4 diesel generator?', 'KB-319'),
     'steps-tea': ('Which honey sweetens Dunmere amber tea?', 'Tarrow heather honey'),
     'story-lighthouse': ('What is the name of the lost island that Wenna Calloway is searching for?', 'Skerrow'),
     'story-caravan': ('What relic is the Ashkar caravan smuggling?', 'the Lantern of Vosk'),
     'code-tests': ('Which method of WarehouseLedger compares counted stock with the ledger?', 'reconcile_counts'),
-    'doc-hamlet': ('Who is the Lord Chamberlain?', 'Polonius'), 'doc-code': ('What is the default width of a TextWrapper?', '70'),
-    'steps-station': ('Which data logger does the Orvik-3 station use?', 'TL-90'), 'doc-macbeth': ('Which king enters at the camp near Forres?', 'Duncan'),
+    'doc-hamlet': ('Who is the Lord Chamberlain?', 'Polonius'),
+    'doc-code': ('What is the default width of a TextWrapper?', '70'),
+    'steps-station': ('Which data logger does the Orvik-3 station use?', 'TL-90'),
+    'doc-macbeth': ('Which king enters at the camp near Forres?', 'Duncan'),
 }
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr008
 def prompt_facts(name: str, text: str) -> list:
-    "The facts of prompt `name` that occur in its (cut) text: listed ones, or a continuation's speaker names / identifiers."
-    if name in _FACTS: fs = _FACTS[name]
+    "The facts of prompt `name` in its (cut) text: listed ones, or a continuation's speaker names or identifiers."
+    if name in _FACTS: fs = set(_FACTS[name])
     elif PROMPTS[name][2] == 'shakespeare':                                    # speaker tags, the cast list, who enters
-        fs = set(re.findall(r'^([A-Z][A-Za-z]+(?: [A-Z][A-Za-z]+)?)\.\s*$', text, re.M)) | set(re.findall(r'^([A-Z][a-z]+), (?:[A-Z]|a |the )', text, re.M))
-        fs |= {w for d in re.findall(r'\[(?:Enter|Alarum)[^\]]*\]', text) for w in re.findall(r'\b[A-Z][a-z]{3,}\b', d)} - _STAGE
-    else: fs = {w for w in re.findall(r'\b[A-Za-z_]\w*\b', text) if '_' in w.strip('_') and len(w) > 5}   # snake_case identifiers
+        fs = set(re.findall(r'^([A-Z][A-Za-z]+(?: [A-Z][A-Za-z]+)?)\.\s*$', text, re.M))
+        fs |= set(re.findall(r'^([A-Z][a-z]+), (?:[A-Z]|a |the )', text, re.M))
+        enter = re.findall(r'\[(?:Enter|Alarum)[^\]]*\]', text)
+        fs |= {w for d in enter for w in re.findall(r'\b[A-Z][a-z]{3,}\b', d)} - _STAGE
+    else: fs = {w for w in re.findall(r'\b[A-Za-z_]\w*\b', text) if '_' in w.strip('_') and len(w) > 5}   # snake_case
     return sorted({f for f in fs if f in text}, key=lambda f: (-len(f), f))
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0pr003
-PROMPTS = {  # name: (kind, split, intro, facts block, instruction) for chat prompts; (kind, split, corpus, group, anchor) for continuations
+PROMPTS = {  # name: (kind, split, intro, facts block, instruction) for chat prompts;
+            # (kind, split, corpus, group, anchor) for continuations
     'list-market': ('long list', 'eval',
-        "Varrowmere is a fishing town on the northern coast, built around a stone quay that the tide floods twice a day. Every "
-        "evening in summer, when the boats are in and the nets are hung to dry, the traders of the town set up their awnings "
-        "along the quay and light paper lanterns. Visitors come from the inland villages by the late coach, and the ferry from "
-        "the islands waits until midnight so that its passengers can eat and shop before the crossing. The market has no "
-        "fixed plan, but the same families have held the same places for generations, and the harbour master keeps a list.",
-        "The stalls, in order from the harbour gate to the lighthouse:\n1. The Copper Ladle, kept by Odalys Fenwright: fish stew.\n"
-        "2. Bramblecote Honey, kept by Tamsin Orrell: honey and beeswax.\n3. The Tidewright Forge, kept by Joachim Pellery: knives.\n"
-        "4. Saltmarrow Books, kept by Ysolde Grint: old charts and almanacs.\n5. The Lantern Loom, kept by Meralda Voss: woollen shawls.\n"
-        "6. Quillon's Smokehouse, kept by Bastien Quillon: smoked eel.\n7. The Glass Heron, kept by Ottilie Marsh: glass floats.\n"
-        "8. Hollowbrine Cheese, kept by Caradoc Venn: sheep's cheese.",
-        "Write a long visitor's guide to the market: one numbered section per stall, in the order above, each naming the stall and "
-        "its keeper and describing at length what to buy there and what the keeper is like."),
+        'Varrowmere is a fishing town on the northern coast, built around a stone quay that the tide floods twice a '
+        'day. Every evening in summer, when the boats are in and the nets are hung to dry, the traders of the town '
+        'set up their awnings along the quay and light paper lanterns. Visitors come from the inland villages by '
+        'the late coach, and the ferry from the islands waits until midnight so that its passengers can eat and '
+        'shop before the crossing. The market has no fixed plan, but the same families have held the same places '
+        'for generations, and the harbour master keeps a list.',
+        'The stalls, in order from the harbour gate to the lighthouse:\n1. The Copper Ladle, kept by Odalys '
+        'Fenwright: fish stew.\n2. Bramblecote Honey, kept by Tamsin Orrell: honey and beeswax.\n3. The Tidewright '
+        'Forge, kept by Joachim Pellery: knives.\n4. Saltmarrow Books, kept by Ysolde Grint: old charts and '
+        "almanacs.\n5. The Lantern Loom, kept by Meralda Voss: woollen shawls.\n6. Quillon's Smokehouse, kept by "
+        'Bastien Quillon: smoked eel.\n7. The Glass Heron, kept by Ottilie Marsh: glass floats.\n8. Hollowbrine '
+        "Cheese, kept by Caradoc Venn: sheep's cheese.",
+        "Write a long visitor's guide to the market: one numbered section per stall, in the order above, each "
+        'naming the stall and its keeper and describing at length what to buy there and what the keeper is like.'),
     'list-inventory': ('long list', 'eval',
-        "Kelvaro Base is a small research station on the edge of the ice shelf. Nine people spend the winter there, cut off from "
-        "supply flights for five months. Before the last plane leaves, the station manager checks every piece of equipment "
-        "against the inventory, because anything that fails in the dark months has to be repaired with what is already on site. "
-        "The inventory codes are painted on each crate and cabinet, and the crew refer to equipment by code on the radio.",
-        "Inventory for the winter crew:\n- KB-114: thermal sleeping bags, twelve, in the east dormitory.\n- KB-207: the Halvard ice-core "
-        "drill and its spare bits.\n- KB-319: the Sorrel-4 diesel generator.\n- KB-402: the VHF radio mast and backup handsets.\n"
-        "- KB-558: the Tesmer weather balloon launcher.\n- KB-611: the medical cabinet and defibrillator.\n- KB-736: snow tractor "
-        "Brannoc and its tracks.\n- KB-805: the greenhouse lamps and seed trays.",
-        "Write a detailed maintenance checklist for the winter crew: one entry per item above, in order, beginning each entry "
-        "with the item's code, and explain at length how to inspect, clean and repair it."),
+        'Kelvaro Base is a small research station on the edge of the ice shelf. Nine people spend the winter there, '
+        'cut off from supply flights for five months. Before the last plane leaves, the station manager checks '
+        'every piece of equipment against the inventory, because anything that fails in the dark months has to be '
+        'repaired with what is already on site. The inventory codes are painted on each crate and cabinet, and the '
+        'crew refer to equipment by code on the radio.',
+        'Inventory for the winter crew:\n- KB-114: thermal sleeping bags, twelve, in the east dormitory.\n- KB-207: '
+        'the Halvard ice-core drill and its spare bits.\n- KB-319: the Sorrel-4 diesel generator.\n- KB-402: the '
+        'VHF radio mast and backup handsets.\n- KB-558: the Tesmer weather balloon launcher.\n- KB-611: the medical '
+        'cabinet and defibrillator.\n- KB-736: snow tractor Brannoc and its tracks.\n- KB-805: the greenhouse lamps '
+        'and seed trays.',
+        'Write a detailed maintenance checklist for the winter crew: one entry per item above, in order, beginning '
+        "each entry with the item's code, and explain at length how to inspect, clean and repair it."),
     'steps-tea': ('step-by-step', 'eval',
-        "In the hill country of Dunmere, tea is served to guests in a fixed order that every household learns as children. The "
-        "ceremony is not religious, but it is taken seriously: an amber tea that is too bitter or too pale is a small insult to "
-        "the guest. Travellers who stay in the guesthouses of the valley are often asked to prepare a pot themselves on their "
-        "last evening, and the hosts watch closely. The water, the leaf and the cups all come from named places in the valley, "
-        "and a careful guest mentions each of them by name while pouring, as a way of thanking the household. Children are "
-        "taught the recipe card by heart long before they are allowed to touch the kettle.",
-        "The recipe card for Dunmere amber tea: use Oskana black leaf, three spoons per pot; heat water from the Verrin spring "
-        "to 87 degrees; warm the Felsgard clay pot first; steep for exactly four minutes; add two slices of dried quelberry; "
-        "sweeten with Tarrow heather honey; serve in the small cups called ambrins, filling each only halfway.",
-        "Explain step by step, in great detail, how to prepare Dunmere amber tea for a group of six guests, using every item on "
-        "the card and naming each ingredient and tool, and explain the reason for every step."),
+        'In the hill country of Dunmere, tea is served to guests in a fixed order that every household learns as '
+        'children. The ceremony is not religious, but it is taken seriously: an amber tea that is too bitter or too '
+        'pale is a small insult to the guest. Travellers who stay in the guesthouses of the valley are often asked '
+        'to prepare a pot themselves on their last evening, and the hosts watch closely. The water, the leaf and '
+        'the cups all come from named places in the valley, and a careful guest mentions each of them by name while '
+        'pouring, as a way of thanking the household. Children are taught the recipe card by heart long before they '
+        'are allowed to touch the kettle.',
+        'The recipe card for Dunmere amber tea: use Oskana black leaf, three spoons per pot; heat water from the '
+        'Verrin spring to 87 degrees; warm the Felsgard clay pot first; steep for exactly four minutes; add two '
+        'slices of dried quelberry; sweeten with Tarrow heather honey; serve in the small cups called ambrins, '
+        'filling each only halfway.',
+        'Explain step by step, in great detail, how to prepare Dunmere amber tea for a group of six guests, using '
+        'every item on the card and naming each ingredient and tool, and explain the reason for every step.'),
     'story-lighthouse': ('story', 'eval',
-        "Pellinore Reach is a ring of rocks and one inhabited island at the mouth of a cold northern bay. Ships heading for the "
-        "port of Aldermouth must pass through the Reach, and in fog they depend on its lighthouse. The island has a single "
-        "harbour, a chapel with a broken bell, and a row of cottages that belonged to fishermen before the fishing failed. "
-        "Supplies come once a fortnight on the ferry, weather allowing, and in winter the island can be cut off for a month. "
-        "The islanders tell stories about an island that appears only in fog, drawn on old charts and missing from the new ones.",
-        "The characters: Ilsabet Marrow, the lighthouse keeper, who has not left the island in eleven years; Torvin Quade, the "
-        "ferryman, who owes her money; Wenna Calloway, a cartographer searching for a lost island called Skerrow; and old "
-        "Father Anselm Rook, who rings the broken bell. The ship: the Saint Orlaith, a schooner overdue from Aldermouth.",
-        "Write a long story in many paragraphs in which all of these characters appear and speak, the Saint Orlaith is lost in "
-        "fog, and Wenna Calloway finds Skerrow. Keep using the characters' full names."),
+        'Pellinore Reach is a ring of rocks and one inhabited island at the mouth of a cold northern bay. Ships '
+        'heading for the port of Aldermouth must pass through the Reach, and in fog they depend on its lighthouse. '
+        'The island has a single harbour, a chapel with a broken bell, and a row of cottages that belonged to '
+        'fishermen before the fishing failed. Supplies come once a fortnight on the ferry, weather allowing, and in '
+        'winter the island can be cut off for a month. The islanders tell stories about an island that appears only '
+        'in fog, drawn on old charts and missing from the new ones.',
+        'The characters: Ilsabet Marrow, the lighthouse keeper, who has not left the island in eleven years; Torvin '
+        'Quade, the ferryman, who owes her money; Wenna Calloway, a cartographer searching for a lost island called '
+        'Skerrow; and old Father Anselm Rook, who rings the broken bell. The ship: the Saint Orlaith, a schooner '
+        'overdue from Aldermouth.',
+        'Write a long story in many paragraphs in which all of these characters appear and speak, the Saint Orlaith '
+        "is lost in fog, and Wenna Calloway finds Skerrow. Keep using the characters' full names."),
     'story-caravan': ('story', 'eval',
-        "The Serreth is a desert of red stone and moving sand between the salt lakes and the mountain cities. Caravans cross it "
-        "in forty days, travelling at night, resting through the heat of the day in the shade of the rock towers. The routes "
-        "are old and the wells are few; a caravan that loses its way rarely finds it again. Each caravan is led by a captain "
-        "who answers to the merchant houses of the mountain cities, and each carries a scout, a healer and more water than "
-        "it expects to need. Bandits watch the wells, and the customs officers of the cities watch the bandits.",
-        "The characters: Captain Dalvi Noor, who leads the Ashkar caravan; the scout Emrys Tallow, who can read the wind; the "
-        "healer Sefa Ondine; and Greybarrow, the oldest camel. The places: the oasis of Kith Amarra and the ruined city of "
-        "Velmorra. The secret: the caravan is smuggling a relic called the Lantern of Vosk.",
-        "Write a long adventure story in many paragraphs about the Ashkar caravan's crossing from Kith Amarra to Velmorra, in "
-        "which every character plays a part and the Lantern of Vosk is discovered. Use the names often."),
+        'The Serreth is a desert of red stone and moving sand between the salt lakes and the mountain cities. '
+        'Caravans cross it in forty days, travelling at night, resting through the heat of the day in the shade of '
+        'the rock towers. The routes are old and the wells are few; a caravan that loses its way rarely finds it '
+        'again. Each caravan is led by a captain who answers to the merchant houses of the mountain cities, and '
+        'each carries a scout, a healer and more water than it expects to need. Bandits watch the wells, and the '
+        'customs officers of the cities watch the bandits.',
+        'The characters: Captain Dalvi Noor, who leads the Ashkar caravan; the scout Emrys Tallow, who can read the '
+        'wind; the healer Sefa Ondine; and Greybarrow, the oldest camel. The places: the oasis of Kith Amarra and '
+        'the ruined city of Velmorra. The secret: the caravan is smuggling a relic called the Lantern of Vosk.',
+        "Write a long adventure story in many paragraphs about the Ashkar caravan's crossing from Kith Amarra to "
+        'Velmorra, in which every character plays a part and the Lantern of Vosk is discovered. Use the names often.'),
     'code-tests': ('code', 'eval',
-        "Below is a small module from a warehouse application. It is used by the night shift to keep stock counts in step with "
-        "deliveries. The team wants a thorough test suite before it is refactored. The module has no tests at all yet; the "
-        "previous developer left only the signatures and docstrings below, and the behaviour has to be pinned down by tests "
-        "that name each function and method explicitly, so that a failing test says at once which part broke.",
-        "```python\n# stockroom.py\ndef parse_sku_code(text):\n    \"Split 'AB-1234-X' into (prefix, number, suffix).\"\n\n"
-        "def restock_threshold(daily_sales, lead_days, safety_days=3):\n    \"Units to hold before reordering.\"\n\n"
-        "class WarehouseLedger:\n    def record_shipment(self, sku, quantity): ...\n    def record_sale(self, sku, quantity): ...\n"
-        "    def reconcile_counts(self, counted): ...\n    def low_stock_report(self, thresholds): ...\n```",
-        "Write a long pytest test file for stockroom.py: several test functions for parse_sku_code, restock_threshold and "
-        "every method of WarehouseLedger, with a comment above each test explaining what it checks."),
+        'Below is a small module from a warehouse application. It is used by the night shift to keep stock counts '
+        'in step with deliveries. The team wants a thorough test suite before it is refactored. The module has no '
+        'tests at all yet; the previous developer left only the signatures and docstrings below, and the behaviour '
+        'has to be pinned down by tests that name each function and method explicitly, so that a failing test says '
+        'at once which part broke.',
+        '```python\n# stockroom.py\ndef parse_sku_code(text):\n    "Split \'AB-1234-X\' into (prefix, number, '
+        'suffix)."\n\ndef restock_threshold(daily_sales, lead_days, safety_days=3):\n    "Units to hold before '
+        'reordering."\n\nclass WarehouseLedger:\n    def record_shipment(self, sku, quantity): ...\n    def '
+        'record_sale(self, sku, quantity): ...\n    def reconcile_counts(self, counted): ...\n    def '
+        'low_stock_report(self, thresholds): ...\n```',
+        'Write a long pytest test file for stockroom.py: several test functions for parse_sku_code, '
+        'restock_threshold and every method of WarehouseLedger, with a comment above each test explaining what it '
+        'checks.'),
     'doc-hamlet': ('continuation', 'eval', 'shakespeare', 'shakespeare/hamlet', 'Hamlet, Son to the former'),
     'doc-code': ('continuation', 'eval', 'code', 'stdlib/textwrap.py', 'class TextWrapper'),
     'steps-station': ('step-by-step', 'heldout',
-        "The Orvik-3 is a portable weather station used by mountain huts. It is shipped in two cases and has to be assembled "
-        "on site by the hut warden, usually alone and often in wind. The manual is short and assumes the warden knows what "
-        "each part is for. The station reports to the valley rescue service by radio, and a station that stops logging in a "
-        "storm can cost lives, so the rescue service asks every warden to practise the assembly before the season starts. "
-        "Parts are labelled with their maker's names, and the spare parts list uses the same names. Most failures in past "
-        "seasons came from a tripod set on soft snow, a battery left uncharged, or a radio link pointed the wrong way.",
-        "The parts: the Brenholt tripod with three ground spikes; the Orvik-3 sensor head with the Calder anemometer cups; the "
-        "Vantry solar panel; the Mossel battery pack; the TL-90 data logger; and the Kestrin radio link. The station must face "
-        "north, stand at least 2 metres high, and log every 10 minutes.",
-        "Explain step by step, in great detail, how to assemble and test the Orvik-3 station, naming every part, and explain "
-        "what to do if a step goes wrong."),
+        'The Orvik-3 is a portable weather station used by mountain huts. It is shipped in two cases and has to be '
+        'assembled on site by the hut warden, usually alone and often in wind. The manual is short and assumes the '
+        'warden knows what each part is for. The station reports to the valley rescue service by radio, and a '
+        'station that stops logging in a storm can cost lives, so the rescue service asks every warden to practise '
+        "the assembly before the season starts. Parts are labelled with their maker's names, and the spare parts "
+        'list uses the same names. Most failures in past seasons came from a tripod set on soft snow, a battery '
+        'left uncharged, or a radio link pointed the wrong way.',
+        'The parts: the Brenholt tripod with three ground spikes; the Orvik-3 sensor head with the Calder '
+        'anemometer cups; the Vantry solar panel; the Mossel battery pack; the TL-90 data logger; and the Kestrin '
+        'radio link. The station must face north, stand at least 2 metres high, and log every 10 minutes.',
+        'Explain step by step, in great detail, how to assemble and test the Orvik-3 station, naming every part, '
+        'and explain what to do if a step goes wrong.'),
     'doc-macbeth': ('continuation', 'heldout', 'shakespeare', 'shakespeare/macbeth', 'SCENE II. A Camp near Forres'),
 }
 
@@ -299,43 +357,57 @@ def _bos(tok) -> list:
     b = tok.bos_token_id
     return [b] if b is not None and tok('x').input_ids[:1] == [b] else []
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr004b
+def _chat_ids(tok, intro, facts, instruction, T, name) -> list:
+    "A chat prompt cut to `T` tokens: the filler at the start of the body gives way, facts and instruction stay whole."
+    pre, post = ('', '')
+    if getattr(tok, 'chat_template', None):
+        tpl = tok.apply_chat_template([dict(role='user', content='\x00')], add_generation_prompt=True, tokenize=False)
+        pre, post = tpl.split('\x00')
+    def enc(x): return tok(x, add_special_tokens=False).input_ids
+    head, body, tail = _bos(tok) + enc(pre), enc(intro + '\n\n' + facts), enc('\n\n' + instruction + post)
+    k = T - len(head) - len(tail)
+    if k < 1 or k > len(body):
+        raise ValueError(f"prompt {name!r} cannot be cut to {T} tokens (head {len(head)}, body {len(body)}, "
+                         f"tail {len(tail)})")
+    return head + body[-k:] + tail
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr004c
 def build_prompt(tok, name: str, T: int) -> dict:
-    "Prompt `name` as exactly `T` tokens: dict(name, kind, split, ids (T,), text, facts); plain text after the BOS for a tokenizer without a chat template."
-    check_choice('prompt', name, tuple(PROMPTS)); check_int('T', T, lo=8)
+    "Prompt `name` as exactly `T` tokens: dict(name, kind, split, ids (T,), text, facts, probe)."
+    check_choice('prompt', name, tuple(PROMPTS))
+    check_int('T', T, lo=8)
     kind, split, *spec = PROMPTS[name]
-    if kind == 'continuation':                                                 # raw text, no chat template
+    if kind == 'continuation':                                                 # raw text after the BOS, no template
         ids = (_bos(tok) + tok(_corpus_text(*spec)[:12 * T], add_special_tokens=False).input_ids)[:T]
-    else:
-        intro, facts, instruction = spec
-        pre, post = tok.apply_chat_template([dict(role='user', content='\x00')], add_generation_prompt=True, tokenize=False).split('\x00') \
-            if getattr(tok, 'chat_template', None) else ('', '')
-        head, body = _bos(tok) + tok(pre, add_special_tokens=False).input_ids, tok(intro + '\n\n' + facts, add_special_tokens=False).input_ids
-        tail = tok('\n\n' + instruction + post, add_special_tokens=False).input_ids
-        k = T - len(head) - len(tail)                                          # the filler at the start of the body gives way
-        if k < 1 or k > len(body): raise ValueError(f"prompt {name!r} cannot be cut to {T} tokens (head {len(head)}, body {len(body)}, tail {len(tail)})")
-        ids = head + body[-k:] + tail
+    else: ids = _chat_ids(tok, *spec, T, name)
     if len(ids) != T: raise ValueError(f"prompt {name!r} has {len(ids)} tokens, fewer than T={T}")
     text = tok.decode(ids)
-    return dict(name=name, kind=kind, split=split, ids=torch.tensor(ids), text=text, facts=prompt_facts(name, text), probe=_PROBES[name])
+    return dict(name=name, kind=kind, split=split, ids=torch.tensor(ids), text=text, facts=prompt_facts(name, text),
+                probe=_PROBES[name])
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0pr006
 def probe_tokens(tok, probes) -> tuple:
-    "Question-answer probes as one (P, L) token tensor (left-padded with newlines) and the answer's positions in each row."
-    nl = tok('\n', add_special_tokens=False).input_ids[0]
-    rows = [(tok(f'\n\nQuestion: {q}\nAnswer:', add_special_tokens=False).input_ids, tok(' ' + a, add_special_tokens=False).input_ids) for q, a in probes]
+    "Question-answer probes as one (P, L) token tensor (left-padded with newlines) and each row's answer positions."
+    def enc(x): return tok(x, add_special_tokens=False).input_ids
+    nl = enc('\n')[0]
+    rows = [(enc(f'\n\nQuestion: {q}\nAnswer:'), enc(' ' + a)) for q, a in probes]
     L = max(len(q) + len(a) for q, a in rows)
-    return (torch.tensor([[nl] * (L - len(q) - len(a)) + q + a for q, a in rows]), [list(range(L - len(a), L)) for q, a in rows])
+    ids = torch.tensor([[nl] * (L - len(q) - len(a)) + q + a for q, a in rows])
+    return ids, [list(range(L - len(a), L)) for q, a in rows]
 
 def distinct_n(tokens, n: int) -> float:
     "Distinct n-grams over all n-grams of a token sequence (1: no repetition)."
-    t = [int(x) for x in tokens]; grams = [tuple(t[i:i + n]) for i in range(len(t) - n + 1)]
+    t = [int(x) for x in tokens]
+    grams = [tuple(t[i:i + n]) for i in range(len(t) - n + 1)]
     if not grams: raise ValueError(f"need at least {n} tokens, got {len(t)}")
     return len(set(grams)) / len(grams)
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0pr006b
 def fact_positions(tok, tokens, facts, after: int=0) -> list:
-    "Response positions to score: every token but the first of each occurrence of a fact that starts at token >= `after`."
+    "Response positions to score: every token but the first of each occurrence of a fact starting at >= `after`."
     pieces = [tok.decode([int(t)]) for t in tokens]
-    starts = np.cumsum([0] + [len(p) for p in pieces])[:-1]; text = ''.join(pieces); out = set()
+    starts, text, out = np.cumsum([0] + [len(p) for p in pieces])[:-1], ''.join(pieces), set()
     for f in facts:
         for m in re.finditer(re.escape(f), text):
             span = [i for i, (s, p) in enumerate(zip(starts, pieces)) if s < m.end() and s + len(p) > m.start()]
@@ -345,134 +417,186 @@ def fact_positions(tok, tokens, facts, after: int=0) -> list:
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0fr002
 BYTES_TOL = 0.02   # a policy whose fewest bytes exceed the target by more than this share cannot be compared there
 
+NOT_BASELINES = ('full', 'no-prompt', 'morphkv-sum', 'morphkv-max', 'h2o-r')   # h2o-r: MorphKV's window, a diagnostic
+
 def at_bytes(df: pd.DataFrame, policy: str, target: float, metric: str) -> pd.Series|None:
-    "Per-prompt `metric` of `policy` at `target` peak bytes, read off its budgets (log-linear for 'kl'); None if it cannot be held to `target`."
+    "Per-prompt `metric` of `policy` at `target` peak bytes off its budgets (log-linear for 'kl'); None out of range."
     d = df[df.policy == policy]
     if d.empty: return None
     b = d.groupby('fraction').peak_bytes.mean().sort_values()                   # its budgets, by measured bytes
     if target < b.iloc[0] * (1 - BYTES_TOL) or target > b.iloc[-1] * (1 + BYTES_TOL): return None
     v = d.pivot_table(index='prompt', columns='fraction', values=metric)[b.index]   # (prompts, budgets)
     t = min(max(target, b.iloc[0]), b.iloc[-1])
-    f = (lambda r: math.exp(np.interp(t, b.values, np.log(np.maximum(r, 1e-12))))) if metric == 'kl' else (lambda r: np.interp(t, b.values, r))
+    def log_interp(r): return math.exp(np.interp(t, b.values, np.log(np.maximum(r, 1e-12))))
+    f = log_interp if metric == 'kl' else (lambda r: np.interp(t, b.values, r))
     return v.apply(lambda r: f(r.values) if r.notna().all() else np.nan, axis=1)
 
-def best_other(df, target, metric, exclude=('full', 'no-prompt', 'morphkv-sum', 'morphkv-max')):
-    "The other policy with the best mean `metric` at `target` bytes, and its per-prompt values (lower is better for 'kl')."
-    cands = {p: s for p in sorted(set(df.policy) - set(exclude)) if (s := at_bytes(df, p, target, metric)) is not None and s.notna().any()}
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0fr002b
+def best_other(df, target, metric, exclude=NOT_BASELINES):
+    "The other policy with the best mean `metric` at `target` bytes, and its per-prompt values (lower 'kl' is better)."
+    cands = {p: at_bytes(df, p, target, metric) for p in sorted(set(df.policy) - set(exclude))}
+    cands = {p: v for p, v in cands.items() if v is not None and v.notna().any()}
     if not cands: return None, None
-    key = (lambda p: cands[p].mean()) if metric == 'kl' else (lambda p: -cands[p].mean())
-    p = min(cands, key=key); return p, cands[p]
+    p = min(cands, key=lambda p: cands[p].mean() if metric == 'kl' else -cands[p].mean())
+    return p, cands[p]
 
 # %% ../../nbs/inference/20_morphkv.ipynb #15aa9ab6
 @dataclass
 class MorphKVConfig(ExperimentConfig):
-    "Long-response replays of a pretrained LM (default SmolLM2-135M) under every KV-cache policy at several byte budgets."
-    model: str = 'smollm2-135m'                                # the LM: a registry name, a local Hugging Face folder or a hub id (Llama-style: Llama, Qwen2, Gemma 3, ...)
-    prompts: tuple = size(quick=('doc-hamlet', 'doc-code', 'doc-macbeth'), full=tuple(PROMPTS))  # prompt names (their split: see PROMPTS)
-    prompt_tokens: int = size(quick=48, full=128)              # T: every prompt is cut to this many tokens (one batch)
-    response_tokens: int = size(quick=8, full=512)             # n: tokens of each sampled reference response (full: the paper's long-response regime, issue 29)
-    fractions: tuple = size(quick=(0.25, 0.5), full=(0.0625, 0.125, 0.25, 0.5, 0.75))  # budgets (entries kept), shares of the full cache's final size; the last is a baseline point only
-    windows: tuple = size(quick=(2, 4), full=(8, 16, 32))      # MorphKV windows R swept on the held-out prompts
-    snapkv_window: int = size(quick=8, full=32)                # SnapKV's observation window W (the published default is 32)
-    n_sink: int = 4                                            # StreamingLLM's (ours and kvpress's) sink tokens
-    presses: tuple = size(quick=('kvpress-snapkv', 'kvpress-knorm'), full=('kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm'))  # the kvpress peers on the frontier (full: its decoding presses; its SnapKV and StreamingLLM keep our sets: tested)
-    press_interval: int = size(quick=2, full=4)                # kvpress decoding presses re-compress every this many steps (buffering the hidden states in between)
-    long_prompts: tuple = size(quick=('doc-hamlet', 'doc-code'), full=('list-market', 'steps-tea', 'story-lighthouse', 'code-tests'))  # evaluated prompts of the long-response part
-    long_tokens: int = size(quick=12, full=512)                # tokens of each long sampled response (the paper's regime: budget << response)
-    long_fraction: float = size(quick=0.25, full=0.125)        # byte budget of the long part, in entries' worth: a share of T + long_tokens
-    long_policies: tuple = ('streamingllm', 'h2o', 'tova')     # the baselines of the long part, each given MorphKV's bytes
-    temperature: float = 0.7                                   # sampling temperature of the references (0: greedy)
-    fact_after: int = size(quick=2, full=256)                  # the fact-use task scores facts written from this response token on (full: after several hundred tokens)
-    speed_fraction: float = size(quick=0.25, full=0.5)         # a judged budget at which decoding is timed (and the keep-set raster recorded)
-    speed_steps: int = size(quick=2, full=8)                   # m: decode steps per timed call
-    speed_repeats: int = size(quick=2, full=3)                 # interleaved timing rounds per policy
-    speed_policies: tuple = size(quick=('morphkv-sum',), full=('streamingllm', 'h2o', 'morphkv-sum'))  # policies timed against the full cache
-    kept_every: int = size(quick=2, full=8)                    # keep-set raster: every this many steps
-    heldout_tokens: int = size(quick=8, full=32)               # response tokens replayed on the held-out prompts to choose R
-    threads: int = 1                                           # torch CPU threads during the run (0: as set); one does not oversubscribe 2 shared cores
-    unit_fields: ClassVar[tuple] = ('fractions', 'windows', 'presses', 'speed_policies', 'speed_steps', 'speed_repeats', 'kept_every',
-                                    'press_interval', 'long_prompts', 'long_tokens', 'long_fraction', 'long_policies', 'model')   # every unit's key names what it uses of these
-    cache_version: ClassVar[int] = 1                            # (a model other than SmolLM2 is named in every unit's key: SmolLM2's units keep their keys)
-    def validate(self):
-        check_pretrained(self.model, 'MorphKV (its prompts and facts need a tokenizer, its references a trained model)')
-        for p in self.prompts: check_choice('prompt', p, tuple(PROMPTS))
-        if len(set(self.prompts)) != len(self.prompts): raise ValueError(f"prompts must be distinct, got {self.prompts}")
-        for s in ('eval', 'heldout'):
-            if sum(PROMPTS[p][1] == s for p in self.prompts) < (2 if s == 'eval' else 1): raise ValueError(f"prompts need at least {2 if s == 'eval' else 1} of split {s!r}, got {self.prompts}")
-        check_int('prompt_tokens', self.prompt_tokens, lo=16); check_int('response_tokens', self.response_tokens, lo=4)
-        if len(self.fractions) < 2 or list(self.fractions) != sorted(set(self.fractions)): raise ValueError(f"fractions must be at least two, increasing and distinct, got {self.fractions}")
-        for f in self.fractions: check_num('fraction', f, 0, 1, lo_open=True, hi_open=True)
-        if not self.windows: raise ValueError("windows must name at least one window R")
-        for r in self.windows: check_int('window', r, lo=1)
-        check_int('snapkv_window', self.snapkv_window, lo=1); check_int('n_sink', self.n_sink, lo=0)
-        for p in self.presses: check_choice('press', p, KVPRESS_PEERS)
-        check_num('temperature', self.temperature, lo=0); check_int('fact_after', self.fact_after, 0, self.response_tokens - 1)
-        check_choice('speed_fraction', self.speed_fraction, self.fractions[:-1])
-        check_int('speed_steps', self.speed_steps, 1, self.response_tokens - 1); check_int('speed_repeats', self.speed_repeats, lo=2)
-        for p in self.speed_policies: check_choice('speed policy', p, POLICIES[1:] + tuple(self.presses))
-        check_int('kept_every', self.kept_every, lo=1); check_int('heldout_tokens', self.heldout_tokens, 2, self.response_tokens)
-        check_int('threads', self.threads, lo=0); check_int('press_interval', self.press_interval, lo=1)
-        for p in self.long_prompts:
-            if check_choice('long prompt', p, self.prompts) and PROMPTS[p][1] != 'eval': raise ValueError(f"long prompts must be evaluation prompts, got {p!r}")
-        if len(set(self.long_prompts)) != len(self.long_prompts) or len(self.long_prompts) < 2: raise ValueError(f"long_prompts must be at least two distinct prompts, got {self.long_prompts}")
-        check_int('long_tokens', self.long_tokens, lo=max(4, self.fact_after + 1)); check_num('long_fraction', self.long_fraction, 0, 1, lo_open=True, hi_open=True)
-        if not self.long_policies: raise ValueError("long_policies must name at least one baseline")
-        for p in self.long_policies: check_choice('long policy', p, ('streamingllm', 'h2o', 'h2o-r', 'tova'))
-    @property
-    def prompt_names(self) -> list:
-        "The evaluated prompts, then the held-out ones."
-        return [p for p in self.prompts if PROMPTS[p][1] == 'eval'] + [p for p in self.prompts if PROMPTS[p][1] == 'heldout']
-    def budget(self, fraction) -> int:
-        "The budget at `fraction`: entries kept per layer and KV head, a share of the full cache's final size."
-        return max(1, round(fraction * (self.prompt_tokens + self.response_tokens)))
-    @property
-    def long_budget(self) -> int:
-        "The long part's byte budget in entries' worth (what the baselines keep; MorphKV keeps fewer and pays for its queries)."
-        return max(2, round(self.long_fraction * (self.prompt_tokens + self.long_tokens)))
-    @property
-    def judged(self) -> tuple:
-        "The budgets at which MorphKV is judged: all but the last, whose baselines only bound the frontier from above."
-        return tuple(self.fractions[:-1])
+    "Long-response replays of a pretrained LM (default SmolLM2-135M) under every KV-cache policy at several budgets."
+    model: str = 'smollm2-135m'             # the LM: a registry name, a local Hugging Face folder or a hub id
+    prompts: tuple = size(quick=('doc-hamlet', 'doc-code', 'doc-macbeth'), full=tuple(PROMPTS))  # names (see PROMPTS)
+    prompt_tokens: int = size(quick=48, full=128)         # T: every prompt is cut to this many tokens (one batch)
+    response_tokens: int = size(quick=8, full=512)        # n: tokens of each sampled reference response
+    fractions: tuple = size(quick=(0.25, 0.5), full=(0.0625, 0.125, 0.25, 0.5, 0.75))  # budgets: shares of T + n
+    windows: tuple = size(quick=(2,), full=(8, 32))       # fixed windows R of the grid (MorphKV and H2O alike)
+    window_shares: tuple = (0.25, 0.5)                    # windows as shares of the budget C: C/4, C/2
+    snapkv_window: int = size(quick=8, full=32)           # SnapKV's observation window W (the published default)
+    n_sink: int = 4                                       # StreamingLLM's (ours and kvpress's) sink tokens
+    presses: tuple = size(quick=('kvpress-snapkv', 'kvpress-knorm'),
+                          full=('kvpress-expected-attention', 'kvpress-tova', 'kvpress-knorm'))  # kvpress peers
+    press_interval: int = size(quick=2, full=4)           # kvpress decoding presses re-compress every this many steps
+    temperature: float = 0.7                              # sampling temperature of the references (0: greedy)
+    fact_after: int = size(quick=2, full=256)             # late fact use scores facts written from this token on
+    speed_fraction: float = size(quick=0.25, full=0.5)    # a judged budget where decoding is timed (and kept sets kept)
+    speed_steps: int = size(quick=2, full=8)              # m: decode steps per timed call
+    speed_repeats: int = size(quick=2, full=3)            # interleaved timing rounds per policy
+    speed_policies: tuple = size(quick=('morphkv-sum',), full=('streamingllm', 'h2o', 'morphkv-sum'))  # timed
+    kept_every: int = size(quick=2, full=8)               # keep-set raster: every this many steps
+    heldout_tokens: int = size(quick=8, full=256)         # held-out response tokens replayed to choose the windows
+    heldout_evict: int = size(quick=4, full=192)          # ... or more: each budget evicts for at least this many
+    min_kl: float = size(quick=0.0, full=0.001)           # precondition: strongest other policy's KL (nats), CI above
+    min_recall_gain: float = size(quick=0.0, full=0.1)    # precondition: full − no-prompt recall, informative prompts
+    threads: int = 1                                      # torch CPU threads during the run (0: as set)
+    unit_fields: ClassVar[tuple] = ('fractions', 'windows', 'window_shares', 'presses', 'speed_policies', 'speed_steps',
+                                    'speed_repeats', 'kept_every', 'press_interval', 'model', 'heldout_tokens',
+                                    'heldout_evict', 'min_kl', 'min_recall_gain')   # each unit's key names its own
+    cache_version: ClassVar[int] = 2                      # 2: group-summed queries, held-out window grids
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cf002
+@patch
+def validate(self: MorphKVConfig):
+    check_pretrained(self.model, 'MorphKV (its prompts and facts need a tokenizer, its references a trained model)')
+    for p in self.prompts: check_choice('prompt', p, tuple(PROMPTS))
+    if len(set(self.prompts)) != len(self.prompts): raise ValueError(f"prompts must be distinct, got {self.prompts}")
+    for s, k in (('eval', 2), ('heldout', 1)):
+        if sum(PROMPTS[p][1] == s for p in self.prompts) < k:
+            raise ValueError(f"prompts need at least {k} of split {s!r}, got {self.prompts}")
+    check_int('prompt_tokens', self.prompt_tokens, lo=16)
+    check_int('response_tokens', self.response_tokens, lo=4)
+    if len(self.fractions) < 2 or list(self.fractions) != sorted(set(self.fractions)):
+        raise ValueError(f"fractions must be at least two, increasing and distinct, got {self.fractions}")
+    for f in self.fractions: check_num('fraction', f, 0, 1, lo_open=True, hi_open=True)
+    for r in self.windows: check_int('window', r, lo=1)
+    for s in self.window_shares: check_num('window share', s, 0, 1, lo_open=True, hi_open=True)
+    self._validate_rest()
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cf003
+@patch
+def _validate_rest(self: MorphKVConfig):
+    check_int('snapkv_window', self.snapkv_window, lo=1)
+    check_int('n_sink', self.n_sink, lo=0)
+    for p in self.presses: check_choice('press', p, KVPRESS_PEERS)
+    check_num('temperature', self.temperature, lo=0)
+    check_int('fact_after', self.fact_after, 0, self.response_tokens - 1)
+    check_choice('speed_fraction', self.speed_fraction, self.fractions[:-1])
+    check_int('speed_steps', self.speed_steps, 1, self.response_tokens - 1)
+    check_int('speed_repeats', self.speed_repeats, lo=2)
+    for p in self.speed_policies: check_choice('speed policy', p, POLICIES[1:] + tuple(self.presses))
+    check_int('kept_every', self.kept_every, lo=1)
+    check_int('heldout_tokens', self.heldout_tokens, 2, self.response_tokens)
+    check_int('heldout_evict', self.heldout_evict, lo=1)
+    C, f = max((self.budget(f), f) for f in self.judged)
+    if self.prompt_tokens + self.heldout_len(f) - C < self.heldout_evict:
+        raise ValueError(f"the held-out replays must evict for heldout_evict={self.heldout_evict} tokens at every "
+                         f"judged budget, but {self.response_tokens} response tokens evict for fewer at budget {C}")
+    check_num('min_kl', self.min_kl, lo=0)
+    check_num('min_recall_gain', self.min_recall_gain, lo=0)
+    check_int('threads', self.threads, lo=0)
+    check_int('press_interval', self.press_interval, lo=1)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cf004
+@patch(as_prop=True)
+def prompt_names(self: MorphKVConfig) -> list:
+    "The evaluated prompts, then the held-out ones."
+    return [p for s in ('eval', 'heldout') for p in self.prompts if PROMPTS[p][1] == s]
+
+@patch
+def budget(self: MorphKVConfig, fraction) -> int:
+    "The budget at `fraction`: entries kept per layer and KV head, a share of the full cache's final size."
+    return max(1, round(fraction * (self.prompt_tokens + self.response_tokens)))
+
+@patch(as_prop=True)
+def judged(self: MorphKVConfig) -> tuple:
+    "The budgets at which MorphKV is judged: all but the last, whose baselines only bound the frontier from above."
+    return tuple(self.fractions[:-1])
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cf004b
+@patch
+def heldout_len(self: MorphKVConfig, fraction) -> int:
+    "Held-out response tokens replayed at `fraction`: `heldout_tokens`, or enough to evict for `heldout_evict`."
+    need = self.budget(fraction) - self.prompt_tokens + self.heldout_evict
+    return min(self.response_tokens, max(self.heldout_tokens, need))
+
+@patch
+def window_grid(self: MorphKVConfig, fraction) -> list:
+    "The windows R swept at `fraction`: the fixed `windows` and the `window_shares` of C, those below C, sorted."
+    C = self.budget(fraction)
+    grid = {int(r) for r in self.windows} | {max(1, round(s * C)) for s in self.window_shares}
+    return sorted(r for r in grid if r < C)
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex001
 @functools.cache
 def _model(name): return load_model(name, attn='sdpa')
 
 @functools.cache
-def _tokenizer(name): return load_tokenizer(name)                             # Gemma 3's 262k-token tokenizer takes seconds to load
+def _tokenizer(name): return load_tokenizer(name)                # Gemma 3's 262k-token tokenizer takes seconds
 
 class _NoSpecial(torch.nn.Module):
     "A causal LM that never emits the `banned` token ids (so that every sampled response runs its full length)."
-    def __init__(self, model, banned): super().__init__(); self.model, self.banned = model, list(banned)
+    def __init__(self, model, banned):
+        super().__init__()
+        self.model, self.banned = model, list(banned)
     def forward(self, **kw):
-        out = self.model(**kw); out.logits[..., self.banned] = float('-inf'); return out
+        out = self.model(**kw)
+        out.logits[..., self.banned] = float('-inf')
+        return out
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex001b
 def _references(model, tok, ids, cfg, n=None) -> dict:
-    "Responses (P, n) sampled from the full-cache model for prompts `ids` (P, T); `n` defaults to `cfg.response_tokens`."
-    out = generate_ids(_NoSpecial(model, [i for i in tok.all_special_ids if i < model.config.vocab_size]), ids, n or cfg.response_tokens, greedy=cfg.temperature == 0,
+    "Responses (P, n) sampled from the full-cache model for prompts `ids` (P, T); `n` defaults to `response_tokens`."
+    lm = _NoSpecial(model, [i for i in tok.all_special_ids if i < model.config.vocab_size])
+    out = generate_ids(lm, ids, n or cfg.response_tokens, greedy=cfg.temperature == 0,
                        temperature=cfg.temperature or 1.0, seed=cfg.seed)
     return dict(tokens=out[:, ids.shape[1]:].tolist())
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex007
 def _peak(tr) -> float: return max(k + s for k, s in zip(tr.kv_bytes, tr.state_bytes))
 
-def _rows(traces, names, ctx, fraction, entries, windows, split) -> list:
-    "One row per trace (member-major over `names`, prompts in `ctx['names']`): fidelity, fact use and measured peak bytes; `entries`, `windows` per member."
-    P, out = len(ctx['names']), []
-    for k, tr in enumerate(traces):
-        m, i = k // P, k % P; p = names[m]; nr = min(ctx['n'], len(tr.pred))   # response positions (the probe follows)
-        acc = lambda pos: float((tr.pred[pos] == ctx['resp'][i][pos]).float().mean()) if pos else None
-        pos, probe = [j for j in ctx['fpos'][i] if j < nr], [j for j in ctx['ppos'][i] if j < len(tr.pred)]
-        out.append(dict(split=split, prompt=ctx['names'][i], policy=p, fraction=fraction, entries=entries[m], window=windows[m],
-                        kl=float(tr.kl[:nr].mean()), top1=float(tr.top1[:nr].float().mean()), fact_acc=acc(pos), fact_n=len(pos),
-                        probe_acc=acc(probe), peak_bytes=_peak(tr), peak_kv=max(tr.kv_bytes), peak_state=max(tr.state_bytes)))
-    return out
+def _row(tr, ctx, i, **kw) -> dict:
+    "One trace's row: fidelity over the response, late fact use, recall after it, and measured peak bytes."
+    nr = min(ctx['n'], len(tr.pred))                                           # response positions (the probe follows)
+    def acc(pos): return float((tr.pred[pos] == ctx['resp'][i][pos]).float().mean()) if pos else None
+    pos, probe = [j for j in ctx['fpos'][i] if j < nr], [j for j in ctx['ppos'][i] if j < len(tr.pred)]
+    return dict(kw, prompt=ctx['names'][i], kl=float(tr.kl[:nr].mean()), top1=float(tr.top1[:nr].float().mean()),
+                fact_acc=acc(pos), fact_n=len(pos), probe_acc=acc(probe), peak_bytes=_peak(tr),
+                peak_kv=max(tr.kv_bytes), peak_state=max(tr.state_bytes))
 
+def _rows(traces, members, ctx, fraction, split) -> list:
+    "One row per trace (member-major over `members` [(policy, entries, window)], prompts in `ctx['names']`)."
+    P = len(ctx['names'])
+    return [_row(tr, ctx, k % P, split=split, policy=members[k // P][0], fraction=fraction,
+                 entries=members[k // P][1], window=members[k // P][2]) for k, tr in enumerate(traces)]
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex007b
 def _curves(traces, names, P, fraction, n, bins=16) -> list:
     "KL along the response (its first `n` positions), mean over prompts, in `bins` equal bins, per policy."
     out = []
     for m, p in enumerate(names):
         kl = torch.stack([traces[m * P + i].kl[:n] for i in range(P)]).mean(0)  # (n,)
-        out.append(dict(policy=p, fraction=fraction, bin_tokens=len(kl) // bins, kl=[round(float(x), 6) for x in kl[:len(kl) // bins * bins].view(bins, -1).mean(1)]))
+        b = len(kl) // bins
+        out.append(dict(policy=p, fraction=fraction, bin_tokens=b, kl=[round(float(x), 6) for x in
+                                                                       kl[:b * bins].view(bins, -1).mean(1)]))
     return out
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex002
@@ -482,314 +606,427 @@ def _sliding(config) -> int:
 
 def _middle_layer(config) -> int:
     "The full-attention layer nearest the middle of the model (a sliding-window layer only keeps its window)."
-    n = config.num_hidden_layers; types = getattr(config, 'layer_types', None) or ['full_attention'] * n
-    return min((i for i, t in enumerate(types) if t != 'sliding_attention'), key=lambda i: (abs(i - n // 2), i), default=n // 2)
+    n = config.num_hidden_layers
+    types = getattr(config, 'layer_types', None) or ['full_attention'] * n
+    full = [i for i, t in enumerate(types) if t != 'sliding_attention']
+    return min(full, key=lambda i: (abs(i - n // 2), i), default=n // 2)
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex002b
 def _kept_recorder(names, P, layer, every, store):
-    "An `on_step` that records which positions layer `layer`, KV head 0 keeps for prompt 0 under each member, every `every` steps."
+    "An `on_step` recording the positions layer `layer`, KV head 0 keeps for prompt 0 per member, every `every` steps."
     def rec(i, cache):
         if i % every: return
-        for m, p in enumerate(names): store.append(dict(policy=p, step=i, layer=layer, kept=cache.layers[layer].pos[m * P, 0].tolist()))
+        for m, p in enumerate(names):
+            store.append(dict(policy=p, step=i, layer=layer, kept=cache.layers[layer].pos[m * P, 0].tolist()))
     return rec
 
-def _replay_unit(model, ctx, cfg, f, group, R, press_bytes=None) -> dict:
-    "Replay the evaluation prompts under one group of policies at budget fraction `f`: rows, KL curves and (at the speed budget) kept sets; kvpress decoding presses get `press_bytes` entries' worth."
-    C, P, T = cfg.budget(f), len(ctx['names']), cfg.prompt_tokens
-    n = ctx['resp'].shape[1]                                                   # the response and the probe
-    kw = dict(teacher=ctx['resp'][:, :n], reference=ctx['lp']()[:, :n], keep_logits=False)
-    kept, L = [], _middle_layer(model.config)
-    record = f == cfg.speed_fraction and not group[0].startswith('kvpress') and group != ['snapkv']  # stacks only
-    rec = _kept_recorder(group, P, L, cfg.kept_every, kept) if record else None
-    dec = group[0].startswith('kvpress') and group != ['kvpress-snapkv']      # kvpress decoding presses: way (a), at MorphKV's bytes
-    ent = {p: policy_entries(p, press_bytes, cfg.press_interval, model.config) if dec else C for p in group}   # our policies: C entries, state on top
-    if group == ['snapkv'] and _sliding(model.config):                        # the one-pass replay would use the model's sliding-window masks,
-        trs = decode_batch(model, ctx['ids'], make_policy('snapkv', C, R, cfg.n_sink, cfg.snapkv_window), n, **kw)   # which count cache slots: step by step
-    elif group in (['snapkv'], ['kvpress-snapkv']):                            # prompt-only compression: replayed in one pass
-        press = make_press(group, C, T, snapkv_window=cfg.snapkv_window) if group[0].startswith('kvpress') else None
-        cache = DynamicCache() if press else make_policy('snapkv', C, R, cfg.n_sink, cfg.snapkv_window)
-        trs = replay_after_prefill(model, ctx['ids'], cache, kw['teacher'], kw['reference'], prefill=press(model) if press else None)
-    elif group[0].startswith('kvpress'):
-        press = make_press(group, press_bytes, T, cfg.press_interval, rows=P, n_sink=cfg.n_sink, snapkv_window=cfg.snapkv_window, target=ent[group[0]])
-        trs = press_decode(model, ctx['ids'], press, n, copies=len(group), **kw)
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex008
+def _stack_unit(model, ctx, cfg, f, members, record=False) -> list:
+    "Fixed-size policies `members` [(policy, entries, window, h2o_window)] in one stacked replay of `ctx`'s prompts."
+    P, n = len(ctx['names']), ctx['resp'].shape[1]
+    kept, names = [], [m[0] for m in members]
+    rec = _kept_recorder(names, P, _middle_layer(model.config), cfg.kept_every, kept) if record else None
+    caches = [make_policy(p, e, w or 1, cfg.n_sink, h2o_window=h) for p, e, w, h in members]
+    trs = decode_stacked(model, ctx['ids'], caches, n, teacher=ctx['resp'], reference=ctx['lp'](),
+                         keep_logits=False, on_step=rec)
+    return trs, kept
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex008b
+def _heldout_unit(model, ctx, cfg, f, grid) -> dict:
+    "MorphKV-sum, MorphKV-max and H2O at every window R of `grid` (one stacked batch) on the held-out prompts."
+    C, n = cfg.budget(f), cfg.heldout_len(f)
+    members = [(p, C, R, R) for p in ('morphkv-sum', 'morphkv-max', 'h2o') for R in grid]
+    sub = dict(ctx, resp=ctx['resp'][:, :n], n=n, lp=lambda: ctx['lp']()[:, :n])
+    trs, _ = _stack_unit(model, sub, cfg, f, members)
+    return dict(rows=_rows(trs, [m[:3] for m in members], sub, f, 'heldout'))
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex009
+def _arm_best(h, policy):
+    "`best_setting` over `policy`'s held-out windows at one budget: lowest mean KL over prompts, ties refused."
+    t = h[h.policy == policy].pivot_table(index='window', columns='prompt', values='kl').sort_index()
+    return best_setting([int(w) for w in t.index], t.values, better='lower')
+
+def choose_windows(df: pd.DataFrame) -> dict:
+    "Per budget with held-out rows: each arm's best window, and the judged MorphKV (the aggregate with lower KL)."
+    out = {}
+    for f, h in df[df.split == 'heldout'].groupby('fraction'):
+        best = {p: _arm_best(h, p) for p in ('morphkv-sum', 'morphkv-max', 'h2o')}
+        grid = sorted(int(w) for w in h.window.unique())
+        s, m = best['morphkv-sum'].mean, best['morphkv-max'].mean
+        if s == m: raise ValueError(f"MorphKV-sum and -max tie on the held-out prompts at fraction {f} (KL {s})")
+        out[float(f)] = dict(best, morph='morphkv-sum' if s < m else 'morphkv-max', grid=grid)
+    return out
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex009b
+def _window_table(choice) -> list:
+    "The held-out choices as rows: budget, arm, chosen window, every window's mean KL, grid-edge flag."
+    return [dict(fraction=f, arm=a, window=b.knob, kl=b.mean, grid_windows=c['grid'], grid=b.means,
+                 at_edge=b.at_edge, judged=c['morph'] == a) for f, c in choice.items() for a, b in c.items()
+            if a not in ('morph', 'grid')]
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex010
+def _members(cfg, f, choice) -> list:
+    "The stacked batch at budget `f`: (policy, entries, window, H2O's window); MorphKV at the judged budgets only."
+    C, c = cfg.budget(f), choice.get(f)
+    hw = c['h2o'].knob if c else None                                          # top budget: H2O's usual C/2
+    out = [('streamingllm', C, None, None), ('tova', C, None, None), ('h2o', C, hw or C // 2, hw)]
+    if c: out += [('h2o-r', C, c[c['morph']].knob, None)] + [(p, C, c[p].knob, None)
+                                                             for p in ('morphkv-sum', 'morphkv-max')]
+    return out
+
+def _replay_unit(model, ctx, cfg, f, members) -> dict:
+    "The stacked replay of the evaluation prompts at budget `f`: rows, KL curves and (at the speed budget) kept sets."
+    trs, kept = _stack_unit(model, ctx, cfg, f, members, record=f == cfg.speed_fraction)
+    names = [m[0] for m in members]
+    return dict(rows=_rows(trs, [m[:3] for m in members], ctx, f, 'eval'),
+                curves=_curves(trs, names, len(ctx['names']), f, ctx['n']), kept=[dict(k, fraction=f) for k in kept])
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex011
+def _snapkv_unit(model, ctx, cfg, f, press=False) -> dict:
+    "SnapKV (ours, or kvpress's SnapKVPress) at budget `f`: it compresses the prompt only, so one pass replays it."
+    C, T, n = cfg.budget(f), cfg.prompt_tokens, ctx['resp'].shape[1]
+    kw = dict(teacher=ctx['resp'], reference=ctx['lp']())
+    name = 'kvpress-snapkv' if press else 'snapkv'
+    if not press and _sliding(model.config):                                   # sliding masks count slots: step by step
+        trs = decode_batch(model, ctx['ids'], make_policy('snapkv', C, 1, cfg.n_sink, cfg.snapkv_window), n,
+                           keep_logits=False, **kw)
     else:
-        trs = decode_stacked(model, ctx['ids'], [make_policy(p, ent[p], R, cfg.n_sink) for p in group], n, on_step=rec, **kw)
-    win = {p: cfg.press_interval if dec else R for p in group if p in ('h2o-r', 'morphkv-sum', 'morphkv-max') or dec}
-    win |= {p: cfg.snapkv_window for p in group if p in ('snapkv', 'kvpress-snapkv')} | {p: ent[p] // 2 for p in group if p == 'h2o'}
-    rows = _rows(trs, group, ctx, f, [ent[p] for p in group], [win.get(p) for p in group], 'eval')
-    return dict(rows=rows, curves=_curves(trs, group, P, f, min(n, ctx['n'])), kept=[dict(k, fraction=f) for k in kept])
+        p = make_press(name, C, T, snapkv_window=cfg.snapkv_window) if press else None
+        cache = DynamicCache() if press else make_policy('snapkv', C, 1, cfg.n_sink, cfg.snapkv_window)
+        trs = replay_after_prefill(model, ctx['ids'], cache, kw['teacher'], kw['reference'],
+                                   prefill=p(model) if press else None)
+    rows = _rows(trs, [(name, C, cfg.snapkv_window)], ctx, f, 'eval')
+    return dict(rows=rows, curves=_curves(trs, [name], len(ctx['names']), f, ctx['n']), kept=[])
 
-def _heldout_unit(model, ctx, cfg, f, windows) -> dict:
-    "MorphKV-sum and -max with every window R in `windows` (one stacked batch) on the held-out prompts' first `heldout_tokens` response tokens."
-    C, P, n = cfg.budget(f), len(ctx['names']), cfg.heldout_tokens
-    members = [(a, R) for R in windows for a in ('sum', 'max')]
-    trs = decode_stacked(model, ctx['ids'], [MorphKVCache(C, R, a) for a, R in members], n, teacher=ctx['resp'][:, :n],
-                         reference=ctx['lp']()[:, :n], keep_logits=False)
-    return dict(rows=_rows(trs, [f'morphkv-{a}' for a, R in members], dict(ctx, n=n), f, [C] * len(members), [R for a, R in members], 'heldout'))
-
-def choose_window(df: pd.DataFrame) -> dict:
-    "Per budget fraction: the MorphKV (policy, window) with the lowest mean KL over the held-out prompts."
-    h = df[df.split == 'heldout'].groupby(['fraction', 'policy', 'window']).kl.mean()
-    return {f: h.loc[f].idxmin() for f in sorted(h.index.get_level_values(0).unique())}
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex011b
+def _press_unit(model, ctx, cfg, f, group, press_bytes) -> dict:
+    "kvpress decoding presses `group` at `press_bytes` entries' worth (MorphKV's bytes), one batch (`StackedPress`)."
+    I, n = cfg.press_interval, ctx['resp'].shape[1]
+    e = policy_entries(group[0], press_bytes, I, model.config)
+    press = make_press(group, press_bytes, cfg.prompt_tokens, I, rows=len(ctx['names']), n_sink=cfg.n_sink,
+                       snapkv_window=cfg.snapkv_window, target=e)
+    trs = press_decode(model, ctx['ids'], press, n, teacher=ctx['resp'], reference=ctx['lp'](), keep_logits=False,
+                       copies=len(group))
+    return dict(rows=_rows(trs, [(p, e, I) for p in group], ctx, f, 'eval'),
+                curves=_curves(trs, group, len(ctx['names']), f, ctx['n']), kept=[])
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex003
+def _prepared(model, prompt, toks, make, repeats, press=None):
+    "A timed call: `m` teacher-forced steps of a fresh copy of a cache prefilled (untimed) with `prompt`."
+    ctx = (lambda: press(model)) if press else contextlib.nullcontext
+    cache = make()
+    with ctx(): decode(model, prompt, cache, 1)                                # the prefill, untimed
+    copies = [copy.deepcopy(cache) for _ in range(repeats + 1)]
+    def run():
+        with ctx(): decode_more(model, copies.pop(), toks, prompt.shape[1])
+    return run
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex003b
 def _speed_unit(model, ctx, cfg, p, C, R) -> dict:
-    "Decode time per token of policy `p` relative to the full cache: m teacher-forced steps after a long prefill, interleaved."
-    m, T = cfg.speed_steps, cfg.prompt_tokens; n = cfg.response_tokens
-    prompt = torch.cat([ctx['ids'][0], ctx['resp'][0][:n - m]])[None]; toks = ctx['resp'][0][n - m:n]
-    def prepared(make, press=None):
-        cache = make()
-        with (press(model) if press else contextlib.nullcontext()): decode(model, prompt, cache, 1)      # the prefill, untimed
-        copies = [copy.deepcopy(cache) for _ in range(cfg.speed_repeats + 1)]
-        def run():
-            with (press(model) if press else contextlib.nullcontext()): decode_more(model, copies.pop(), toks, prompt.shape[1])
-        return run
+    "Decode time per token of policy `p` relative to the full cache: m steps after a long prefill, interleaved."
+    m, n, k = cfg.speed_steps, cfg.response_tokens, cfg.speed_repeats
+    prompt, toks = torch.cat([ctx['ids'][0], ctx['resp'][0][:n - m]])[None], ctx['resp'][0][n - m:n]
     e = policy_entries(p, C, R, model.config) if p.startswith('kvpress') else C
     if p.startswith('kvpress'):
         press = make_press(p, C, prompt.shape[1], R, n_sink=cfg.n_sink, snapkv_window=cfg.snapkv_window, target=e)
-        cand = prepared(DynamicCache, press)
-    else: cand = prepared(lambda: make_policy(p, e, R, cfg.n_sink, cfg.snapkv_window))
-    r = compare_speed(prepared(PolicyCache), cand, repeats=cfg.speed_repeats, warmup=1)
+        cand = _prepared(model, prompt, toks, DynamicCache, k, press)
+    else: cand = _prepared(model, prompt, toks, lambda: make_policy(p, e, R, cfg.n_sink, cfg.snapkv_window), k)
+    r = compare_speed(_prepared(model, prompt, toks, PolicyCache, k), cand, repeats=k, warmup=1)
     return dict(policy=p, fraction=cfg.speed_fraction, entries=e, steps=m, ratio=r.ratio, lo=r.lo, hi=r.hi,
                 t_full=[round(t, 4) for t in r.t_baseline], t_policy=[round(t, 4) for t in r.t_candidate])
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex012
+@torch.no_grad()
 def _controls(model, ctx, cfg, split='eval', fraction=1.0) -> list:
-    "The full cache's own rows (its fact scores, its measured peak bytes) and the no-prompt control's fact scores, per prompt."
-    out, lp, dev = [], ctx['lp'](), model_device(model)
-    with torch.no_grad():
-        n = ctx['n']; full = model(torch.cat([ctx['ids'][0], ctx['resp'][0][:n - 1]])[None].to(dev), use_cache=True).past_key_values
-        for i, name in enumerate(ctx['names']):
-            y = ctx['resp'][i]                                                 # response and probe (on the CPU)
-            alone = model(y[None, :-1].to(dev)).logits[0].argmax(-1).cpu()    # predicts y[1:] from the response alone
-            acc = lambda pred, pos: float((pred[pos] == y[pos]).float().mean()) if pos else None
-            own, ctl = lp[i].argmax(-1).cpu(), torch.cat([alone[:1], alone])
-            out.append(dict(split=split, prompt=name, policy='full', fraction=fraction, entries=cfg.prompt_tokens + n - 1, kl=0.0, top1=1.0,
-                            fact_acc=acc(own, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]), probe_acc=acc(own, ctx['ppos'][i]),
-                            peak_bytes=cache_bytes(full), peak_kv=cache_bytes(full), peak_state=0))
-            out.append(dict(split=split, prompt=name, policy='no-prompt', fact_acc=acc(ctl, ctx['fpos'][i]), fact_n=len(ctx['fpos'][i]),
-                            probe_acc=acc(ctl, ctx['ppos'][i])))
+    "The full cache's own rows (fact scores, measured peak bytes) and the no-prompt control's fact scores, per prompt."
+    out, lp, dev, n = [], ctx['lp'](), model_device(model), ctx['n']
+    full = model(torch.cat([ctx['ids'][0], ctx['resp'][0][:n - 1]])[None].to(dev), use_cache=True).past_key_values
+    for i, name in enumerate(ctx['names']):
+        y = ctx['resp'][i]                                                     # response and probe (on the CPU)
+        alone = model(y[None, :-1].to(dev)).logits[0].argmax(-1).cpu()        # predicts y[1:] from the response alone
+        def acc(pred, pos): return float((pred[pos] == y[pos]).float().mean()) if pos else None
+        own, ctl = lp[i].argmax(-1).cpu(), torch.cat([alone[:1], alone])
+        fp, pp = ctx['fpos'][i], ctx['ppos'][i]
+        out.append(dict(split=split, prompt=name, policy='full', fraction=fraction, entries=cfg.prompt_tokens + n - 1,
+                        kl=0.0, top1=1.0, fact_acc=acc(own, fp), fact_n=len(fp), probe_acc=acc(own, pp),
+                        peak_bytes=cache_bytes(full), peak_kv=cache_bytes(full), peak_state=0))
+        out.append(dict(split=split, prompt=name, policy='no-prompt', fact_acc=acc(ctl, fp), fact_n=len(fp),
+                        probe_acc=acc(ctl, pp)))
     return out
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex004
-def _context(model, tok, cfg, prompts, refs, split, names=None) -> dict:
-    "What every replay of one split (or of the prompts `names`) needs: names, ids (P, T), responses (P, n), fact positions, and the reference log-probs (lazily)."
-    sel = [i for i, p in enumerate(prompts) if (p['name'] in names if names else p['split'] == split)]
-    ids = torch.stack([prompts[i]['ids'] for i in sel]); resp = torch.tensor([refs[i] for i in sel]); n = resp.shape[1]
+def _context(model, tok, cfg, prompts, refs, split) -> dict:
+    "What every replay of one split needs: names, ids (P, T), response+probe (P, n + L), fact positions, log-probs."
+    sel = [i for i, p in enumerate(prompts) if p['split'] == split]
+    ids, resp = torch.stack([prompts[i]['ids'] for i in sel]), torch.tensor([refs[i] for i in sel])
+    n = resp.shape[1]
     fpos = [fact_positions(tok, resp[j], prompts[i]['facts'], cfg.fact_after) for j, i in enumerate(sel)]
-    probe, ans = probe_tokens(tok, [prompts[i]['probe'] for i in sel]); teach = torch.cat([resp, probe], 1)   # (P, n + L)
-    return dict(names=[prompts[i]['name'] for i in sel], ids=ids, resp=teach, n=n, fpos=fpos, ppos=[[n + a for a in r] for r in ans],
-                split=split, lp=functools.cache(lambda: reference_logprobs(model, ids, teach)))
+    probe, ans = probe_tokens(tok, [prompts[i]['probe'] for i in sel])
+    teach = torch.cat([resp, probe], 1)                                         # (P, n + L)
+    lp = functools.cache(lambda: reference_logprobs(model, ids, teach))       # (P, n + L, V), computed when needed
+    return dict(names=[prompts[i]['name'] for i in sel], ids=ids, resp=teach, n=n, fpos=fpos, split=split,
+                ppos=[[n + a for a in r] for r in ans], lp=lp)
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex004b
 def _prompt_table(tok, prompts, refs, ctxs) -> list:
+    "One row per prompt: kind, split, facts, probe, distinct-n of its reference, and its start and end."
     fp = {n: f for c in ctxs for n, f in zip(c['names'], c['fpos'])}
-    return [dict(prompt=p['name'], kind=p['kind'], split=p['split'], tokens=len(p['ids']), facts=p['facts'], fact_n=len(fp[p['name']]),
-                 question=p['probe'][0], answer=p['probe'][1], **{f'distinct_{k}': round(distinct_n(r, k), 4) for k in (2, 3, 4)},
+    return [dict(prompt=p['name'], kind=p['kind'], split=p['split'], tokens=len(p['ids']), facts=p['facts'],
+                 fact_n=len(fp[p['name']]), question=p['probe'][0], answer=p['probe'][1],
+                 **{f'distinct_{k}': round(distinct_n(r, k), 4) for k in (2, 3, 4)},
                  start=tok.decode(r[:60]), end=tok.decode(r[-40:])) for p, r in zip(prompts, refs)]
-
-def _log(cfg, msg):
-    if cfg.mode == 'full' and not in_test(): print(f'morphkv: {msg}', flush=True)
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex005
 def run_experiment(cfg: MorphKVConfig) -> Results:
-    "References, the held-out choice of R, replays of every policy at every budget, controls and speed: rows per prompt x policy x budget."
+    "References, held-out windows, every policy's replays at every budget, controls and speed: rows per prompt."
     with torch_threads(cfg.threads or torch.get_num_threads()): return _run(cfg)
 
-def _run(cfg):
-    t0 = time.perf_counter(); model = _model(cfg.model)
+def _log(cfg, t0, msg):
+    if cfg.mode == 'full' and not in_test(): print(f'morphkv: {msg} ({time.perf_counter() - t0:.0f} s)', flush=True)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex005b
+def _setup(cfg) -> dict:
+    "The model, its prompts, the cached-unit function, the sampled references and each split's context."
+    model = _model(cfg.model)
     if cfg.presses and (k := _sliding(model.config)):
-        raise ValueError(f"kvpress would compress the {k} sliding-window layers of {model_label(cfg.model)} ({type(model).__name__}; it skips them only for "
-                         f"Gemma3ForConditionalGeneration): run it with presses=()")
-    tok = _tokenizer(cfg.model); prompts = [build_prompt(tok, k, cfg.prompt_tokens) for k in cfg.prompt_names]
-    mk = {} if cfg.model == 'smollm2-135m' else dict(model=cfg.model)          # SmolLM2's units keep their keys
-    unit = lambda key, fn: cached_unit('morphkv', cfg, dict(key, **mk), fn)
-    refs = unit(dict(unit='references'), lambda: _references(model, tok, torch.stack([p['ids'] for p in prompts]), cfg))['tokens']
+        raise ValueError(f"kvpress would compress the {k} sliding-window layers of {model_label(cfg.model)}: "
+                         "run it with presses=()")
+    tok = _tokenizer(cfg.model)
+    prompts = [build_prompt(tok, k, cfg.prompt_tokens) for k in cfg.prompt_names]
+    mk = {} if cfg.model == 'smollm2-135m' else dict(model=cfg.model)        # another model: named in every key
+    def unit(key, fn): return cached_unit('morphkv', cfg, dict(key, **mk), fn)
+    ids = torch.stack([p['ids'] for p in prompts])
+    refs = unit(dict(unit='references'), lambda: _references(model, tok, ids, cfg))['tokens']
     ho, ev = (_context(model, tok, cfg, prompts, refs, s) for s in ('heldout', 'eval'))
-    rows, curves, kept, speed = [], [], [], []
-    for f in progress(cfg.judged, 'held-out windows'):                        # 1. choose R on the held-out prompts
-        Rs = [R for R in cfg.windows if R < cfg.budget(f)]                     # the windows that fit this budget
-        if not Rs: raise ValueError(f"no window in {cfg.windows} fits the budget {cfg.budget(f)} at fraction {f}")
-        rows += unit(dict(unit='heldout', fraction=f, windows=Rs), lambda: _heldout_unit(model, ho, cfg, f, Rs))['rows']
-        _log(cfg, f'held-out f={f} R={Rs} ({time.perf_counter() - t0:.0f} s)')
-    choice = choose_window(pd.DataFrame(rows)); choice[cfg.fractions[-1]] = (None, choice[cfg.judged[-1]][1])  # the top budget: baselines only
-    groups = [['streamingllm', 'tova', 'h2o', 'h2o-r', 'morphkv-sum', 'morphkv-max'], ['snapkv']]
-    groups += [[p] for p in cfg.presses if p == 'kvpress-snapkv'] + [[p for p in cfg.presses if p != 'kvpress-snapkv']]
-    at_morph = lambda p: p.startswith('morphkv') or (p.startswith('kvpress') and p != 'kvpress-snapkv')   # judged budgets only
-    todo = [(f, [p for p in g if f in cfg.judged or not at_morph(p)]) for f in cfg.fractions for g in groups]
-    for f, g in progress([(f, g) for f, g in todo if g], 'replays'):        # 2. every policy at every budget
-        pol, R = choice[f]
-        key = dict(unit='replay', fraction=f, group=g, window=R, kept_every=cfg.kept_every)
-        pb = morph_bytes(cfg.budget(f), R, model.config) if at_morph(g[0]) and g[0].startswith('kvpress') else None   # kvpress: MorphKV's bytes
-        if pb: key |= dict(interval=cfg.press_interval, press_bytes=pb)
-        u = unit(key, lambda: _replay_unit(model, ev, cfg, f, g, R, pb))
-        rows += [dict(r, chosen=r['policy'] == pol) for r in u['rows']]; curves += u['curves']; kept += u['kept']
-        _log(cfg, f'replay f={f} {g} ({time.perf_counter() - t0:.0f} s)')
-    rows += unit(dict(unit='controls'), lambda: dict(rows=_controls(model, ev, cfg)))['rows']   # 3. the full cache and the no-prompt control
-    C, R = cfg.budget(cfg.speed_fraction), choice[cfg.speed_fraction][1]
-    for p in progress(cfg.speed_policies, 'speed'):                              # 4. decode time per token vs the full cache
-        speed.append(unit(dict(unit='speed', policy=p, steps=cfg.speed_steps, repeats=cfg.speed_repeats, window=R), lambda: _speed_unit(model, ev, cfg, p, C, R)))
-        _log(cfg, f'speed {p}: {speed[-1]["ratio"]:.3f}x ({time.perf_counter() - t0:.0f} s)')
-    lrows, lcurves, lprompts, lchoice = _long_part(model, tok, cfg, prompts, ho, unit, lambda m: _log(cfg, f'{m} ({time.perf_counter() - t0:.0f} s)'))   # 5. long responses
-    rows += lrows
-    tables = dict(prompts=_prompt_table(tok, prompts, refs, (ho, ev)), curves=curves, kept=kept, speed=speed, long_curves=lcurves, long_prompts=lprompts)
-    res = Results('morphkv', cfg, rows, seeds=[cfg.seed], tables=tables, notes=_notes(cfg, choice, lchoice, model), wall_time_s=time.perf_counter() - t0)
+    return dict(model=model, tok=tok, prompts=prompts, unit=unit, refs=refs, ho=ho, ev=ev)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex013
+def _choose(S, cfg, log) -> tuple:
+    "1. Every arm at every window of the grid on the held-out prompts, per judged budget; the held-out choices."
+    rows = []
+    for f in progress(cfg.judged, 'held-out windows'):
+        grid = cfg.window_grid(f)
+        key = dict(unit='heldout', fraction=f, windows=grid, tokens=cfg.heldout_len(f))
+        rows += S['unit'](key, lambda: _heldout_unit(S['model'], S['ho'], cfg, f, grid))['rows']
+        log(f'held-out f={f} R={grid}')
+    return rows, choose_windows(pd.DataFrame(rows))
+
+def _groups(cfg, f, choice) -> list:
+    "The replay units at budget `f`: the stacked batch, SnapKV, kvpress's SnapKV, the kvpress decoding presses."
+    out = [('stack', _members(cfg, f, choice)), ('snapkv', None)]
+    out += [('kvpress-snapkv', None)] * ('kvpress-snapkv' in cfg.presses)
+    dec = [p for p in cfg.presses if p != 'kvpress-snapkv']
+    return out + [('presses', dec)] * bool(dec and f in cfg.judged)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex014
+def _replay(S, cfg, f, kind, arg, choice) -> dict:
+    "One cached replay unit at budget `f` (see `_groups`)."
+    m, ev, key = S['model'], S['ev'], dict(unit='replay', fraction=f, kind=kind, kept_every=cfg.kept_every)
+    if kind == 'stack': return S['unit'](dict(key, members=[list(x) for x in arg]),
+                                         lambda: _replay_unit(m, ev, cfg, f, arg))
+    if kind != 'presses': return S['unit'](key, lambda: _snapkv_unit(m, ev, cfg, f, press=kind != 'snapkv'))
+    c = choice[f]
+    pb = morph_bytes(cfg.budget(f), c[c['morph']].knob, m.config)               # MorphKV's bytes, in entries
+    key |= dict(group=arg, interval=cfg.press_interval, press_bytes=pb)
+    return S['unit'](key, lambda: _press_unit(m, ev, cfg, f, arg, pb))
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex014b
+def _frontier(S, cfg, choice, log) -> tuple:
+    "2. Every policy at every budget on the evaluation prompts; the judged MorphKV's rows marked `chosen`."
+    rows, curves, kept = [], [], []
+    for f in cfg.fractions:
+        for kind, arg in progress(_groups(cfg, f, choice), f'replays at {f}'):
+            u = _replay(S, cfg, f, kind, arg, choice)
+            pick = choice[f]['morph'] if f in choice else None
+            rows += [dict(r, chosen=r['policy'] == pick) for r in u['rows']]
+            curves += u['curves']
+            kept += u['kept']
+            log(f'replay f={f} {kind}')
+    return rows, curves, kept
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0ex015
+def _run(cfg):
+    t0 = time.perf_counter()
+    def log(msg): _log(cfg, t0, msg)
+    S = _setup(cfg)
+    hrows, choice = _choose(S, cfg, log)                                       # 1. the held-out windows
+    rows, curves, kept = _frontier(S, cfg, choice, log)                        # 2. every policy at every budget
+    rows += S['unit'](dict(unit='controls'), lambda: dict(rows=_controls(S['model'], S['ev'], cfg)))['rows']   # 3.
+    c = choice[cfg.speed_fraction]
+    C, R = cfg.budget(cfg.speed_fraction), c[c['morph']].knob
+    speed = []
+    for p in progress(cfg.speed_policies, 'speed'):                            # 4. decode time per token
+        key = dict(unit='speed', policy=p, steps=cfg.speed_steps, repeats=cfg.speed_repeats, window=R)
+        speed.append(S['unit'](key, lambda: _speed_unit(S['model'], S['ev'], cfg, p, C, R)))
+        log(f'speed {p}: {speed[-1]["ratio"]:.3f}x')
+    tables = dict(prompts=_prompt_table(S['tok'], S['prompts'], S['refs'], (S['ho'], S['ev'])), curves=curves,
+                  kept=kept, speed=speed, windows=_window_table(choice))
+    res = Results('morphkv', cfg, hrows + rows, seeds=[cfg.seed], tables=tables, notes=_notes(cfg, choice, S['model']),
+                  wall_time_s=time.perf_counter() - t0)
     return res.conclude(verdict, claims(res), headline(res))
 
-# %% ../../nbs/inference/20_morphkv.ipynb #mk0lg001
-def _long_heldout_unit(model, ctx, cfg, budget, windows) -> dict:
-    "MorphKV-sum and -max at a byte budget of `budget` entries' worth, per window R (one batch per R: the entries differ), on the held-out prompts."
-    n, rows = cfg.heldout_tokens, []
-    for R in windows:
-        e = policy_entries('morphkv-sum', budget, R, model.config)
-        trs = decode_stacked(model, ctx['ids'], [MorphKVCache(e, R, a) for a in ('sum', 'max')], n, teacher=ctx['resp'][:, :n],
-                             reference=ctx['lp']()[:, :n], keep_logits=False)
-        rows += _rows(trs, ['morphkv-sum', 'morphkv-max'], dict(ctx, n=n), cfg.long_fraction, [e, e], [R, R], 'heldout-long')
-    return dict(rows=rows)
-
-def _long_replay_unit(model, ctx, cfg, members) -> dict:
-    "Replay the long responses under `members` [(policy, entries, window)] of one entry count (one stacked batch): rows with early/late KL, and KL curves."
-    P, n = len(ctx['names']), ctx['resp'].shape[1]; names = [p for p, e, w in members]
-    trs = decode_stacked(model, ctx['ids'], [make_policy(p, e, w, cfg.n_sink) for p, e, w in members], n, teacher=ctx['resp'],
-                         reference=ctx['lp'](), keep_logits=False)
-    win = [e // 2 if p == 'h2o' else w if p == 'h2o-r' or p.startswith('morphkv') else None for p, e, w in members]
-    rows = _rows(trs, names, ctx, cfg.long_fraction, [e for p, e, w in members], win, 'long')
-    q = ctx['n'] // 4
-    for r, tr in zip(rows, trs): r.update(kl_first=float(tr.kl[:q].mean()), kl_last=float(tr.kl[ctx['n'] - q:ctx['n']].mean()))   # first and last quarter
-    return dict(rows=rows, curves=_curves(trs, names, P, cfg.long_fraction, ctx['n'], bins=min(16, ctx['n'])))
-
-def _long_part(model, tok, cfg, prompts, ho, unit, log) -> tuple:
-    "Long responses: references of `long_tokens`, MorphKV's (aggregate, R) chosen at equal bytes on the held-out prompts, then MorphKV and the baselines at equal bytes."
-    lp = [build_prompt(tok, k, cfg.prompt_tokens) for k in cfg.long_prompts]; Cb = cfg.long_budget
-    refs = unit(dict(unit='long-references', prompts=list(cfg.long_prompts), tokens=cfg.long_tokens),
-                lambda: _references(model, tok, torch.stack([p['ids'] for p in lp]), cfg, cfg.long_tokens))['tokens']
-    log('long references')
-    ctx = _context(model, tok, cfg, lp, refs, 'long', names=cfg.long_prompts)
-    Rs = [R for R in cfg.windows if policy_entries('morphkv-sum', Cb, R, model.config) > R]      # the windows whose queries leave room for entries
-    if not Rs: raise ValueError(f"no window in {cfg.windows} fits the long byte budget {Cb}")
-    hrows = unit(dict(unit='long-heldout', budget=Cb, windows=Rs), lambda: _long_heldout_unit(model, ho, cfg, Cb, Rs))['rows']
-    pol, R = pd.DataFrame(hrows).groupby(['policy', 'window']).kl.mean().idxmin(); R = int(R)
-    log(f'long held-out: {pol} R={R}')
-    rows, curves, e = list(hrows), [], policy_entries(pol, Cb, R, model.config)
-    base, morph = [(p, Cb, R) for p in cfg.long_policies], [(pol, e, R)]                 # two batches: the entries differ
-    for grp in (base, morph):
-        key = dict(unit='long-replay', prompts=list(cfg.long_prompts), tokens=cfg.long_tokens, members=[list(m) for m in grp])
-        u = unit(key, lambda: _long_replay_unit(model, ctx, cfg, grp))
-        rows += [dict(r, chosen=r['policy'] == pol) for r in u['rows']]; curves += u['curves']
-        log(f'long replay {[m[0] for m in grp]}')
-    rows += unit(dict(unit='long-controls', prompts=list(cfg.long_prompts), tokens=cfg.long_tokens),
-                 lambda: dict(rows=_controls(model, ctx, cfg, 'long', cfg.long_fraction)))['rows']
-    table = [dict(prompt=p['name'], kind=p['kind'], tokens=len(r), fact_n=len(f), **{f'distinct_{k}': round(distinct_n(r, k), 4) for k in (2, 3, 4)},
-                  start=tok.decode(r[:40]), end=tok.decode(r[-40:])) for p, r, f in zip(lp, refs, ctx['fpos'])]
-    return rows, curves, table, (pol, R)
-
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0ex006
-def _notes(cfg, choice, lchoice=None, model=None) -> str:
-    ch = '; '.join(f'{f:.1%}: {p} R={R}' for f, (p, R) in choice.items() if p)
-    dev = model_device(model).type if model is not None else 'cpu'; cpu = dev == 'cpu'
-    dt = {torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(getattr(model, 'dtype', torch.float32), str(getattr(model, 'dtype', '')))
-    return (f"{model_label(cfg.model)} {dt} on {'CPU' if cpu else dev}; {sum(PROMPTS[p][1] == 'eval' for p in cfg.prompts)} evaluated and {sum(PROMPTS[p][1] == 'heldout' for p in cfg.prompts)} held-out prompts of {cfg.prompt_tokens} tokens, "
-            f"responses of {cfg.response_tokens} tokens sampled from the full cache (temperature {cfg.temperature}); budgets "
-            f"{', '.join(f'{f:.1%}' for f in cfg.fractions)} of the full cache's final size in entries (the last a baseline point only), each policy's state measured on top and compared on the frontier; "
-            f"MorphKV chosen on the held-out prompts ({ch}, first {cfg.heldout_tokens} response tokens); teacher-forced replays scored "
-            f"against the full cache (KL, top-1), on a fact-recall probe after the response and on late fact use (facts written from "
-            f"response token {cfg.fact_after} on); no free generation, no LLM-judged task accuracy, "
-            f"no fused MorphKV ({'CPU' if cpu else dev} time); kvpress presses on the frontier: {', '.join(cfg.presses) or 'none'} (decoding presses at MorphKV's bytes, re-compressing every {cfg.press_interval} steps); "
-            f"long part: {len(cfg.long_prompts)} evaluated prompts with responses of {cfg.long_tokens} tokens, MorphKV and {', '.join(cfg.long_policies)} at a byte budget of "
-            f"{cfg.long_budget} entries' worth ({cfg.long_fraction:.1%}), MorphKV {lchoice[0] if lchoice else '?'} R={lchoice[1] if lchoice else '?'} chosen at those bytes on the held-out prompts; speed on {'shared CPU cores' if cpu else dev}.")
+def _notes(cfg, choice, model) -> str:
+    "The run's setting in words."
+    ch = '; '.join(f"{f:.2%}: {c['morph']} R={c[c['morph']].knob}, H2O R={c['h2o'].knob}" for f, c in choice.items())
+    dev = model_device(model)
+    dev = 'CPU' if dev.type == 'cpu' else str(dev)
+    dt = {torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(model.dtype, str(model.dtype))
+    ev = sum(PROMPTS[p][1] == 'eval' for p in cfg.prompts)
+    return (f"{model_label(cfg.model)} {dt} on {dev}; {ev} evaluated and {len(cfg.prompts) - ev} held-out prompts "
+            f"of {cfg.prompt_tokens} tokens, responses of {cfg.response_tokens} tokens sampled from the full cache; "
+            f"budgets {', '.join(f'{f:.2%}' for f in cfg.fractions)} of the full cache's final size (the last a "
+            f"baseline point only), bytes measured with each policy's state; windows chosen per budget and arm on "
+            f"the held-out prompts' first {cfg.heldout_tokens} response tokens (or enough to evict for "
+            f"{cfg.heldout_evict}) over {{{cfg.windows}, C x "
+            f"{cfg.window_shares}}}, ties refused ({ch}); MorphKV's state: group-summed queries; teacher-forced "
+            f"replays scored against the full cache (KL, top-1) and on fact recall after the response (informative "
+            f"prompts only); kvpress presses {', '.join(cfg.presses) or 'none'} (decoding presses at MorphKV's "
+            f"bytes); no free generation, no LLM-judged accuracy, no fused MorphKV; speed on {dev}.")
 
-def claims(results: Results) -> list:
-    "Per judged budget: KL of the best other policy at MorphKV's measured bytes minus MorphKV's, and MorphKV's fact recall after the response minus the best other's."
-    df = results.df; ev = df[(df.split == 'eval') & df.fraction.notna() & (df.fraction < 1)]; out = []
-    for f in results.config['fractions'][:-1]:                                 # the last budget bounds the baselines' range only
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cl001
+def _frontier_rows(results) -> pd.DataFrame:
+    "The evaluation rows at the frontier's budgets."
+    df = results.df
+    return df[(df.split == 'eval') & df.fraction.notna() & (df.fraction < 1)]
+
+def informative(results) -> list:
+    "The evaluated prompts whose fact-recall probe the full cache answers better than the no-prompt control."
+    e = results.df[results.df.split == 'eval']
+    full, ctl = (e[e.policy == p].set_index('prompt').probe_acc.dropna() for p in ('full', 'no-prompt'))
+    return sorted(p for p in full.index.intersection(ctl.index) if full[p] > ctl[p])
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cl001b
+def _judged(results):
+    "Per judged budget: the fraction, MorphKV's chosen rows (by prompt) and their mean measured bytes."
+    ev = _frontier_rows(results)
+    for f in results.config['fractions'][:-1]:
         m = ev[(ev.fraction == f) & (ev.chosen == True)].set_index('prompt')
-        if m.empty: continue                                                   # no frontier run at this budget
-        b, name = float(m.peak_bytes.mean()), f"{m.policy.iloc[0]} R={int(m.window.iloc[0])}"
+        if not m.empty: yield f, m, float(m.peak_bytes.mean())
+
+def _label(m) -> str: return f"{m.policy.iloc[0]} R={int(m.window.iloc[0])}"
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cl002
+def preconditions(results: Results) -> list:
+    "At each judged budget the strongest other policy loses fidelity (KL >= `min_kl`); recall prompts are informative."
+    cfg = results.config
+    if 'min_kl' not in cfg: return []                                          # an earlier design declared none
+    ev, out = _frontier_rows(results), []
+    for f, m, b in _judged(results):
+        p, kl_o = best_other(ev, b, 'kl')
+        if p is not None: out.append(precondition(f"{f:.1%} bytes: eviction loses fidelity, KL of the strongest other "
+                                                  f"policy ({p}) (nats)", mean_ci(kl_o.dropna(), unit='prompts'),
+                                                  cfg, 'min_kl'))
+    e, info = results.df[results.df.split == 'eval'], informative(results)
+    full, ctl = (e[e.policy == p].set_index('prompt').probe_acc for p in ('full', 'no-prompt'))
+    n = int(full.notna().sum())
+    iv = paired_bootstrap(full[info], ctl[info], unit='prompts') if len(info) >= 2 else \
+        Interval(0.0, 0.0, 0.0, len(info), 'fewer than two informative prompts: no recall comparison')
+    name = f"fact recall is informative: full cache − no-prompt control on the {len(info)} of {n} prompts it beats"
+    return out + [precondition(name, iv, cfg, 'min_recall_gain')]
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cl003
+def comparisons(results: Results) -> list:
+    "Per judged budget: best other's KL at MorphKV's bytes − MorphKV's; MorphKV's recall − best other's."
+    ev, info, out = _frontier_rows(results), informative(results), []
+    for f, m, b in _judged(results):
         p, kl_o = best_other(ev, b, 'kl')
         if p is None: continue                                                 # no other policy measured at these bytes
         idx = kl_o.dropna().index.intersection(m.index)
-        out.append(claim(f"{f:.1%} bytes, KL: best other ({p}) − MorphKV ({name})", paired_bootstrap(kl_o[idx], m.kl[idx], unit='prompts'), 'higher'))
-        p, pr_o = best_other(ev, b, 'probe_acc'); mp = m.probe_acc.dropna()
-        idx = [] if pr_o is None else pr_o.dropna().index.intersection(mp.index)
-        if len(idx) < 2: continue                                              # no recall probe to compare
-        out.append(claim(f"{f:.1%} bytes, fact recall after the response: MorphKV ({name}) − best other ({p})", paired_bootstrap(mp[idx], pr_o[idx], unit='prompts'), 'higher'))
-    return out + long_claims(results)
-
-def long_best(results: Results, metric: str='kl'):
-    "The long part at equal bytes: MorphKV's chosen rows and the best baseline's (by mean `metric`), indexed by prompt; (None, None, None) without a long part."
-    lg = results.df[results.df.split == 'long'] if 'split' in results.df else results.df.iloc[:0]
-    m = lg[lg.chosen == True].set_index('prompt') if not lg.empty else lg
-    if m.empty: return None, None, None
-    o = lg[lg.policy.isin(results.config['long_policies'])]
-    mean = o.groupby('policy')[metric].mean(); best = mean.idxmin() if metric.startswith('kl') else mean.idxmax()
-    return m, best, o[o.policy == best].set_index('prompt')
-
-def long_claims(results: Results) -> list:
-    "Long responses, at equal bytes: KL of the best baseline minus MorphKV's, and MorphKV's fact recall after the response minus the best baseline's (paired t over the long prompts: few prompts)."
-    out, cfg = [], results.config
-    for metric, what in (('kl', 'KL'), ('probe_acc', 'fact recall after the response')):
-        m, best, o = long_best(results, metric)
-        if m is None: return out
-        idx = m[metric].dropna().index.intersection(o[metric].dropna().index)
-        a, b = (o[metric][idx], m[metric][idx]) if metric == 'kl' else (m[metric][idx], o[metric][idx])
-        name = f"{m.policy.iloc[0]} R={int(m.window.iloc[0])}"
-        head = f"{cfg['long_tokens']}-token responses, {cfg['long_fraction']:.1%} bytes, {what}: "
-        out.append(claim(head + (f"best other ({best}) − MorphKV ({name})" if metric == 'kl' else f"MorphKV ({name}) − best other ({best})"),
-                         paired_t(a, b, unit='prompts'), 'higher'))
+        out.append(claim(f"{f:.1%} bytes, KL: best other ({p}) − MorphKV ({_label(m)})",
+                         paired_bootstrap(kl_o[idx], m.kl[idx], unit='prompts'), 'higher'))
+        p, pr_o = best_other(ev[ev.prompt.isin(info)], b, 'probe_acc')
+        idx = [] if p is None else pr_o.dropna().index.intersection(m.probe_acc.reindex(info).dropna().index)
+        if len(idx) < 2: continue                                              # too few informative prompts to compare
+        out.append(claim(f"{f:.1%} bytes, fact recall after the response ({len(idx)} informative prompts): "
+                         f"MorphKV ({_label(m)}) − best other ({p})",
+                         paired_bootstrap(m.probe_acc[idx], pr_o[idx], unit='prompts'), 'higher'))
     return out
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cl003b
+def claims(results: Results) -> list:
+    "The preconditions (a run of the current design), then the comparisons at each judged budget."
+    return preconditions(results) + comparisons(results)
 
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced when, at every budget of the frontier and on the long responses, MorphKV beats the best other policy at its measured bytes on both KL and fact recall after the response (95% intervals over prompts); partly when at least one of those comparisons shows; else not reproduced."
-    return judge(claims(results))
+    """Reproduced when at every judged budget MorphKV (its window chosen on held-out prompts) beats the strongest other
+    policy at MorphKV's measured bytes on KL and on fact recall of the informative prompts (95% paired bootstrap over
+    prompts); partly when some of those comparisons show; else not reproduced."""
+    return judge(comparisons(results))
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0cl004
 def headline(results: Results) -> str:
-    "Our measured figure in words: how many budgets MorphKV wins at equal bytes, the speed budget's numbers, and its decode time."
-    cl, df = claims(results), results.df; fr = [c for c in cl if 'token responses' not in c.name]; kl_c, fa_c = [c for c in fr if ', KL:' in c.name], [c for c in fr if 'fact recall' in c.name]
-    k, j, nb = sum(c.shows for c in kl_c), sum(c.shows for c in fa_c), len(kl_c)
-    f = results.config['speed_fraction']; m = df[(df.split == 'eval') & (df.fraction == f) & (df.chosen == True)]
-    p, kl_o = best_other(df[(df.split == 'eval') & df.fraction.notna() & (df.fraction < 1)], float(m.peak_bytes.mean()), 'kl')
-    sp = {s['policy']: s for s in results.tables.get('speed', [])}; mp = m.policy.iloc[0]
-    ms = mp if mp in sp else next((q for q in sp if q.startswith('morphkv')), None)   # the timed MorphKV
-    tail = f"; {ms} decodes at {sp[ms]['ratio']:.2f}x [{sp[ms]['lo']:.2f}, {sp[ms]['hi']:.2f}] the full cache's time per token" if ms else ''
-    vs = f" vs {kl_o.mean():.3g} ({p})" if p else ''
-    lm, lb, lo = long_best(results); lc = [c for c in cl if 'token responses' in c.name]
-    lt = (f"; on {results.config['long_tokens']}-token responses at {results.config['long_fraction']:.1%} bytes it wins {sum(c.shows for c in lc)}/{len(lc)} "
-          f"(KL {lm.kl.mean():.3g} vs {lo.kl.mean():.3g} ({lb}), {len(lm)} prompts)") if lm is not None else ''
-    name = model_label(results.config.get('model', 'smollm2-135m'))          # the model that ran (older records: SmolLM2)
-    return (f"on {name}, at equal bytes MorphKV beats the best other policy on KL at {k}/{nb} budgets and on fact recall at {j}/{len(fa_c)}; "
-            f"at {f:.0%}: KL {m.kl.mean():.3g} ({mp}){vs}{tail}{lt}")
+    "Our measured figure in words: wins per budget against the named strongest baseline, the preconditions, speed."
+    cs = claims(results)
+    kl_c, pr_c = [c for c in cs if ', KL:' in c.name], [c for c in cs if 'fact recall after' in c.name]
+    best = sorted({c.name.split('best other (')[1].split(')')[0] for c in kl_c})
+    pre = [c for c in cs if c.is_precondition]
+    pre_s = (f"preconditions hold {sum(c.holds for c in pre)}/{len(pre)} (eviction loses fidelity at each budget, "
+             "recall informative)") if pre else 'no preconditions recorded (an earlier design)'
+    sp = {s['policy']: s for s in results.tables.get('speed', [])}
+    ms = next((q for q in sp if q.startswith('morphkv')), None)
+    tail = f"; {ms} decodes at {sp[ms]['ratio']:.2f}x the full cache's time per token" if ms else ''
+    name = model_label(results.config.get('model', 'smollm2-135m'))
+    return (f"on {name}, at equal bytes MorphKV beats the strongest other policy ({', '.join(best) or 'none'}) on KL "
+            f"at {sum(c.shows for c in kl_c)}/{len(kl_c)} budgets and on fact recall (informative prompts) at "
+            f"{sum(c.shows for c in pr_c)}/{len(pr_c)}; {pre_s}{tail}")
 
 # %% ../../nbs/inference/20_morphkv.ipynb #mk0vz002
-_METRICS = {'kl': 'KL(p_full || p_policy), nats', 'top1': 'top-1 agreement with the full cache', 'probe_acc': 'fact recall after the response',
-            'fact_acc': 'late fact use in the response'}
+_METRICS = {'kl': 'KL(p_full || p_policy), nats', 'top1': 'top-1 agreement with the full cache',
+            'probe_acc': 'fact recall after the response', 'fact_acc': 'late fact use in the response'}
 
-def fig_frontier(df: pd.DataFrame, metric: str='kl', prompt: str|None=None, title: str='Memory–fidelity frontier'):
-    "Mean `metric` (over prompts, with 95% t-intervals; or one prompt) against peak bytes as a share of the full cache's, per policy."
+def _policy_trace(g, metric, full, name, color):
+    "One policy's frontier: mean `metric` per budget (95% t-interval over prompts) against its bytes / `full`."
     import plotly.graph_objects as go
-    from workbench.measure import mean_ci
+    s = g.groupby('fraction').agg(b=('peak_bytes', 'mean'), v=(metric, list)).sort_values('b')
+    ci = [mean_ci(v, unit='prompts') if len(v) > 1 else None for v in s.v]
+    y = [float(np.mean(v)) for v in s.v]
+    err = dict(type='data', symmetric=False, array=[c.hi - m if c else 0 for c, m in zip(ci, y)],
+               arrayminus=[m - c.lo if c else 0 for c, m in zip(ci, y)])
+    line = dict(width=4 if name.startswith('morphkv') else 1.5, dash='dot' if name.startswith('kvpress') else None,
+                color=color)
+    return go.Scatter(x=s.b / full, y=y, error_y=err, name=name, mode='lines+markers', line=line)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0vz009
+def fig_frontier(df: pd.DataFrame, metric: str='kl', prompt: str|None=None, title: str='Memory–fidelity frontier'):
+    "Mean `metric` (over prompts, 95% t-intervals; or one prompt) against peak bytes / the full cache's, per policy."
+    import plotly.graph_objects as go
     check_choice('metric', metric, tuple(_METRICS))
     d = df[(df.split == 'eval') & df.fraction.notna() & df[metric].notna()]
     if prompt is not None: d = d[d.prompt == prompt]
-    full = df[(df.policy == 'full') & (df.split == 'eval')].peak_bytes.mean(); fig = go.Figure()   # the frontier's full cache (not the long part's)
+    full, fig = df[(df.policy == 'full') & (df.split == 'eval')].peak_bytes.mean(), go.Figure()
     for k, (p, g) in enumerate(sorted(d.groupby('policy'), key=lambda x: (x[0] == 'full', x[0]))):
-        s = g.groupby('fraction').agg(b=('peak_bytes', 'mean'), v=(metric, list)).sort_values('b')
-        ci = [mean_ci(v, unit='prompts') if len(v) > 1 else None for v in s.v]
-        y = [float(np.mean(v)) for v in s.v]
-        err = dict(type='data', symmetric=False, array=[c.hi - m if c else 0 for c, m in zip(ci, y)], arrayminus=[m - c.lo if c else 0 for c, m in zip(ci, y)])
-        morph = p.startswith('morphkv')
-        fig.add_trace(go.Scatter(x=s.b / full, y=y, error_y=err, name=p, mode='lines+markers',
-                                 line=dict(width=4 if morph else 1.5, dash=None if not p.startswith('kvpress') else 'dot', color=PALETTE[k % len(PALETTE)])))
+        fig.add_trace(_policy_trace(g, metric, full, p, PALETTE[k % len(PALETTE)]))
     fig.update_xaxes(title_text='peak bytes held (keys, values, policy state) / full cache')
     fig.update_yaxes(title_text=_METRICS[metric], type='log' if metric == 'kl' else None)
-    fig.update_layout(title=title + (f' — {prompt}' if prompt else ' — mean over prompts'), height=460, margin=dict(t=60, l=60, r=20))
+    fig.update_layout(title=title + (f' — {prompt}' if prompt else ' — mean over prompts'), height=460,
+                      margin=dict(t=60, l=60, r=20))
     return fig
 
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0vz010
 class FrontierExplorer(Explorer):
     "Metric and prompt selectors over `fig_frontier`."
     def __init__(self, df: pd.DataFrame, title='Memory–fidelity frontier'):
         import ipywidgets as W, plotly.graph_objects as go
         self.df, self.title = df, title
         self.metric = W.Dropdown(options=[(v, k) for k, v in _METRICS.items()], value='kl', description='metric')
-        self.prompt = W.Dropdown(options=[('mean over prompts', None)] + [(p, p) for p in sorted(df[df.split == 'eval'].prompt.unique())], description='prompt')
+        names = sorted(df[df.split == 'eval'].prompt.unique())
+        self.prompt = W.Dropdown(options=[('mean over prompts', None)] + [(p, p) for p in names], description='prompt')
         self.fig = go.FigureWidget(self.figure())
         for w in (self.metric, self.prompt): w.observe(self._update, names='value')
         self.widget = W.VBox([W.HBox([self.metric, self.prompt]), self.fig])
     def figure(self): return fig_frontier(self.df, self.metric.value, self.prompt.value, self.title)
+
+# %% ../../nbs/inference/20_morphkv.ipynb #mk0vz010b
+def fig_windows(table: pd.DataFrame):
+    "Held-out mean KL against the window R, one line per arm and budget; the chosen window marked."
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    for k, r in enumerate(table.itertuples()):
+        R = r.grid_windows
+        fig.add_trace(go.Scatter(x=R, y=list(r.grid), mode='lines+markers', name=f'{r.arm} at {r.fraction:.2%}',
+                                 line=dict(color=PALETTE[k % len(PALETTE)], width=3 if r.judged else 1.5)))
+    fig.update_xaxes(title_text='window R (log)', type='log')
+    fig.update_yaxes(title_text='held-out KL (nats)', type='log')
+    return fig.update_layout(title='Held-out choice of the window', height=420, margin=dict(t=60, l=60, r=20))
