@@ -11,7 +11,8 @@ from workbench.train import generate_ids
 from workbench.interpretability.sae_flow import (Site, site, check_sites, TopKSAE, train_sae, sae_stats, sae_loss, match_features,
     predecessors, chance_scores, chance_tau, planted_flow, link_recovery, PLANTED_SITES, origin_groups, build_flow_graph, collect_activations,
     run_block, Intervention, steer, prompt_batch, continuation_nll, keyword_share, steer_settings, deactivation_test, save_sae, load_sae,
-    FlowGraph, SAEFlowConfig, verdict, claims, throughput, TRAIN_TOKENS_FULL, check_blocks, norm_gain, saelens_cfg)
+    FlowGraph, SAEFlowConfig, verdict, claims, throughput, TRAIN_TOKENS_FULL, check_blocks, norm_gain, saelens_cfg,
+    paper_settings, schedule, frontier_claim, steer_preconditions, apply_interventions)
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
@@ -285,8 +286,13 @@ def test_recorded_run_reports_every_layer_and_prompt():
     assert len(ca) == r.config['n_layers'] - 1                                    # every target layer reported on its own
     assert (ca.n_targets + ca.skipped_never_co_active + ca.skipped_no_control <= ca.candidates).all()
     assert len([c for c in r.claims if c.name.startswith('R')]) == len(ca[ca.n_targets > 0])
-    st = r.table('prompts')
-    assert st.groupby(['theme', 'direction', 'method', 'alpha']).prompt.nunique().min() == r.config['n_prompts']
+    if 'theme_prompts' in r.tables:                                                  # the paper's protocol (this design)
+        st = r.table('theme_prompts')
+        assert st.groupby(['theme', 'direction', 'arm', 'method', 'knob']).prompt.nunique().min() == r.config['n_prompts']
+        assert {c.threshold_from for c in r.claims if c.is_precondition} == {'min_room', 'min_move'}
+    else:                                                                            # a record of the earlier design
+        st = r.table('prompts')
+        assert st.groupby(['theme', 'direction', 'method', 'alpha']).prompt.nunique().min() == r.config['n_prompts']
 
 
 def test_flow_explorer_slider_keeps_tau_with_one_edge():
@@ -393,3 +399,75 @@ def test_blocks_and_model_come_from_the_config():
     with pytest.raises(ValueError, match='has 30 blocks'): check_blocks(SAEFlowConfig(first_layer=26, n_layers=5), smol())
     with pytest.raises(ValueError, match='unknown model'): SAEFlowConfig(model='nowhere/at/all')
     with pytest.raises(ValueError, match='needs a pretrained one'): SAEFlowConfig(model='tiny-llama')
+
+
+def test_paper_protocol_rescales_every_node_with_one_r_and_schedules_the_push():
+    "Switching off rescales the start feature (single) or every graph node at blocks <= l (cumulative) with the same r; on adds s x mean activation."
+    saes = {site(s): TopKSAE(32, 16, 2, seed=n) for n, s in enumerate(('R0', 'A1', 'M1', 'R1', 'R2'))}
+    for m in saes.values(): m.act_scale.fill_(3.0)
+    G = FlowGraph(); G.add(site('R1'), 7); G.add(site('R0'), 4); G.add(site('M1'), 2); G.add(site('R2'), 5)
+    cfg = SAEFlowConfig(r_grid=(0.0, -4.0), s_grid=(2.0, 8.0))
+    off = paper_settings(site('R1'), 7, G, 'off', cfg)
+    assert [(m, r) for m, r, _ in off] == [('single', 0.0), ('cumulative', 0.0), ('single', -4.0), ('cumulative', -4.0)]
+    cum = off[3][2]
+    assert sorted(str(iv.site) for iv in cum) == ['M1', 'R0', 'R1'] and all(iv.mode == 'scale' and iv.strength == -4.0 for iv in cum)
+    x = torch.randn(3, 4, 32)
+    z = saes[site('R1')].encode(x)[..., 7:8]
+    out = apply_interventions(saes, [iv for iv in cum if str(iv.site) == 'R1'], x)
+    assert torch.allclose(out, x + (-4.0 - 1) * z * saes[site('R1')].W_dec[7], atol=1e-5)     # h + (r - 1) z d
+    on = {(m, s): ivs for m, s, ivs in paper_settings(site('R1'), 7, G, 'on', cfg)}
+    assert set(on) == {(m, s) for m in ('single', 'constant', 'exponential') for s in (2.0, 8.0)}
+    assert [iv.strength for iv in on['constant', 8.0]] == [8.0] * 3 and all(iv.mode == 'add' for iv in on['constant', 8.0])
+    assert [round(iv.strength, 6) for iv in on['exponential', 8.0]] == [round(8 * math.exp(-0.05 * l), 6) for l in (0, 1, 1)]
+    assert schedule(8.0, 0, 'exponential') == 8.0 and schedule(8.0, 20, 'exponential') < schedule(8.0, 10, 'exponential')
+    with pytest.raises(ValueError, match='direction must be one of'): paper_settings(site('R1'), 7, G, 'up', cfg)
+    with pytest.raises(ValueError, match='r_grid'): SAEFlowConfig(r_grid=(1.5,))
+
+
+def test_module_threshold_keeps_module_links_below_the_residual_one():
+    acts, truth = planted_flow(d=64, n_tokens=4000, seed=1)
+    ks, ns = dict(zip(PLANTED_SITES, (3, 1, 1, 5))), dict(zip(PLANTED_SITES, (48, 16, 16, 80)))
+    saes = {s: train_sae(acts[s], ns[s], ks[s], steps=120, batch_size=256, lr=1e-2, seed=n) for n, s in enumerate(PLANTED_SITES)}
+    R1 = PLANTED_SITES[3]
+    for g, s, j, f in truth[::5]:
+        i = match_features(f[None], saes[R1].dirs)[1][0, 0].item()
+        strict, loose = build_flow_graph(saes, R1, i, tau=0.99), build_flow_graph(saes, R1, i, tau=0.99, tau_module=0.0)
+        assert len(loose.nodes) >= len(strict.nodes)
+        assert all(sa.kind != 'resid_post' or w >= 0.99 for (a, b, w) in loose.edges for sa in [loose.nodes[a][0]])
+        assert sum(loose.nodes[a][0].kind != 'resid_post' for a, b, w in loose.edges) == 2   # both modules, at any cosine
+
+
+def _frontier_table(gain_cum, gain_single, cost=(0.1, 0.3, 0.6), n=12, seed=0):
+    "Made-up per-prompt records: both methods at the same costs, gains scaled per knob."
+    rng = np.random.default_rng(seed)
+    rows = []
+    for m, g in (('cumulative', gain_cum), ('single', gain_single)):
+        for k, c in zip((0.0, -2.0, -8.0), cost):
+            for p in range(n):
+                rows.append(dict(theme='love', direction='off', arm='paper', method=m, knob=k, prompt=p,
+                                 cost=c + 0.02 * rng.standard_normal(), gain=g * c + 0.01 * rng.standard_normal(), cos=0.3))
+    return __import__('pandas').DataFrame(rows)
+
+
+def test_frontier_claim_at_matched_coherence():
+    cfg = dict(match_nll=0.25)
+    c = frontier_claim(_frontier_table(0.5, 0.1), cfg, 'love', 'off', 'paper', 'cumulative', 'single')
+    assert c.shows and abs(c.estimate - 0.4 * 0.25) < 0.02 and 'ΔNLL 0.250' in c.name     # (0.5 - 0.1) x cost at the match
+    same = frontier_claim(_frontier_table(0.3, 0.3), cfg, 'love', 'off', 'paper', 'cumulative', 'single')
+    assert not same.shows and same.lo < 0 < same.hi
+    low = frontier_claim(_frontier_table(0.5, 0.1, cost=(0.02, 0.05, 0.1)), cfg, 'love', 'off', 'paper', 'cumulative', 'single')
+    import re
+    at = float(re.search(r'ΔNLL ([0-9.]+)', low.name)[1])
+    assert 0.04 < at < 0.06                                                           # half the smallest arm's largest cost
+    assert frontier_claim(_frontier_table(0.1, 0.5), cfg, 'love', 'off', 'paper', 'cumulative', 'single').opposite
+
+
+def test_steering_preconditions_fail_at_the_floor():
+    base = [dict(theme='love', direction=d, arm='base', method='base', knob=0.0, prompt=p, cos=c, gain=0.0, cost=0.0)
+            for d, c in (('on', 0.10), ('off', 0.11)) for p in range(10)]
+    single = [dict(theme='love', direction=d, arm='paper', method='single', knob=k, prompt=p, cos=0.2, gain=g, cost=0.1)
+              for d in ('on', 'off') for p in range(10) for k, g in ((1.0, 0.0), (4.0, 0.05 + 0.001 * p))]
+    import pandas as pd
+    pre = steer_preconditions(pd.DataFrame(base + single), {'love': 0.40}, dict(min_room=0.02, min_move=0.01))
+    held = {c.name.split(':')[0] + ' ' + c.threshold_from: c.holds for c in pre}
+    assert held == {'love on min_room': True, 'love on min_move': True, 'love off min_room': False, 'love off min_move': True}

@@ -16,28 +16,35 @@ import torch.nn.functional as F
 from torch import nn
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-from ..core import (ExperimentConfig, Results, judge, verdict_rule, size, cached, cache_path, cached_unit, progress, in_test, Timer, atomic_dir,
-                            seed_everything, atomic_write_json)
+from ..core import (ExperimentConfig, Results, Claim, judge, verdict_rule, size, cached, cache_path,
+                            cached_unit, progress,
+                            in_test, Timer, atomic_dir, seed_everything, atomic_write_json)
 from ..hooks import hooks, decoder_layers, add_vector
-from ..measure import torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap, paired_bootstrap, claim
-from ..models import model_source, check_pretrained, model_label, HUB_IDS
-from ..train import model_device
+from ..measure import (torch_threads, check_int, check_num, check_choice, check_tensor, bootstrap,
+                               paired_bootstrap, claim,
+                               matched_cost, precondition, pareto_front)
+from ..models import model_source, check_pretrained, model_label, HUB_IDS, load_model, load_tokenizer
+from ..train import model_device, left_pad
+from fastcore.basics import patch_to
 from ..viz import Explorer, FeatureGraph, FeatureFlowExplorer, fig_feature_flow, PALETTE
 
 # %% auto #0
 __all__ = ['KINDS', 'SAE_CODE_VERSION', 'SAELENS_LAYOUT', 'PLANTED_SITES', 'GROUPS', 'MODES', 'CORPORA', 'THEMES',
-           'NEUTRAL_PROMPTS', 'MODEL', 'TRAIN_TOKENS_FULL', 'DIRECTIONS', 'N_SHOW', 'Site', 'site', 'check_sites',
-           'SAEOutput', 'TopKSAE', 'fvu', 'sae_loss', 'SAEBank', 'train_saes', 'train_sae', 'sae_stats', 'saelens_cfg',
-           'save_sae', 'load_sae', 'match_features', 'predecessors', 'chance_scores', 'chance_tau', 'planted_flow',
-           'link_recovery', 'group_name', 'origin_groups', 'FlowGraph', 'build_flow_graph', 'to_feature_graph',
-           'collect_activations', 'block_inputs', 'run_block', 'Intervention', 'apply_interventions',
-           'check_interventions', 'steer', 'token_windows', 'prompt_batch', 'continuation_nll', 'deactivation_test',
-           'logit_lens', 'norm_gain', 'word_ids', 'keyword_share', 'theme_windows', 'theme_prompts', 'theme_scores',
-           'theme_latent', 'check_model', 'SAEFlowConfig', 'check_blocks', 'sae_key', 'train_flow_saes', 'flow_eval',
-           'matching_rows', 'group_rows', 'split_docs', 'theme_graph', 'steer_unit', 'steer_settings', 'throughput',
-           'deactivation_row', 'prompt_records', 'alpha_star', 'steer_rows', 'top_contexts', 'graph_record',
-           'run_experiment', 'claims', 'verdict', 'headline', 'feature_graph', 'fig_sae_quality', 'fig_scores',
-           'fig_origin_groups', 'fig_causal', 'fig_steering', 'SteeringExplorer']
+           'NEUTRAL_PROMPTS', 'MODEL', 'TRAIN_TOKENS_FULL', 'DIRECTIONS', 'SCHEDULES', 'THEME_TEXT', 'N_SHOW', 'Site',
+           'site', 'check_sites', 'SAEOutput', 'TopKSAE', 'fvu', 'sae_loss', 'SAEBank', 'train_saes', 'train_sae',
+           'sae_stats', 'saelens_cfg', 'save_sae', 'load_sae', 'match_features', 'predecessors', 'chance_scores',
+           'chance_tau', 'planted_flow', 'link_recovery', 'group_name', 'origin_groups', 'FlowGraph',
+           'build_flow_graph', 'to_feature_graph', 'collect_activations', 'block_inputs', 'run_block', 'Intervention',
+           'apply_interventions', 'check_interventions', 'steer', 'token_windows', 'prompt_batch', 'continuation_nll',
+           'deactivation_test', 'logit_lens', 'norm_gain', 'word_ids', 'keyword_share', 'theme_windows',
+           'theme_prompts', 'theme_scores', 'theme_latent', 'check_model', 'SAEFlowConfig', 'check_blocks', 'sae_key',
+           'train_flow_saes', 'flow_eval', 'matching_rows', 'group_rows', 'split_docs', 'theme_graph', 'sample_unit',
+           'steer_settings', 'schedule', 'paper_settings', 'theme_cosines', 'theme_records', 'throughput',
+           'deactivation_row', 'alpha_star', 'steer_rows', 'top_contexts', 'graph_record', 'cell_settings', 'unit_key',
+           'steer_prompts', 'steer_theme', 'theme_ceiling', 'steering_part', 'run_experiment', 'causal_part',
+           'run_notes', 'frontier', 'frontier_claim', 'steer_preconditions', 'causal_claims', 'push_claims',
+           'legacy_steer_claims', 'claims', 'verdict', 'headline', 'feature_graph', 'fig_sae_quality', 'fig_scores',
+           'fig_origin_groups', 'fig_causal', 'fig_steering', 'fig_frontier', 'SteeringExplorer']
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #69e44660
 KINDS = {'resid_post': ('R', 'hook_resid_post'), 'attn_out': ('A', 'hook_attn_out'), 'mlp_out': ('M', 'hook_mlp_out')}
@@ -60,12 +67,16 @@ def site(name) -> Site:
     "Parse 'R12' / 'A12' / 'M12' (or pass a `Site` through)."
     if isinstance(name, Site): return name
     m = re.fullmatch(r'([RAM])(\d+)', name) if isinstance(name, str) else None
-    if m is None: raise ValueError(f"bad site name {name!r}: use R<layer> (residual after the block), A<layer> (attention out) or M<layer> (MLP out), e.g. 'R12'")
+    if m is None:
+        raise ValueError(f"bad site name {name!r}: use R<layer> (residual after the block), A<layer> (attention out) "
+                         f"or M<layer> (MLP out), e.g. 'R12'")
     return Site(int(m[2]), _SHORT[m[1]])
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #69e44660x1
 def check_sites(model, sites) -> list[Site]:
     "Parse `sites` and check each layer exists in `model`."
-    n = len(decoder_layers(model)); out = [site(s) for s in sites]
+    n = len(decoder_layers(model))
+    out = [site(s) for s in sites]
     for s in out:
         if s.layer >= n: raise ValueError(f"site {s} is out of range: the model has {n} blocks (layers 0..{n - 1})")
     return out
@@ -75,8 +86,10 @@ class SAEOutput(NamedTuple):
     x_hat: torch.Tensor   # (N, d) reconstruction
     z: torch.Tensor       # (N, d_sae) codes, k non-zeros per row
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #e627998ax1
 class TopKSAE(nn.Module):
-    "TopK sparse autoencoder: z = ReLU(TopK_k(W_enc^T(x - b_dec) + b_enc)), x̂ = W_dec^T z + b_dec, unit-norm decoder rows."
+    ("TopK sparse autoencoder: z = ReLU(TopK_k(W_enc^T(x - b_dec) + b_enc)), x̂ = W_dec^T z + b_dec, unit-norm decoder "
+     "rows.")
     def __init__(self, d_in: int, d_sae: int, k: int, seed: int = 0):
         super().__init__()
         for n, v in (('d_in', d_in), ('d_sae', d_sae), ('k', k)): check_int(n, v, lo=1)
@@ -86,42 +99,60 @@ class TopKSAE(nn.Module):
         self.W_dec = nn.Parameter(W)                    # (d_sae, d): row i is feature i's direction d_i
         self.W_enc = nn.Parameter(W.T.clone())          # (d, d_sae), tied at init
         self.b_enc, self.b_dec = nn.Parameter(torch.zeros(d_sae)), nn.Parameter(torch.zeros(d_in))
-        self.register_buffer('act_scale', torch.zeros(d_sae))   # mean non-zero activation per latent on held-out tokens (steering unit)
+        self.register_buffer('act_scale', torch.zeros(d_sae))   # mean non-zero activation per latent, held-out tokens
         self.register_buffer('freq', torch.zeros(d_sae))        # firing rate per latent on held-out tokens
         self.register_buffer('stale', torch.zeros(d_sae))       # training tokens since each latent last fired (AuxK)
     def pre(self, x): return (x - self.b_dec) @ self.W_enc + self.b_enc          # (N, d_sae)
-    def topk(self, x):
-        "The k active latents: values (N, k) and indices (N, k)."
-        v, i = self.pre(x).topk(self.k, dim=-1); return v.relu(), i
     def encode(self, x):
         # $z=\mathrm{ReLU}(\mathrm{TopK}_k(W_{enc}^\top(x-b_{dec})+b_{enc}))$
         v, i = self.topk(x)
         return torch.zeros(*x.shape[:-1], self.d_sae, dtype=v.dtype, device=x.device).scatter(-1, i, v)
     def decode(self, z): return z @ self.W_dec + self.b_dec                    # $\hat x=W_{dec}^\top z+b_{dec}$
-    def decode_sparse(self, v, i):
-        "x̂ from the k active values and indices (N, k), without the dense (N, d_sae) product."
-        return F.embedding_bag(i, self.W_dec, per_sample_weights=v.to(self.W_dec.dtype), mode='sum') + self.b_dec
     def forward(self, x) -> SAEOutput:
         if x.shape[-1] != self.d_in: raise ValueError(f"input width {x.shape[-1]} != d_in={self.d_in}")
-        z = self.encode(x); return SAEOutput(self.decode(z), z)
-    @torch.no_grad()
-    def normalize_decoder_(self): self.W_dec.data = F.normalize(self.W_dec.data, dim=-1)
-    @property
-    def dirs(self) -> torch.Tensor: return F.normalize(self.W_dec.detach(), dim=-1)   # (d_sae, d)
+        z = self.encode(x)
+        return SAEOutput(self.decode(z), z)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #e627998ax2
+@patch_to(TopKSAE)
+def topk(self, x):
+    "The k active latents: values (N, k) and indices (N, k)."
+    v, i = self.pre(x).topk(self.k, dim=-1)
+    return v.relu(), i
+
+@patch_to(TopKSAE)
+def decode_sparse(self, v, i):
+    "x̂ from the k active values and indices (N, k), without the dense (N, d_sae) product."
+    return F.embedding_bag(i, self.W_dec, per_sample_weights=v.to(self.W_dec.dtype), mode='sum') + self.b_dec
+
+@patch_to(TopKSAE)
+@torch.no_grad()
+def normalize_decoder_(self): self.W_dec.data = F.normalize(self.W_dec.data, dim=-1)
+
+@patch_to(TopKSAE, as_prop=True)
+def dirs(self) -> torch.Tensor: return F.normalize(self.W_dec.detach(), dim=-1)   # (d_sae, d) unit feature directions
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2011
 def fvu(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    "Fraction of variance unexplained: $\\sum\\lVert x-\\hat x\\rVert^2/\\sum\\lVert x-\\bar x\\rVert^2$ (1 − explained variance)."
+    ("Fraction of variance unexplained: $\\sum\\lVert x-\\hat x\\rVert^2/\\sum\\lVert x-\\bar x\\rVert^2$ (1 − "
+     "explained variance).")
     return ((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum()).item()
 
-def sae_loss(sae: TopKSAE, x: torch.Tensor, dead_after: int = 20_000, aux_coef: float = 1 / 32, bf16: bool = False) -> tuple:
-    "(loss, normalised MSE) on `x` (N, d): $\\lVert x-\\hat x\\rVert^2/\\lVert x-\\bar x\\rVert^2$ + aux_coef × AuxK over latents silent for `dead_after` tokens."
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16): pre = sae.pre(x)   # (N, d_sae); bf16: the encoder product on AMX
-    v, i = pre.topk(sae.k, dim=-1); v = v.relu()                                         # (N, k)
-    x_hat = sae.decode_sparse(v, i); var = (x - x.mean(0)).pow(2).sum().clamp_min(1e-12)
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2011x1
+def sae_loss(sae: TopKSAE, x: torch.Tensor, dead_after: int = 20_000, aux_coef: float = 1 / 32,
+             bf16: bool = False) -> tuple:
+    ("(loss, normalised MSE) on `x` (N, d): $\\lVert x-\\hat x\\rVert^2/\\lVert x-\\bar x\\rVert^2$ + aux_coef × AuxK "
+     "over latents silent for `dead_after` tokens.")
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        pre = sae.pre(x)   # (N, d_sae); bf16: the encoder product on AMX
+    v, i = pre.topk(sae.k, dim=-1)
+    v = v.relu()                                         # (N, k)
+    x_hat = sae.decode_sparse(v, i)
+    var = (x - x.mean(0)).pow(2).sum().clamp_min(1e-12)
     mse = (x - x_hat).pow(2).sum() / var
     with torch.no_grad():
-        fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device); fired[i[v > 0]] = True
+        fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
+        fired[i[v > 0]] = True
         sae.stale.add_(len(x)).masked_fill_(fired, 0)
     dead = sae.stale > dead_after
     if not dead.any(): return mse, mse.detach()
@@ -134,12 +165,14 @@ def sae_loss(sae: TopKSAE, x: torch.Tensor, dead_after: int = 20_000, aux_coef: 
 class SAEBank(nn.Module):
     "Several SAEs as one module (what the training loop optimises), indexed by site."
     def __init__(self, saes: dict):
-        super().__init__(); self.keys_ = list(saes)
+        super().__init__()
+        self.keys_ = list(saes)
         self.saes = nn.ModuleDict({str(s): m for s, m in saes.items()})
     def __getitem__(self, s) -> TopKSAE: return self.saes[str(s)]
     def normalize_decoders_(self):
         for m in self.saes.values(): m.normalize_decoder_()
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2012x1
 def train_saes(saes: dict,            # site (any key) -> TopKSAE, trained in place
                data,                  # rows for `workbench.train.train` (e.g. an (N, T) tensor of token ids)
                acts_fn,               # acts_fn(batch) -> {key: (n, d) activations} for every key of `saes`
@@ -154,39 +187,56 @@ def train_saes(saes: dict,            # site (any key) -> TopKSAE, trained in pl
         first = acts_fn(collate([ds[i] for i in range(min(batch_size, len(ds)))]))
         for s, m in saes.items(): m.b_dec.copy_(first[s].float().mean(0))
     def loss_fn(bank, batch):
-        bank.normalize_decoders_(); acts = acts_fn(batch)
+        bank.normalize_decoders_()
+        acts = acts_fn(batch)
         return sum(sae_loss(bank[s], acts[s].float(), dead_after, aux_coef, bf16)[0] for s in saes)
-    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=None, seed=seed,
-                      progress=show_progress, cpu=None, log_every=max(1, steps // 200), ckpt_every=max(1, steps // 8) if ckpt_dir else None, keep_ckpts=1)
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=None,
+                      seed=seed,
+                      progress=show_progress, cpu=None, log_every=max(1, steps // 200),
+                      ckpt_every=max(1, steps // 8) if ckpt_dir else None, keep_ckpts=1)
     hist = train(bank, ds, cfg, loss_fn=loss_fn, callbacks=callbacks, ckpt_dir=ckpt_dir)
-    bank.normalize_decoders_(); bank.requires_grad_(False).eval()
+    bank.normalize_decoders_()
+    bank.requires_grad_(False).eval()
     return hist
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2012x2
 def train_sae(acts: torch.Tensor, d_sae: int, k: int, steps: int = 300, batch_size: int = 512, lr: float = 1e-3,
               dead_after: int = 20_000, seed: int = 0) -> TopKSAE:
     "One TopK SAE on activations in memory, `acts` (N, d), with `train_saes`."
-    check_tensor('acts', acts, ndim=2, floating=True); check_int('batch_size', batch_size, lo=1)
-    sae, c = TopKSAE(acts.shape[1], d_sae, k, seed), math.gcd(batch_size, 32)      # rows of c tokens: fewer, larger rows for the loader
-    x = acts.float()[torch.randperm(len(acts), generator=torch.Generator().manual_seed(seed))][:len(acts) // c * c].view(-1, c, acts.shape[1])
+    check_tensor('acts', acts, ndim=2, floating=True)
+    check_int('batch_size', batch_size, lo=1)
+    # rows of c tokens: fewer, larger rows for the loader
+    sae, c = TopKSAE(acts.shape[1], d_sae, k, seed), math.gcd(batch_size, 32)
+    order = torch.randperm(len(acts), generator=torch.Generator().manual_seed(seed))
+    x = acts.float()[order][:len(acts) // c * c].view(-1, c, acts.shape[1])
     with torch_threads(1):   # small SAEs: one thread is faster than two that wait on each other
-        train_saes({0: sae}, [dict(x=r) for r in x], lambda b: {0: b['x'].flatten(0, 1)}, steps, batch_size // c, lr, dead_after, seed=seed)
+        train_saes({0: sae}, [dict(x=r) for r in x], lambda b: {0: b['x'].flatten(0, 1)}, steps, batch_size // c, lr,
+                   dead_after, seed=seed)
     return sae
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #ce8a2013
 @torch.no_grad()
 def sae_stats(sae: TopKSAE, acts: torch.Tensor, batch_size: int = 4096) -> dict:
-    "Held-out quality: FVU, explained variance, dead share (latents that never fire on `acts`), L0; sets `sae.act_scale` and `sae.freq`."
-    dev = sae.W_dec.device; SS, fired, tot = 0., torch.zeros(sae.d_sae, device=dev), torch.zeros(sae.d_sae, device=dev)
+    ("Held-out quality: FVU, explained variance, dead share (latents that never fire on `acts`), L0; sets "
+     "`sae.act_scale` and `sae.freq`.")
+    dev = sae.W_dec.device
+    SS, fired, tot = 0., torch.zeros(sae.d_sae, device=dev), torch.zeros(sae.d_sae, device=dev)
     mu = acts.float().mean(0)
     for b in acts.split(batch_size):
-        b = b.to(dev).float(); x_hat, z = sae(b); SS += (b - x_hat).pow(2).sum().item()
-        fired += (z > 0).sum(0); tot += z.sum(0)
-    sae.act_scale.copy_(tot / fired.clamp(min=1)); sae.freq.copy_(fired / len(acts))
+        b = b.to(dev).float()
+        x_hat, z = sae(b)
+        SS += (b - x_hat).pow(2).sum().item()
+        fired += (z > 0).sum(0)
+        tot += z.sum(0)
+    sae.act_scale.copy_(tot / fired.clamp(min=1))
+    sae.freq.copy_(fired / len(acts))
     u = SS / (acts.float() - mu).pow(2).sum().item()
-    return dict(fvu=u, explained_variance=1 - u, dead_share=(fired == 0).float().mean().item(), l0=(fired.sum() / len(acts)).item())
+    return dict(fvu=u, explained_variance=1 - u, dead_share=(fired == 0).float().mean().item(),
+                l0=(fired.sum() / len(acts)).item())
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #8cf11202
-SAE_CODE_VERSION = 2   # bump when TopKSAE, sae_loss, train_saes or train_flow_saes change what they produce (it keys the SAE cache)
+# bump when TopKSAE, sae_loss, train_saes or train_flow_saes change what they produce (it keys the SAE cache)
+SAE_CODE_VERSION = 2
 _WEIGHTS = ('W_enc', 'b_enc', 'W_dec', 'b_dec')
 SAELENS_LAYOUT = '6.0.0'   # the SAELens cfg.json layout we write (`metadata`, read by SAELens >= 6.0)
 
@@ -200,30 +250,42 @@ def saelens_cfg(sae: TopKSAE, hook_name: str, model_name: str | None = None, con
                 apply_b_dec_to_input=True, normalize_activations='none', reshape_activations='none',
                 rescale_acts_by_decoder_norm=False, metadata=meta, workbench=extra or {})
 
-def save_sae(sae: TopKSAE, path, hook_name: str | None = None, model_name: str | None = None, context_size: int | None = None,
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #8cf11202x1
+def save_sae(sae: TopKSAE, path, hook_name: str | None = None, model_name: str | None = None,
+             context_size: int | None = None,
              extra: dict | None = None) -> Path:
-    "Write `sae` to the folder `path` as SAELens 6 does: cfg.json (`saelens_cfg`) and sae_weights.safetensors; names default to `sae.hook_name`, `sae.model_name`."
+    ("Write `sae` to the folder `path` as SAELens 6 does: cfg.json (`saelens_cfg`) and sae_weights.safetensors; names "
+     "default to `sae.hook_name`, `sae.model_name`.")
     from safetensors.torch import save_file
     path, hook_name = Path(path), hook_name or getattr(sae, 'hook_name', None)
-    if not isinstance(hook_name, str): raise ValueError("save_sae needs the SAE's hook name (e.g. 'blocks.7.hook_resid_post'): pass hook_name or set sae.hook_name")
+    if not isinstance(hook_name, str):
+        raise ValueError("save_sae needs the SAE's hook name (e.g. 'blocks.7.hook_resid_post'): pass hook_name or set "
+                         "sae.hook_name")
     cfg = saelens_cfg(sae, hook_name, model_name or getattr(sae, 'model_name', None), context_size, extra)
-    with atomic_dir(path, marker='sae_weights.safetensors') as tmp:   # a crash leaves the earlier save whole; never over another folder
-        save_file({n: getattr(sae, n).detach().float().cpu().contiguous() for n in _WEIGHTS}, str(tmp/'sae_weights.safetensors'))
+    # a crash leaves the earlier save whole; never over another folder
+    with atomic_dir(path, marker='sae_weights.safetensors') as tmp:
+        save_file({n: getattr(sae, n).detach().float().cpu().contiguous() for n in _WEIGHTS},
+                  str(tmp/'sae_weights.safetensors'))
         atomic_write_json(tmp/'cfg.json', cfg)
     return path
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #8cf11202x2
 def load_sae(path) -> TopKSAE:
-    "A `TopKSAE` (on the CPU) from a SAELens-layout folder (architecture 'topk'), with `hook_name` and `model_name` from cfg.json's `metadata` (older folders: `meta`)."
+    ("A `TopKSAE` (on the CPU) from a SAELens-layout folder (architecture 'topk'), with `hook_name` and `model_name` "
+     "from cfg.json's `metadata` (older folders: `meta`).")
     from safetensors.torch import load_file
     path = Path(path)
     if not (path/'cfg.json').is_file() or not (path/'sae_weights.safetensors').is_file():
         raise FileNotFoundError(f"{path} is not an SAE folder: it needs cfg.json and sae_weights.safetensors")
     cfg = json.loads((path/'cfg.json').read_text())
-    if cfg.get('architecture') != 'topk': raise ValueError(f"{path}: architecture {cfg.get('architecture')!r}, expected 'topk'")
-    sae = TopKSAE(cfg['d_in'], cfg['d_sae'], cfg['k']); w = load_file(str(path/'sae_weights.safetensors'))
+    if cfg.get('architecture') != 'topk':
+        raise ValueError(f"{path}: architecture {cfg.get('architecture')!r}, expected 'topk'")
+    sae = TopKSAE(cfg['d_in'], cfg['d_sae'], cfg['k'])
+    w = load_file(str(path/'sae_weights.safetensors'))
     with torch.no_grad():
         for n in _WEIGHTS: getattr(sae, n).copy_(w[n])
-    meta = cfg.get('metadata') or cfg.get('meta') or {}                            # SAELens 6 layout, or the workbench's earlier one
+    # SAELens 6 layout, or the workbench's earlier one
+    meta = cfg.get('metadata') or cfg.get('meta') or {}
     sae.hook_name, sae.model_name = meta.get('hook_name'), meta.get('model_name')
     return sae.eval().requires_grad_(False)
 
@@ -231,10 +293,13 @@ def load_sae(path) -> TopKSAE:
 def match_features(target_dirs: torch.Tensor,   # (n_t, d) decoder rows of the later site
                    source_dirs: torch.Tensor,   # (n_s, d) decoder rows of the earlier site
                    top_k: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    "Cosine matcher: for each target row, the `top_k` source rows by cosine similarity -> (scores, indices), each (n_t, top_k)."
+    ("Cosine matcher: for each target row, the `top_k` source rows by cosine similarity -> (scores, indices), each "
+     "(n_t, top_k).")
     for n, t in (('target_dirs', target_dirs), ('source_dirs', source_dirs)):
-        if not isinstance(t, torch.Tensor) or t.ndim != 2: raise ValueError(f"{n} must be a 2-D tensor (n, d), got {getattr(t, 'shape', type(t).__name__)}")
-    if target_dirs.shape[1] != source_dirs.shape[1]: raise ValueError(f"widths differ: {target_dirs.shape[1]} vs {source_dirs.shape[1]}")
+        if not isinstance(t, torch.Tensor) or t.ndim != 2:
+            raise ValueError(f"{n} must be a 2-D tensor (n, d), got {getattr(t, 'shape', type(t).__name__)}")
+    if target_dirs.shape[1] != source_dirs.shape[1]:
+        raise ValueError(f"widths differ: {target_dirs.shape[1]} vs {source_dirs.shape[1]}")
     if not 1 <= top_k <= len(source_dirs): raise ValueError(f"top_k must be in [1, {len(source_dirs)}], got {top_k}")
     # $S_{ij}=\cos(f_i, g_j)$; $s_i=\max_j S_{ij}$, $j^*_i=\arg\max_j S_{ij}$
     S = F.normalize(target_dirs.float(), dim=-1) @ F.normalize(source_dirs.float(), dim=-1).T   # (n_t, n_s)
@@ -242,61 +307,88 @@ def match_features(target_dirs: torch.Tensor,   # (n_t, d) decoder rows of the l
 
 def _sources(layer: int) -> dict:
     "The predecessor sites of R_layer by module."
-    return {**({'RES': Site(layer - 1, 'resid_post')} if layer > 0 else {}), 'ATT': Site(layer, 'attn_out'), 'MLP': Site(layer, 'mlp_out')}
+    return {**({'RES': Site(layer - 1, 'resid_post')} if layer > 0 else {}), 'ATT': Site(layer, 'attn_out'),
+            'MLP': Site(layer, 'mlp_out')}
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #1bb1b86bx1
 def predecessors(saes: dict, layer: int, shuffle_seed: int | None = None) -> dict:
-    "Top-1 predecessor (score, index) of every latent of R_layer in R_{layer-1}, A_layer and M_layer: {'RES'|'ATT'|'MLP': ((d_sae,), (d_sae,))}; `shuffle_seed`: against shuffled source decoders (chance)."
+    ("Top-1 predecessor (score, index) of every latent of R_layer in R_{layer-1}, A_layer and M_layer: "
+     "{'RES'|'ATT'|'MLP': ((d_sae,), (d_sae,))}; `shuffle_seed`: against shuffled source decoders (chance).")
     tgt = saes.get(Site(layer, 'resid_post'))
     if tgt is None: raise ValueError(f"no SAE at R{layer}; have {sorted(str(s) for s in saes)}")
     out = {}
     for g, s in _sources(layer).items():
         if s not in saes: continue
         src = saes[s].dirs
-        if shuffle_seed is not None: src = src[:, torch.randperm(src.shape[1], generator=torch.Generator().manual_seed(shuffle_seed)).to(src.device)]
-        v, i = match_features(tgt.dirs, src); out[g] = (v[:, 0], i[:, 0])
+        if shuffle_seed is not None:
+            src = src[:,
+                      torch.randperm(src.shape[1],
+                                     generator=torch.Generator().manual_seed(shuffle_seed)).to(src.device)]
+        v, i = match_features(tgt.dirs, src)
+        out[g] = (v[:, 0], i[:, 0])
     if not out: raise ValueError(f"no predecessor SAEs of R{layer}: need R{layer - 1}, A{layer} or M{layer}")
     return out
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #a396cc41
 @torch.no_grad()
 def chance_scores(target_dirs: torch.Tensor, source_dirs: torch.Tensor, n_random: int = 2048, seed: int = 0) -> dict:
-    "Chance top-1 cosines against `source_dirs`: 'random' (random unit targets, (n_random,)) and 'shuffled' (the targets against the source with permuted coordinates, (n_t,))."
+    ("Chance top-1 cosines against `source_dirs`: 'random' (random unit targets, (n_random,)) and 'shuffled' (the "
+     "targets against the source with permuted coordinates, (n_t,)).")
     check_int('n_random', n_random, lo=1)
-    rng, d = np.random.default_rng(seed), source_dirs.shape[1]                     # numpy's stream: never the one that initialised an SAE
-    dev = source_dirs.device                                                         # drawn on the CPU, used where the SAEs are
-    u = F.normalize(torch.as_tensor(rng.standard_normal((n_random, d)), dtype=torch.float32), dim=-1).to(dev)   # random unit directions
-    perm = torch.as_tensor(rng.permutation(d), device=dev)                          # one permutation $\Pi$ of the coordinates
-    return dict(random=match_features(u, source_dirs)[0][:, 0], shuffled=match_features(target_dirs, source_dirs[:, perm])[0][:, 0])
+    # numpy's stream: never the one that initialised an SAE
+    rng, d = np.random.default_rng(seed), source_dirs.shape[1]
+    # drawn on the CPU, used where the SAEs are
+    dev = source_dirs.device
+    # random unit directions
+    u = F.normalize(torch.as_tensor(rng.standard_normal((n_random, d)), dtype=torch.float32), dim=-1).to(dev)
+    # one permutation $\Pi$ of the coordinates
+    perm = torch.as_tensor(rng.permutation(d), device=dev)
+    return dict(random=match_features(u, source_dirs)[0][:, 0],
+                shuffled=match_features(target_dirs, source_dirs[:, perm])[0][:, 0])
 
 def chance_tau(chances, q: float = 0.99) -> float:
-    "Edge threshold from chance: the largest `q`-quantile of every chance distribution in `chances` (dicts from `chance_scores`)."
+    ("Edge threshold from chance: the largest `q`-quantile of every chance distribution in `chances` (dicts from "
+     "`chance_scores`).")
     check_num('q', q, lo=0, hi=1)
     return max(torch.quantile(v.float(), q).item() for c in chances for v in c.values())
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #d5fb982e
 PLANTED_SITES = (Site(0, 'resid_post'), Site(1, 'attn_out'), Site(1, 'mlp_out'), Site(1, 'resid_post'))
 
-def planted_flow(d: int = 32, n_res: int = 24, n_att: int = 8, n_mlp: int = 8, k_res: int = 3, n_tokens: int = 8000, seed: int = 0):
-    "Synthetic activations with known flow: R1 = R0 + A1 + M1, each a sparse sum of planted unit directions -> (acts by Site, truth)."
+def planted_flow(d: int = 32, n_res: int = 24, n_att: int = 8, n_mlp: int = 8, k_res: int = 3, n_tokens: int = 8000,
+                 seed: int = 0):
+    ("Synthetic activations with known flow: R1 = R0 + A1 + M1, each a sparse sum of planted unit directions -> (acts "
+     "by Site, truth).")
     g = torch.Generator().manual_seed(seed)
-    D = {s: F.normalize(torch.randn(n, d, generator=g), dim=-1) for s, n in zip(PLANTED_SITES[:3], (n_res, n_att, n_mlp))}
+    D = {s: F.normalize(torch.randn(n, d, generator=g), dim=-1) for s,
+         n in zip(PLANTED_SITES[:3], (n_res, n_att, n_mlp))}
     def codes(n, k):  # k active of n per token, values in [0.5, 1.5]
-        c = torch.zeros(n_tokens, n); c.scatter_(1, torch.rand(n_tokens, n, generator=g).argsort(-1)[:, :k], 0.5 + torch.rand(n_tokens, k, generator=g))
+        c = torch.zeros(n_tokens, n)
+        c.scatter_(1, torch.rand(n_tokens, n, generator=g).argsort(-1)[:, :k],
+                   0.5 + torch.rand(n_tokens, k, generator=g))
         return c
     acts = {s: codes(len(D[s]), k) @ D[s] for s, k in zip(PLANTED_SITES[:3], (k_res, 1, 1))}
     # $h^R_1=h^R_0+h^A_1+h^M_1$
     acts[PLANTED_SITES[3]] = sum(acts.values())
     group = {PLANTED_SITES[0]: 'RES', PLANTED_SITES[1]: 'ATT', PLANTED_SITES[2]: 'MLP'}
-    truth = [(group[s], s, j, D[s][j]) for s in PLANTED_SITES[:3] for j in range(len(D[s]))]   # R1's features and their sources
+    # R1's features and their sources
+    truth = [(group[s], s, j, D[s][j]) for s in PLANTED_SITES[:3] for j in range(len(D[s]))]
     return acts, truth
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #d5fb982ex1
 def link_recovery(saes: dict, truth, min_cos: float = 0.9) -> dict:
-    "Fraction of planted R1 features whose SAE latent's best-scoring predecessor is the SAE latent of the planted source (and of found features)."
-    R1 = PLANTED_SITES[3]; P = predecessors(saes, 1); found = ok = grp_ok = 0
+    ("Fraction of planted R1 features whose SAE latent's best-scoring predecessor is the SAE latent of the planted "
+     "source (and of found features).")
+    R1 = PLANTED_SITES[3]
+    P = predecessors(saes, 1)
+    found = ok = grp_ok = 0
     for g, s, j, f in truth:
-        v, i = match_features(f[None], saes[R1].dirs); i = i[0, 0].item()
+        v, i = match_features(f[None], saes[R1].dirs)
+        i = i[0, 0].item()
         if v[0, 0] < min_cos: continue
-        found += 1; best = max(P, key=lambda k: P[k][0][i].item()); grp_ok += best == g
+        found += 1
+        best = max(P, key=lambda k: P[k][0][i].item())
+        grp_ok += best == g
         ok += best == g and P[g][1][i].item() == match_features(f[None], saes[s].dirs)[1][0, 0].item()
     return dict(found=found / len(truth), recovered=ok / len(truth), group_correct=grp_ok / max(found, 1))
 
@@ -315,7 +407,8 @@ def origin_groups(codes: dict,        # Site -> (N, d_sae) codes on the same N t
     "Fraction of active (token, target) pairs in each origin group: which top-1 predecessors are co-active."
     src = _sources(layer)
     dev = codes[Site(layer, 'resid_post')].device
-    t = torch.arange(codes[Site(layer, 'resid_post')].shape[1], device=dev) if targets is None else torch.as_tensor(targets, device=dev)
+    t = torch.arange(codes[Site(layer, 'resid_post')].shape[1],
+                     device=dev) if targets is None else torch.as_tensor(targets, device=dev)
     on = codes[Site(layer, 'resid_post')][:, t] > 0                                  # (N, n) target active
     bits = torch.zeros_like(on, dtype=torch.long)
     for b, g in enumerate(GROUPS):
@@ -326,7 +419,8 @@ def origin_groups(codes: dict,        # Site -> (N, d_sae) codes on the same N t
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #768a7439
 @dataclass
 class FlowGraph:
-    "Nodes (Site, latent) and edges (src node, dst node, cosine) of one feature's flow; edges run from earlier to later sites."
+    ("Nodes (Site, latent) and edges (src node, dst node, cosine) of one feature's flow; edges run from earlier to "
+     "later sites.")
     nodes: list = field(default_factory=list)
     edges: list = field(default_factory=list)
     def add(self, s: Site, latent: int) -> int:
@@ -337,48 +431,69 @@ class FlowGraph:
     def residual_nodes(self) -> list:
         "The (Site, latent) residual nodes, by layer: the chain that flow steering pushes on."
         return sorted((n for n in self.nodes if n[0].kind == 'resid_post'), key=lambda n: n[0].layer)
+    def upto(self, layer: int) -> list:
+        "The (Site, latent) nodes, residual and module, at every block <= `layer`: what cumulative steering acts on."
+        return sorted(n for n in self.nodes if n[0].layer <= layer)
 
-def build_flow_graph(saes: dict, start, latent: int, tau: float = 0.3) -> FlowGraph:
-    "Trace R-latent `latent` at `start` backwards (top-1 predecessors in R_{l-1}, A_l, M_l with cos >= tau) and forwards (top-1 successor in R_{l+1})."
-    s0 = site(start)
-    if s0.kind != 'resid_post' or s0 not in saes: raise ValueError(f"start must be a residual site with an SAE, e.g. 'R12'; got {s0}")
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #768a7439x1
+def build_flow_graph(saes: dict, start, latent: int, tau: float = 0.3, tau_module: float | None = None) -> FlowGraph:
+    ("Trace R-latent `latent` at `start` backwards (top-1 predecessors in R_{l-1}, A_l, M_l) and forwards (top-1 "
+     "successor in R_{l+1}).")
+    # residual and module edge thresholds
+    s0, cut = site(start), {'RES': tau, 'ATT': tau if tau_module is None else tau_module}
+    cut['MLP'] = cut['ATT']
+    if s0.kind != 'resid_post' or s0 not in saes:
+        raise ValueError(f"start must be a residual site with an SAE, e.g. 'R12'; got {s0}")
     if not 0 <= latent < saes[s0].d_sae: raise ValueError(f"latent must be in [0, {saes[s0].d_sae}), got {latent}")
     G, memo = FlowGraph(), {}
-    src = lambda g, l: _sources(l)[g]
     def preds(l):
         if l not in memo: memo[l] = predecessors(saes, l)
         return memo[l]
-    def back(l, i, node):
-        if not any(s in saes for s in _sources(l).values()): return
-        for g, (v, j) in preds(l).items():
-            if v[i] < tau: continue
-            G.edges.append((G.add(src(g, l), j[i]), node, v[i].item()))
-            if g == 'RES': back(l - 1, j[i].item(), G.nodes.index((src(g, l), int(j[i]))))
-    def fwd(l, i, node):
-        nxt = Site(l + 1, 'resid_post')
-        if nxt not in saes: return
-        v, j = match_features(saes[Site(l, 'resid_post')].dirs[i:i + 1], saes[nxt].dirs)
-        if v[0, 0] < tau: return
-        n2 = G.add(nxt, j[0, 0]); G.edges.append((node, n2, v[0, 0].item()))
-        for g, (pv, pj) in preds(l + 1).items():                                      # the successor's other sources
-            if g != 'RES' and pv[j[0, 0]] >= tau: G.edges.append((G.add(src(g, l + 1), pj[j[0, 0]]), n2, pv[j[0, 0]].item()))
-        fwd(l + 1, j[0, 0].item(), n2)
-    n0 = G.add(s0, latent); back(s0.layer, latent, n0); fwd(s0.layer, latent, n0)
+    n0 = G.add(s0, latent)
+    _trace_back(saes, G, preds, cut, s0.layer, latent, n0)
+    _trace_fwd(saes, G, preds, cut, s0.layer, latent, n0)
     return G
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #768a7439x3
+def _trace_back(saes: dict, G: FlowGraph, preds, cut: dict, l: int, i: int, node: int):
+    "Add the top-1 predecessors of latent i of R_l that clear their module's threshold; recurse through the RES one."
+    if not any(s in saes for s in _sources(l).values()): return
+    for g, (v, j) in preds(l).items():
+        if v[i] < cut[g]: continue
+        src = _sources(l)[g]
+        G.edges.append((G.add(src, j[i]), node, v[i].item()))
+        if g == 'RES': _trace_back(saes, G, preds, cut, l - 1, j[i].item(), G.nodes.index((src, int(j[i]))))
+
+def _trace_fwd(saes: dict, G: FlowGraph, preds, cut: dict, l: int, i: int, node: int):
+    "Add the top-1 successor of latent i of R_l in R_{l+1} (with its attention/MLP sources); recurse."
+    nxt = Site(l + 1, 'resid_post')
+    if nxt not in saes: return
+    v, j = match_features(saes[Site(l, 'resid_post')].dirs[i:i + 1], saes[nxt].dirs)
+    v, j = v[0, 0].item(), j[0, 0].item()
+    if v < cut['RES']: return
+    n2 = G.add(nxt, j)
+    G.edges.append((node, n2, v))
+    for g, (pv, pj) in preds(l + 1).items():                                          # the successor's other sources
+        if g != 'RES' and pv[j] >= cut[g]: G.edges.append((G.add(_sources(l + 1)[g], pj[j]), n2, pv[j].item()))
+    _trace_fwd(saes, G, preds, cut, l + 1, j, n2)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #768a7439x2
 def to_feature_graph(G: FlowGraph, labels: dict | None = None) -> FeatureGraph:
     "A `workbench.viz.FeatureGraph` (layer columns) with hover labels 'R12 #37 · <labels[(site, latent)]>'."
     labels = labels or {}
-    return FeatureGraph([(s.layer, i, f'{s} #{i}' + (f' · {labels[(s, i)]}' if (s, i) in labels else '')) for s, i in G.nodes], G.edges)
+    return FeatureGraph([(s.layer, i, f'{s} #{i}' + (f' · {labels[(s, i)]}' if (s, i) in labels else '')) for s,
+                         i in G.nodes], G.edges)
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #ab5ada08
 class _Stop(Exception): pass
 
 @torch.no_grad()
 def collect_activations(model, input_ids: torch.Tensor, sites, batch_size: int = 16, extra_hooks=()) -> dict:
-    "Site -> (B, T, d) activations for `input_ids` (B, T), on the model's device; the forward stops after the deepest site's block."
+    ("Site -> (B, T, d) activations for `input_ids` (B, T), on the model's device; the forward stops after the deepest "
+     "site's block.")
     sites = check_sites(model, sites)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2: raise ValueError("input_ids must be a (B, T) tensor")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+        raise ValueError("input_ids must be a (B, T) tensor")
     input_ids = input_ids.to(model_device(model))
     out, by_hook = {s: [] for s in sites}, {s.hook: s for s in sites}
     last = f'blocks.{max(s.layer for s in sites)}.hook_resid_post'
@@ -392,7 +507,8 @@ def collect_activations(model, input_ids: torch.Tensor, sites, batch_size: int =
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #c946cd02
 def block_inputs(model, layer: int, h: torch.Tensor) -> dict:
-    "What the forward pass gives block `layer` besides h (B, T, d): positions (B, T), additive mask (1, 1, T, T), rotary embeddings."
+    ("What the forward pass gives block `layer` besides h (B, T, d): positions (B, T), additive mask (1, 1, T, T), "
+     "rotary embeddings.")
     base, blk = getattr(model, 'model', model), decoder_layers(model)[layer]
     rot = getattr(base, 'rotary_emb', None)
     if rot is None: raise ValueError(f"run_block supports decoders with rotary embeddings on model.model.rotary_emb "
@@ -403,14 +519,19 @@ def block_inputs(model, layer: int, h: torch.Tensor) -> dict:
     seen = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()                  # key j <= query i
     if kind == 'sliding_attention': seen &= ~seen.tril(-model.config.sliding_window)    # and j > i - w
     mask = torch.zeros(T, T, dtype=h.dtype, device=h.device).masked_fill(~seen, float('-inf'))[None, None]
-    by_type = 'layer_type' in inspect.signature(rot.forward).parameters               # Gemma 3: a rotary table per layer type
+    # Gemma 3: a rotary table per layer type
+    by_type = 'layer_type' in inspect.signature(rot.forward).parameters
     pe = rot(h, pos, kind) if by_type else rot(h, pos)
     return dict(attention_mask=mask, position_ids=pos, position_embeddings=pe)
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #c946cd02x1
 @torch.no_grad()
 def run_block(model, layer: int, h: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
-    "R_layer from h = R_{layer-1} (B, T, d) by running block `layer` alone, on the model's device; `fwd_hooks` as in `workbench.hooks.hooks`."
-    check_tensor('h', h, ndim=3, floating=True); n = len(decoder_layers(model)); check_int('layer', layer, lo=0, hi=n - 1)
+    ("R_layer from h = R_{layer-1} (B, T, d) by running block `layer` alone, on the model's device; `fwd_hooks` as in "
+     "`workbench.hooks.hooks`.")
+    check_tensor('h', h, ndim=3, floating=True)
+    n = len(decoder_layers(model))
+    check_int('layer', layer, lo=0, hi=n - 1)
     h = h.to(model_device(model), next(model.parameters()).dtype)
     kw = block_inputs(model, layer, h)
     with hooks(model, list(fwd_hooks)): out = decoder_layers(model)[layer](h, **kw)
@@ -423,13 +544,15 @@ MODES = ('add', 'push', 'scale')
 class Intervention:
     site: object          # a Site or 'R12' / 'A12' / 'M12'
     latent: int           # SAE latent whose decoder direction d_i is used
-    strength: float       # 'add': alpha in h + alpha c_i d_i; 'push': alpha in h + alpha d_i; 'scale': r in h + (r-1) z_i d_i
+    # 'add': alpha in h + alpha c_i d_i; 'push': alpha in h + alpha d_i; 'scale': r in h + (r-1) z_i d_i
+    strength: float
     mode: str = 'add'     # one of MODES
 
 def apply_interventions(saes: dict, ivs, x: torch.Tensor) -> torch.Tensor:
     "x (B, T, d) with the interventions (all at x's site) applied."
     for iv in ivs:
-        sae = saes[site(iv.site)]; d = sae.W_dec[iv.latent].detach().to(x)            # (d,)
+        sae = saes[site(iv.site)]
+        d = sae.W_dec[iv.latent].detach().to(x)            # (d,)
         if iv.mode == 'add':    # $h \leftarrow h+\alpha\,\bar z_i\,d_i$
             x = x + iv.strength * sae.act_scale[iv.latent].to(x) * d
         elif iv.mode == 'push': # $h \leftarrow h+\alpha\,d_i$
@@ -439,15 +562,19 @@ def apply_interventions(saes: dict, ivs, x: torch.Tensor) -> torch.Tensor:
             x = x + (iv.strength - 1) * z * d
     return x
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #736dbd17x1
 def check_interventions(model, saes: dict, interventions) -> dict:
     "Validate the interventions; group them by hook name."
     by = {}
     for iv in interventions:
-        if not isinstance(iv, Intervention): raise TypeError(f"interventions must be Intervention objects, got {type(iv).__name__}")
+        if not isinstance(iv, Intervention):
+            raise TypeError(f"interventions must be Intervention objects, got {type(iv).__name__}")
         s = check_sites(model, [iv.site])[0]
         if s not in saes: raise ValueError(f"no SAE at site {s}; have {sorted(str(k) for k in saes)}")
-        if not 0 <= iv.latent < saes[s].d_sae: raise ValueError(f"latent {iv.latent} out of range for {s}: [0, {saes[s].d_sae})")
-        check_choice('mode', iv.mode, MODES); check_num('strength', iv.strength)
+        if not 0 <= iv.latent < saes[s].d_sae:
+            raise ValueError(f"latent {iv.latent} out of range for {s}: [0, {saes[s].d_sae})")
+        check_choice('mode', iv.mode, MODES)
+        check_num('strength', iv.strength)
         by.setdefault(s.hook, []).append(iv)
     return by
 
@@ -460,36 +587,51 @@ def steer(model, saes: dict, interventions):
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #d955d252
 CORPORA = ('shakespeare', 'docstrings', 'code')   # the workbench corpus: SAE training, held-out windows, theme windows
 
-def token_windows(tokenizer, n: int, seq_len: int, split: str = 'train', corpora=CORPORA, seed: int = 0) -> torch.Tensor:
-    "(n, seq_len) token ids: packed blocks of `split` of the corpora (`workbench.data.lm_dataset`), drawn without replacement."
+def token_windows(tokenizer, n: int, seq_len: int, split: str = 'train', corpora=CORPORA,
+                  seed: int = 0) -> torch.Tensor:
+    ("(n, seq_len) token ids: packed blocks of `split` of the corpora (`workbench.data.lm_dataset`), drawn without "
+     "replacement.")
     from workbench.data import lm_dataset
-    check_int('n', n, lo=1); check_int('seq_len', seq_len, lo=2); check_choice('split', split, ('train', 'validation'))
-    blocks = torch.cat([torch.as_tensor(lm_dataset(c, tokenizer, seq_len, split).with_format('numpy')[:]['input_ids']) for c in corpora])
-    if n > len(blocks): raise ValueError(f"asked for {n} windows of {seq_len} tokens; the {split} split of {list(corpora)} has {len(blocks)}")
+    check_int('n', n, lo=1)
+    check_int('seq_len', seq_len, lo=2)
+    check_choice('split', split, ('train', 'validation'))
+    blocks = torch.cat([torch.as_tensor(lm_dataset(c, tokenizer, seq_len,
+                                                   split).with_format('numpy')[:]['input_ids']) for c in corpora])
+    if n > len(blocks):
+        raise ValueError(f"asked for {n} windows of {seq_len} tokens; the {split} split of {list(corpora)} has "
+                         f"{len(blocks)}")
     return blocks[torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed))[:n]]
 
 def prompt_batch(tokenizer, prompts) -> tuple:
     "Left-padded ids (B, T) and attention mask (B, T) of `prompts` (strings or lists of token ids), for `generate_ids`."
-    rows = [tokenizer(p, add_special_tokens=False)['input_ids'] if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+    ids = lambda p: tokenizer(p, add_special_tokens=False)['input_ids'] if isinstance(p, str) else [int(t) for t in p]
+    rows = [ids(p) for p in prompts]
     if not rows or min(map(len, rows)) == 0: raise ValueError("every prompt needs at least one token")
-    T, pad = max(map(len, rows)), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return (torch.tensor([[pad] * (T - len(r)) + r for r in rows]), torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows]))
+    return left_pad(rows, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #d955d252x1
 @torch.no_grad()
 def continuation_nll(model, ids: torch.Tensor, mask: torch.Tensor, n_prompt: int) -> torch.Tensor:
-    "Mean NLL per row (B,) of the tokens after the first `n_prompt` columns of `ids`; `mask` (B, n_prompt) is the prompts' padding mask."
-    B, L = ids.shape; n_new = L - n_prompt
+    ("Mean NLL per row (B,) of the tokens after the first `n_prompt` columns of `ids`; `mask` (B, n_prompt) is the "
+     "prompts' padding mask.")
+    B, L = ids.shape
+    n_new = L - n_prompt
     if n_new < 1: raise ValueError(f"nothing after the prompt: ids has {L} columns, n_prompt={n_prompt}")
-    dev = model_device(model); ids, mask = ids.to(dev), mask.to(dev)
-    m = torch.cat([mask, torch.ones(B, n_new, dtype=mask.dtype, device=dev)], 1); pos = (m.cumsum(-1) - 1).clamp_min(0)
-    z = model(input_ids=ids, attention_mask=m, position_ids=pos, logits_to_keep=n_new + 1).logits[:, :-1].float()   # (B, n_new, V)
+    dev = model_device(model)
+    ids, mask = ids.to(dev), mask.to(dev)
+    m = torch.cat([mask, torch.ones(B, n_new, dtype=mask.dtype, device=dev)], 1)
+    pos = (m.cumsum(-1) - 1).clamp_min(0)
+    # (B, n_new, V)
+    z = model(input_ids=ids, attention_mask=m, position_ids=pos, logits_to_keep=n_new + 1).logits[:, :-1].float()
     # $-\frac1n\sum_t\log p(y_t\mid y_{<t})$ over the new tokens
     return F.cross_entropy(z.transpose(1, 2), ids[:, n_prompt:], reduction='none').mean(1)
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #4b647969
 def _control(zP, on, j, freq, scale):
-    "The latent of zP co-active with the target (on) at least once, not j, nearest to j in log firing rate + log mean activation."
-    cand = (zP[on] > 0).any(0); cand[j] = False
+    ("The latent of zP co-active with the target (on) at least once, not j, nearest to j in log firing rate + log mean "
+     "activation.")
+    cand = (zP[on] > 0).any(0)
+    cand[j] = False
     if not cand.any(): return None
     lf, ls = freq.clamp_min(1e-9).log(), scale.clamp_min(1e-9).log()
     # $c=\arg\min_{j\ne j^*}|\log p_j-\log p_{j^*}|+|\log\bar z_j-\log\bar z_{j^*}|$
@@ -505,39 +647,58 @@ def _off_rate(model, saes, acts, zR, zP, layer, P, grp, jj, i, on, max_seqs):
     iv, h = [Intervention(P, jj, 0.0, 'scale')], acts[Site(layer - 1, 'resid_post')][seqs]
     if grp == 'RES': out = run_block(model, layer, apply_interventions(saes, iv, h))
     else: out = run_block(model, layer, h, [(P.hook, lambda x, name: apply_interventions(saes, iv, x))])
-    z2 = saes[R].encode(out)[:, 1:, i]; m = mask[seqs]; z1 = zR[seqs][..., i]
+    z2 = saes[R].encode(out)[:, 1:, i]
+    m = mask[seqs]
+    z1 = zR[seqs][..., i]
     return (z2[m] == 0).float().mean().item(), (1 - z2[m] / z1[m]).mean().item(), int(m.sum())
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #4b647970
 @torch.no_grad()
 def deactivation_test(model, saes: dict, acts: dict, codes: dict, layer: int, n_targets: int = 100, max_seqs: int = 4,
                       min_fires: int = 5, seed: int = 0) -> dict:
-    "Deactivate each target's top-1 predecessor vs a matched co-active control; {'rows': one per measured target, 'skipped': {reason: count}}."
-    check_int('n_targets', n_targets, lo=1); check_int('max_seqs', max_seqs, lo=1)
+    ("Deactivate each target's top-1 predecessor vs a matched co-active control; {'rows': one per measured target, "
+     "'skipped': {reason: count}}.")
+    check_int('n_targets', n_targets, lo=1)
+    check_int('max_seqs', max_seqs, lo=1)
     preds, R, src = predecessors(saes, layer), Site(layer, 'resid_post'), _sources(layer)
     if 'RES' not in preds: raise ValueError(f"the deactivation test needs R{layer - 1}'s SAE (the block input)")
     z = {s: codes[s][:, 1:].float() for s in (R, *src.values()) if s in codes}      # (B, T-1, n): position 0 left out
-    zR = z[R]; cand = torch.nonzero((zR > 0).sum((0, 1)) >= min_fires)[:, 0]
+    zR = z[R]
+    cand = torch.nonzero((zR > 0).sum((0, 1)) >= min_fires)[:, 0]
     rows, skipped = [], dict(never_co_active=0, no_control=0)
     for i in cand[torch.randperm(len(cand), generator=torch.Generator().manual_seed(seed)).to(cand.device)].tolist():
         if len(rows) >= n_targets: break
-        grp = max(preds, key=lambda g: preds[g][0][i].item()); P = src[grp]; j = preds[grp][1][i].item()
-        on, zP = zR[..., i] > 0, z[P]
-        if not (on & (zP[..., j] > 0)).any(): skipped['never_co_active'] += 1; continue
-        c = _control(zP, on, j, saes[P].freq, saes[P].act_scale)
-        if c is None: skipped['no_control'] += 1; continue
-        r = dict(layer=layer, target=i, group=grp, score=preds[grp][0][i].item(), top1=j, control=c)
-        for arm, jj in (('top1', j), ('control', c)):
-            r[f'off_{arm}'], r[f'drop_{arm}'], r[f'n_{arm}'] = _off_rate(model, saes, acts, zR, zP, layer, P, grp, jj, i, on, max_seqs)
-            r[f'freq_{arm}'], r[f'scale_{arm}'] = saes[P].freq[jj].item(), saes[P].act_scale[jj].item()
-        rows.append(r)
+        r = _target_row(model, saes, acts, z, preds, layer, i, max_seqs)
+        if isinstance(r, str): skipped[r] += 1
+        else: rows.append(r)
     return dict(rows=rows, skipped=skipped, candidates=len(cand))
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #4b647971
+@torch.no_grad()
+def _target_row(model, saes, acts, z, preds, layer: int, i: int, max_seqs: int):
+    "One target's row (top-1 predecessor vs matched control, each deactivated), or the reason it is skipped."
+    src, zR = _sources(layer), z[Site(layer, 'resid_post')]
+    grp = max(preds, key=lambda g: preds[g][0][i].item())
+    P, j = src[grp], preds[grp][1][i].item()
+    on, zP = zR[..., i] > 0, z[P]
+    if not (on & (zP[..., j] > 0)).any(): return 'never_co_active'
+    c = _control(zP, on, j, saes[P].freq, saes[P].act_scale)
+    if c is None: return 'no_control'
+    r = dict(layer=layer, target=i, group=grp, score=preds[grp][0][i].item(), top1=j, control=c)
+    for arm, jj in (('top1', j), ('control', c)):
+        off = _off_rate(model, saes, acts, zR, zP, layer, P, grp, jj, i, on, max_seqs)
+        r[f'off_{arm}'], r[f'drop_{arm}'], r[f'n_{arm}'] = off
+        r[f'freq_{arm}'], r[f'scale_{arm}'] = saes[P].freq[jj].item(), saes[P].act_scale[jj].item()
+    return r
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #43b03a37
 THEMES = {  # name: theme words (logit-lens targets, theme windows, suppression prompts, keyword share)
-    'love':  ('love', 'loves', 'loved', 'loving', 'lover', 'lovers', 'heart', 'hearts', 'sweet', 'kiss', 'kisses', 'beauty', 'beloved'),
-    'war':   ('war', 'wars', 'sword', 'swords', 'battle', 'battles', 'soldier', 'soldiers', 'fight', 'fought', 'army', 'enemy', 'enemies'),
-    'files': ('file', 'files', 'path', 'paths', 'directory', 'directories', 'filename', 'folder', 'read', 'write', 'open'),
+    'love':  ('love', 'loves', 'loved', 'loving', 'lover', 'lovers', 'heart', 'hearts', 'sweet', 'kiss', 'kisses',
+              'beauty', 'beloved'),
+    'war':   ('war', 'wars', 'sword', 'swords', 'battle', 'battles', 'soldier', 'soldiers', 'fight', 'fought', 'army',
+              'enemy', 'enemies'),
+    'files': ('file', 'files', 'path', 'paths', 'directory', 'directories', 'filename', 'folder', 'read', 'write',
+              'open'),
 }
 
 NEUTRAL_PROMPTS = (
@@ -547,23 +708,27 @@ NEUTRAL_PROMPTS = (
     'In the middle of the night, the', 'The new teacher walked into the room and', 'On the first day of spring,',
     'The report on my desk says that', 'We sat by the river and talked about', 'Before the guests arrived, she',
     'The small town at the edge of the forest', 'Every morning the baker', 'The letter arrived on a Tuesday, and',
-    'He picked up the phone and said', 'The children ran across the field toward', 'At the end of the long road there was',
+    'He picked up the phone and said', 'The children ran across the field toward',
+                   'At the end of the long road there was',
     'The museum was quiet except for', 'They painted the kitchen a bright', 'The old man by the fire began to',
     'It was the kind of day when', 'The next chapter of the book begins with', 'Nobody expected the captain to',
     'The garden behind the house', 'She wrote in her notebook that', 'The city lights came on as')
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #43b03a37x1
 @torch.no_grad()
 def logit_lens(model, dirs: torch.Tensor) -> torch.Tensor:
     "Logits each direction writes through the final RMSNorm gain and the unembedding: (n, vocab)."
     return (dirs.float().to(model_device(model)) * norm_gain(model)) @ model.get_output_embeddings().weight.float().T
 
 def norm_gain(model) -> torch.Tensor:
-    "The final RMSNorm's gain (d,): its weight (Llama, Qwen2), or what it multiplies a unit-RMS vector by (Gemma: 1 + weight)."
+    ("The final RMSNorm's gain (d,): its weight (Llama, Qwen2), or what it multiplies a unit-RMS vector by (Gemma: 1 + "
+     "weight).")
     norm = getattr(getattr(model, 'model', model), 'norm', None)
     if norm is None or getattr(norm, 'weight', None) is None:
         raise ValueError(f"logit_lens needs a final RMSNorm at model.model.norm; {type(model).__name__} has none")
     w = norm.weight.float()
-    one = norm(torch.ones(1, len(w), dtype=norm.weight.dtype, device=w.device))[0].float()   # RMS(1) = 1: the gain, up to eps
+    # RMS(1) = 1: the gain, up to eps
+    one = norm(torch.ones(1, len(w), dtype=norm.weight.dtype, device=w.device))[0].float()
     return w if torch.allclose(one, w, rtol=1e-3, atol=1e-6) else one
 
 def word_ids(tokenizer, words) -> list[int]:
@@ -575,6 +740,7 @@ def word_ids(tokenizer, words) -> list[int]:
             if len(t) == 1: out.append(t[0])
     return sorted(set(out))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #43b03a37x2
 def keyword_share(text: str, words) -> float:
     "Share of the words of `text` that are theme words (whole words, case-insensitive); 0 for no words."
     ws, kw = re.findall(r"[A-Za-z]+", text), {w.lower() for w in words}
@@ -594,23 +760,31 @@ def theme_windows(docs: list, tokenizer, words, n: int, seq_len: int, seed: int 
         ids = tokenizer(text[max(0, a - 6 * seq_len):a + 4 * seq_len], add_special_tokens=False)['input_ids']
         pos = [t for t in range(len(ids)) if ids[t] in wid]
         if not pos or len(ids) < seq_len + 1: continue
-        b = min(max(1, pos[0] - seq_len // 2), len(ids) - seq_len); out.append(ids[b:b + seq_len])
+        b = min(max(1, pos[0] - seq_len // 2), len(ids) - seq_len)
+        out.append(ids[b:b + seq_len])
         if len(out) == n: break
-    ids = torch.tensor(out); return ids, torch.isin(ids, torch.tensor(sorted(wid)))
+    ids = torch.tensor(out)
+    return ids, torch.isin(ids, torch.tensor(sorted(wid)))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #43b03a38x1
 def theme_prompts(docs: list, tokenizer, words, n: int, n_tokens: int = 24, seed: int = 0) -> list:
-    "`n` prompts (token id lists of up to `n_tokens`) cut from `docs` just before a theme word, each from a different passage."
+    ("`n` prompts (token id lists of up to `n_tokens`) cut from `docs` just before a theme word, each from a different "
+     "passage.")
     r, out, seen = random.Random(seed), [], set()
     for text, a in r.sample(hits := _hits(docs, words), len(hits)):
         ids = tokenizer(text[max(0, a - 8 * n_tokens):a].rstrip(), add_special_tokens=False)['input_ids'][-n_tokens:]
         if len(ids) < n_tokens // 2 or tuple(ids) in seen: continue
-        seen.add(tuple(ids)); out.append(ids)
+        seen.add(tuple(ids))
+        out.append(ids)
         if len(out) == n: return out
     raise ValueError(f"only {len(out)} distinct passages before {words[:3]}...; asked for {n}")
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #43b03a38x2
 @torch.no_grad()
-def theme_scores(model, tokenizer, sae: TopKSAE, words, acts: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-    "Per latent (d_sae,): how selectively it fires on the theme's words (`acts` (N, d) at that site, `mask` (N,) theme tokens) and writes them (logit lens); -inf for dead latents."
+def theme_scores(model, tokenizer, sae: TopKSAE, words, acts: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+    ("Per latent (d_sae,): how selectively it fires on the theme's words (`acts` (N, d) at that site, `mask` (N,) "
+     "theme tokens) and writes them (logit lens); -inf for dead latents.")
     L = logit_lens(model, sae.dirs)                                                   # (d_sae, V)
     ids = word_ids(tokenizer, words)
     if not ids: raise ValueError(f"none of {words} is a single token")
@@ -627,107 +801,159 @@ def theme_latent(model, tokenizer, sae: TopKSAE, words, acts=None, mask=None) ->
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42
 MODEL = 'smollm2-135m'   # the default model: the committed run's
-TRAIN_TOKENS_FULL = 2_016_000   # the full run's training tokens per SAE (4000 updates of 8 windows of 63 predicted positions): issue 31 asks for at least 2M
+# the full run's training tokens per SAE (4000 updates of 8 windows of 63 predicted positions): issue 31 asks for at
+# least 2M
+TRAIN_TOKENS_FULL = 2_016_000
 DIRECTIONS = {'on': 1.0, 'off': -1.0}   # switch a theme on (add its directions) or suppress it (subtract them)
+SCHEDULES = ('constant', 'exponential')   # the paper's cumulative coefficient schedules (App. B.2; linear is not run)
 
 def check_model(name) -> str:
-    "`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id (`workbench.models.check_pretrained`)."
+    ("`name` if it names a pretrained model with a tokenizer: a registry name, a local Hugging Face folder or a hub id "
+     "(`workbench.models.check_pretrained`).")
     return check_pretrained(name, 'sae_flow')
 
-
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42x1
 @dataclass
 class SAEFlowConfig(ExperimentConfig):
-    "SAE feature flow on a pretrained LM (SmolLM2 by default): TopK SAEs at R/A/M of consecutive blocks, matching against chance, the deactivation test per layer, matched-push steering."
-    model: str = MODEL                             # whose activations the SAEs read: a registry name, a local Hugging Face folder or a cached hub id
-    first_layer: int = size(quick=1, full=6)       # first block with SAEs (its residual, attention and MLP outputs); with n_layers, checked against the model at run time
-    n_layers: int = size(quick=2, full=6)          # consecutive blocks with SAEs; all but the first are targets of the matching
-    train_dtype: str = 'bfloat16'                  # the model (and the SAE encoder products) while training the SAEs: ~2.5x faster on this CPU's AMX; analysis runs in float32
-    threads: int = 1                               # torch threads for the run (0: torch's default); on the shared 2-core machine a second thread mostly waits
-    seq_len: int = 64                              # tokens per window; position 0 (the attention sink) is left out everywhere
-    n_train_tokens: int = size(quick=8_064, full=TRAIN_TOKENS_FULL)  # training tokens per SAE, one pass over a stream (position 0 not counted); issue 31: at least 2_000_000
-    batch_windows: int = size(quick=4, full=8)     # windows per update (x seq_len - 1 tokens): small batches, many updates (a pilot gained more EV per token at 8 than at 32)
-    d_sae: int = size(quick=128, full=1024)        # latents per SAE
-    k: int = size(quick=8, full=64)                # active latents per token (TopK)
-    lr: float = size(quick=3e-3, full=6e-3)        # peak AdamW learning rate (warm-up 10% of updates, cosine to lr/10); the block-9 pilot did better at 6e-3 than 3e-3 with 8 windows per update
-    dead_after: int = size(quick=2_000, full=10_000)   # AuxK: a latent is dead after this many training tokens without firing
-    n_eval_windows: int = size(quick=24, full=128) # held-out windows: SAE quality, groups, deactivation test, labels
-    n_chance: int = 2048                           # random unit directions per chance distribution
-    chance_q: float = 0.99                         # tau = the largest chance_q-quantile of all chance distributions
-    n_targets: int = size(quick=6, full=100)       # measured targets per layer in the deactivation test
-    max_seqs: int = 4                              # windows per deactivation run
+    "SAE feature flow on a pretrained LM: TopK SAEs at R/A/M of consecutive blocks, matching, deactivation, steering."
+    model: str = MODEL                              # whose activations: registry name, local folder, cached hub id
+    first_layer: int = size(quick=1, full=6)        # first block with SAEs (R, A, M); checked at run time
+    n_layers: int = size(quick=2, full=6)           # consecutive blocks with SAEs; all but the first: targets
+    train_dtype: str = 'bfloat16'                   # model while training SAEs (~2.5x faster, AMX); analysis: fp32
+    threads: int = 1                                # torch threads (0: torch's default); 1 is faster here
+    seq_len: int = 64                               # tokens per window; position 0 (the attention sink) is left out
+    n_train_tokens: int = size(quick=8_064, full=TRAIN_TOKENS_FULL)   # per SAE, one pass over a stream; issue 31: >= 2M
+    batch_windows: int = size(quick=4, full=8)      # windows per update (a pilot gained more EV per token at 8 than 32)
+    d_sae: int = size(quick=128, full=1024)         # latents per SAE
+    k: int = size(quick=8, full=64)                 # active latents per token (TopK)
+    lr: float = size(quick=3e-3, full=6e-3)         # peak AdamW lr (10% warm-up, cosine to lr/10)
+    dead_after: int = size(quick=2_000, full=10_000)   # AuxK: dead after this many training tokens without firing
+    n_eval_windows: int = size(quick=24, full=128)  # held-out windows: SAE quality, groups, deactivation test, labels
+    n_chance: int = 2048                            # random unit directions per chance distribution
+    chance_q: float = 0.99                          # tau = the largest chance_q-quantile of all chance distributions
+    n_targets: int = size(quick=6, full=100)        # measured targets per layer in the deactivation test
+    max_seqs: int = 4                               # windows per deactivation run
     themes: tuple = size(quick=('love',), full=('love', 'files'))   # keys of THEMES
-    n_theme_windows: int = size(quick=4, full=32)  # windows around theme words, to pick each theme's feature
-    n_theme_cands: int = size(quick=5, full=10)    # best theme latents tried as each theme's feature; the one whose flow graph spans the most blocks wins
-    alphas: tuple = size(quick=(8.0,), full=(4.0, 12.0))   # total push, in units of the theme feature's mean activation
-    n_prompts: int = size(quick=3, full=30)        # prompts per theme and direction
-    n_new: int = size(quick=6, full=16)            # greedy tokens per generation
+    n_theme_windows: int = size(quick=4, full=32)   # windows about theme words: feature choice, ceiling
+    n_theme_cands: int = size(quick=5, full=10)     # theme latents tried; the longest graph wins
+    tau_res: float = 0.5                            # steering graphs: residual links kept at cosine >= t(R) (App. B.2)
+    tau_module: float = 0.15                        # steering graphs: A/M links kept at cosine >= this
+    r_grid: tuple = size(quick=(0.0,), full=(0.0, -1.0, -2.0, -4.0, -8.0, -16.0, -32.0))   # rescaling r, to switch off
+    s_grid: tuple = size(quick=(8.0,), full=(1.0, 2.0, 4.0, 8.0, 16.0))   # s x mean activation, switch on
+    schedules: tuple = SCHEDULES                    # cumulative schedules of s over blocks, to switch on
+    exp_rate: float = -0.05                         # exponential schedule: s' = s exp(rate x block) (the paper's rate)
+    alphas: tuple = size(quick=(8.0,), full=(2.0, 4.0, 8.0))   # matched-push arm: total push x mean activation
+    n_prompts: int = size(quick=3, full=30)         # prompts per theme and direction
+    n_samples: int = size(quick=1, full=2)          # sampled continuations per prompt and setting
+    n_new: int = size(quick=6, full=48)             # new tokens per continuation
+    temperature: float = 0.8                        # sampling temperature (the platform's decoder has no top-p)
+    match_nll: float = 0.25                         # coherence cost (ΔNLL, nats) where fronts are compared
+    min_room: float = 0.02                          # precondition: room for the theme score in the steered direction
+    min_move: float = 0.01                          # precondition: single-layer steering moves the theme score
     unit_fields: ClassVar[tuple] = ('themes',)
-    cache_version: ClassVar[int] = 1
-    def validate(self):
-        check_model(self.model); check_int('first_layer', self.first_layer, lo=1); check_int('n_layers', self.n_layers, lo=2)   # the upper bounds: `check_blocks`
-        check_choice('train_dtype', self.train_dtype, ('float32', 'bfloat16')); check_int('seq_len', self.seq_len, lo=8, hi=2048); check_int('threads', self.threads, lo=0)
-        for f in ('n_train_tokens', 'batch_windows', 'd_sae', 'k', 'dead_after', 'n_eval_windows', 'n_chance', 'n_targets', 'max_seqs',
-                  'n_theme_windows', 'n_theme_cands', 'n_prompts', 'n_new'): check_int(f, getattr(self, f), lo=1)
-        if self.k > self.d_sae: raise ValueError(f"k={self.k} must be <= d_sae={self.d_sae}")
-        if self.n_train_tokens < self.batch_windows * (self.seq_len - 1): raise ValueError("n_train_tokens must cover at least one update")
-        check_num('lr', self.lr, lo=0, lo_open=True); check_num('chance_q', self.chance_q, lo=0.5, hi=1, hi_open=True)
-        for t in self.themes: check_choice('themes', t, THEMES)
-        if not self.alphas: raise ValueError("alphas must hold at least one strength")
-        for a in self.alphas: check_num('alphas', a, lo=0, lo_open=True)
-    @property
-    def layers(self) -> list: return list(range(self.first_layer, self.first_layer + self.n_layers))
-    @property
-    def target_layers(self) -> list: return self.layers[1:]
-    @property
-    def sites(self) -> list: return [Site(l, k) for l in self.layers for k in ('attn_out', 'mlp_out', 'resid_post')]
-    @property
-    def start(self) -> Site: return Site(self.layers[len(self.layers) // 2], 'resid_post')   # the themes' features live here
+    cache_version: ClassVar[int] = 2
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42x2
+@patch_to(SAEFlowConfig)
+def validate(self):
+    check_model(self.model)
+    check_int('first_layer', self.first_layer, lo=1)
+    check_int('n_layers', self.n_layers, lo=2)   # the upper bounds: `check_blocks`
+    check_choice('train_dtype', self.train_dtype, ('float32', 'bfloat16'))
+    check_int('seq_len', self.seq_len, lo=8, hi=2048)
+    check_int('threads', self.threads, lo=0)
+    for f in ('n_train_tokens', 'batch_windows', 'd_sae', 'k', 'dead_after', 'n_eval_windows', 'n_chance', 'n_targets',
+              'max_seqs', 'n_theme_windows', 'n_theme_cands', 'n_prompts', 'n_new', 'n_samples'):
+        check_int(f, getattr(self, f), lo=1)
+    if self.k > self.d_sae: raise ValueError(f"k={self.k} must be <= d_sae={self.d_sae}")
+    if self.n_train_tokens < self.batch_windows * (self.seq_len - 1):
+        raise ValueError("n_train_tokens must cover at least one update")
+    check_num('lr', self.lr, lo=0, lo_open=True)
+    check_num('chance_q', self.chance_q, lo=0.5, hi=1, hi_open=True)
+    check_num('temperature', self.temperature, lo=0, lo_open=True)
+    for t in self.themes: check_choice('themes', t, THEMES)
+    for t in self.schedules: check_choice('schedules', t, SCHEDULES)
+    for f in ('alphas', 's_grid', 'r_grid'):
+        if not getattr(self, f): raise ValueError(f"{f} must hold at least one value")
+        lim = dict(hi=1, hi_open=True) if f == 'r_grid' else dict(lo=0, lo_open=True)   # r < 1; s, alpha > 0
+        for a in getattr(self, f): check_num(f, a, **lim)
+    for f in ('tau_res', 'tau_module', 'match_nll', 'min_room', 'min_move'): check_num(f, getattr(self, f), lo=0)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42x3
+@patch_to(SAEFlowConfig, as_prop=True)
+def layers(self) -> list: return list(range(self.first_layer, self.first_layer + self.n_layers))
+
+@patch_to(SAEFlowConfig, as_prop=True)
+def target_layers(self) -> list: return self.layers[1:]
+
+@patch_to(SAEFlowConfig, as_prop=True)
+def sites(self) -> list: return [Site(l, k) for l in self.layers for k in ('attn_out', 'mlp_out', 'resid_post')]
+
+@patch_to(SAEFlowConfig, as_prop=True)
+def start(self) -> Site: return Site(self.layers[len(self.layers) // 2], 'resid_post')   # where the theme features are
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #38c59c42x4
 def check_blocks(cfg: SAEFlowConfig, model) -> int:
-    "The model's block count (from its config), once blocks first_layer .. first_layer + n_layers - 1 are known to exist."
+    "The model's block count (from its config), once the blocks first_layer .. first_layer + n_layers - 1 are there."
     n, last = model.config.num_hidden_layers, cfg.first_layer + cfg.n_layers - 1
-    if last >= n: raise ValueError(f"first_layer={cfg.first_layer} and n_layers={cfg.n_layers} need blocks {cfg.first_layer}..{last}, "
-                                   f"but {model_label(cfg.model)} has {n} blocks (0..{n - 1}): lower first_layer or n_layers")
+    if last >= n:
+        raise ValueError(f"first_layer={cfg.first_layer} and n_layers={cfg.n_layers} need blocks "
+                         f"{cfg.first_layer}..{last}, but {model_label(cfg.model)} has {n} blocks (0..{n - 1}): "
+                         "lower first_layer or n_layers")
     return n
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #c55debce
 def _show() -> bool: return not in_test() and os.environ.get('WORKBENCH_PROGRESS') != '0'
 
 def sae_key(cfg: SAEFlowConfig, tokenizer=None) -> dict:
-    "What shapes the SAEs: model (a local folder's files too), dtype, corpora, tokenizer (pass it if loaded), sites, sizes, optimiser, seed, code."
+    ("What shapes the SAEs: model (a local folder's files too), dtype, corpora, tokenizer (pass it if loaded), sites, "
+     "sizes, optimiser, seed, code.")
     from workbench.data import corpus_info, tokenizer_id
     from workbench.models import load_tokenizer
     kind, src = model_source(cfg.model)
-    files = {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in sorted(Path(src).iterdir()) if f.is_file()} if kind == 'local' else {}
+    files = ({f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in sorted(Path(src).iterdir()) if f.is_file()}
+             if kind == 'local' else {})
     return dict(model=cfg.model, **({'model_files': files} if files else {}), dtype=cfg.train_dtype,
-                corpora={c: corpus_info(c)['sha256'] for c in CORPORA}, tokenizer=tokenizer_id(tokenizer or load_tokenizer(cfg.model)),
-                seq_len=cfg.seq_len, sites=[str(s) for s in cfg.sites], n_train_tokens=cfg.n_train_tokens, batch_windows=cfg.batch_windows,
-                d_sae=cfg.d_sae, k=cfg.k, lr=cfg.lr, dead_after=cfg.dead_after, seed=cfg.seed, code=SAE_CODE_VERSION, torch=torch.__version__)
+                corpora={c: corpus_info(c)['sha256'] for c in CORPORA},
+                tokenizer=tokenizer_id(tokenizer or load_tokenizer(cfg.model)),
+                seq_len=cfg.seq_len, sites=[str(s) for s in cfg.sites], n_train_tokens=cfg.n_train_tokens,
+                batch_windows=cfg.batch_windows,
+                d_sae=cfg.d_sae, k=cfg.k, lr=cfg.lr, dead_after=cfg.dead_after, seed=cfg.seed, code=SAE_CODE_VERSION,
+                torch=torch.__version__)
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #c55debcex1
 def train_flow_saes(tokenizer, cfg: SAEFlowConfig) -> tuple:
-    "The SAEs of `cfg.sites` (trained on a stream of windows on first use, then read from the cache) and their training record."
-    from workbench.models import load_model
+    "The SAEs of `cfg.sites` (trained on a stream of windows on first use, then read from the cache), their record."
     key = sae_key(cfg, tokenizer)
-    def build(tmp):
-        model = load_model(cfg.model, dtype=cfg.train_dtype); check_blocks(cfg, model); d_in = model.config.hidden_size
-        n_win = cfg.n_train_tokens // (cfg.seq_len - 1); steps = n_win // cfg.batch_windows
-        ids = token_windows(tokenizer, steps * cfg.batch_windows, cfg.seq_len, 'train', seed=cfg.seed)
-        saes = {s: TopKSAE(d_in, cfg.d_sae, cfg.k, seed=cfg.seed * 1000 + n) for n, s in enumerate(cfg.sites)}
-        fwd = dict(s=0.0, tokens=0)   # time in the model's forward (stopped after the deepest site's block) and the tokens it fed
-        def acts_fn(b):   # the batch's activations at every site, position 0 left out: {site: (B (T-1), d)}; streamed, one batch at a time
-            with Timer() as t: a = collect_activations(model, b['input_ids'], cfg.sites, batch_size=len(b['input_ids']))
-            fwd['s'] += t.s; fwd['tokens'] += b['input_ids'].shape[0] * (cfg.seq_len - 1)
-            return {s: x[:, 1:].reshape(-1, d_in) for s, x in a.items()}
-        with Timer() as t:
-            hist = train_saes(saes, ids, acts_fn, steps, cfg.batch_windows, cfg.lr, cfg.dead_after, seed=cfg.seed, bf16=cfg.train_dtype == 'bfloat16',
-                              ckpt_dir=cache_path('sae_flow-ckpt', key), show_progress=_show())
-        for s, m in saes.items(): save_sae(m, tmp/str(s), s.hook, model_label(cfg.model), cfg.seq_len, dict(key=key))
-        atomic_write_json(tmp/'training.json', dict(steps=steps, tokens=steps * cfg.batch_windows * (cfg.seq_len - 1), train_s=hist.train_s, wall_s=t.s,
-                                                    forward_s=fwd['s'], forward_tokens=fwd['tokens'], n_saes=len(saes), threads=torch.get_num_threads(),
-                                                    step=hist.step, loss=[round(v, 5) for v in hist.train_loss]))
-    d = cached('sae_flow-saes', key, build)
+    d = cached('sae_flow-saes', key, lambda tmp: _train_into(tmp, tokenizer, cfg, key))
     shutil.rmtree(cache_path('sae_flow-ckpt', key), ignore_errors=True)
-    return {s: load_sae(d/str(s)) for s in cfg.sites}, json.loads((d/'training.json').read_text())
+    rec = json.loads((d/'training.json').read_text()) | dict(cache=f"{d.parent.name}/{d.name}")   # where they live
+    return {s: load_sae(d/str(s)) for s in cfg.sites}, rec
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #c55debcex2
+def _train_into(tmp: Path, tokenizer, cfg: SAEFlowConfig, key: dict):
+    "Train the SAEs on a stream of windows (each batch's activations used once) and save them and the record in `tmp`."
+    from workbench.models import load_model
+    model = load_model(cfg.model, dtype=cfg.train_dtype)
+    check_blocks(cfg, model)
+    d_in, steps = model.config.hidden_size, cfg.n_train_tokens // (cfg.seq_len - 1) // cfg.batch_windows
+    ids = token_windows(tokenizer, steps * cfg.batch_windows, cfg.seq_len, 'train', seed=cfg.seed)
+    saes = {s: TopKSAE(d_in, cfg.d_sae, cfg.k, seed=cfg.seed * 1000 + n) for n, s in enumerate(cfg.sites)}
+    fwd = dict(s=0.0, tokens=0)   # time in the model's forward (stopped after the deepest block) and the tokens it fed
+    def acts_fn(b):               # the batch's activations at every site, position 0 left out: {site: (B (T-1), d)}
+        with Timer() as t: a = collect_activations(model, b['input_ids'], cfg.sites, batch_size=len(b['input_ids']))
+        fwd['s'] += t.s
+        fwd['tokens'] += b['input_ids'].shape[0] * (cfg.seq_len - 1)
+        return {s: x[:, 1:].reshape(-1, d_in) for s, x in a.items()}
+    with Timer() as t:
+        hist = train_saes(saes, ids, acts_fn, steps, cfg.batch_windows, cfg.lr, cfg.dead_after, seed=cfg.seed,
+                          bf16=cfg.train_dtype == 'bfloat16', ckpt_dir=cache_path('sae_flow-ckpt', key),
+                          show_progress=_show())
+    for s, m in saes.items(): save_sae(m, tmp/str(s), s.hook, model_label(cfg.model), cfg.seq_len, dict(key=key))
+    atomic_write_json(tmp/'training.json', dict(
+        steps=steps, tokens=steps * cfg.batch_windows * (cfg.seq_len - 1), train_s=hist.train_s, wall_s=t.s,
+        forward_s=fwd['s'], forward_tokens=fwd['tokens'], n_saes=len(saes), threads=torch.get_num_threads(),
+        step=hist.step, loss=[round(v, 5) for v in hist.train_loss]))
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a99
 @torch.no_grad()
@@ -744,33 +970,50 @@ def _live(sae) -> torch.Tensor: return torch.nonzero(sae.freq > 0)[:, 0]
 
 def _hist(v, bins=np.linspace(-0.2, 1.0, 61)) -> list: return np.histogram(v.cpu().numpy(), bins)[0].tolist()
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a99x1
 @torch.no_grad()
 def matching_rows(saes: dict, cfg: SAEFlowConfig) -> tuple:
-    "(tau, rows per (layer, module), histogram records): top-1 scores of live targets beside their chance distributions."
-    chances, rows, hists = {}, [], []
-    for l in cfg.target_layers:
-        R, live = saes[Site(l, 'resid_post')], _live(saes[Site(l, 'resid_post')])
-        for g, s in _sources(l).items(): chances[l, g] = chance_scores(R.dirs[live], saes[s].dirs, cfg.n_chance, seed=cfg.seed + 100 * l + len(chances))
+    ("(tau, rows per (layer, module), histogram records): top-1 scores of live targets beside their chance "
+     "distributions.")
+    chances, rows, hists = _chances(saes, cfg), [], []
     tau = chance_tau(chances.values(), cfg.chance_q)
     for l in cfg.target_layers:
-        live = _live(saes[Site(l, 'resid_post')]); P = predecessors(saes, l)
+        live = _live(saes[Site(l, 'resid_post')])
+        P = predecessors(saes, l)
         best = torch.stack([P[g][0][live] for g in GROUPS]).argmax(0)
         for n, g in enumerate(GROUPS):
             v, ch = P[g][0][live], chances[l, g]
-            rows.append(dict(kind='match', layer=l, module=g, n_live=len(live), median_score=v.median().item(), mean_score=v.mean().item(),
+            rows.append(dict(kind='match', layer=l, module=g, n_live=len(live), median_score=v.median().item(),
+                             mean_score=v.mean().item(),
                              median_random=ch['random'].median().item(), median_shuffled=ch['shuffled'].median().item(),
-                             q99_random=torch.quantile(ch['random'], cfg.chance_q).item(), q99_shuffled=torch.quantile(ch['shuffled'], cfg.chance_q).item(),
-                             share_above_tau=(v >= tau).float().mean().item(), share_best=(best == n).float().mean().item(), tau=tau))
-            hists += [dict(layer=l, module=g, which=w, counts=_hist(x)) for w, x in (('matched', v), ('random', ch['random']), ('shuffled', ch['shuffled']))]
+                             q99_random=torch.quantile(ch['random'], cfg.chance_q).item(),
+                             q99_shuffled=torch.quantile(ch['shuffled'], cfg.chance_q).item(),
+                             share_above_tau=(v >= tau).float().mean().item(),
+                             share_best=(best == n).float().mean().item(), tau=tau))
+            hists += [dict(layer=l, module=g, which=w, counts=_hist(x))
+                      for w, x in (('matched', v), ('random', ch['random']), ('shuffled', ch['shuffled']))]
     return tau, rows, hists
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a99x1x1
+def _chances(saes: dict, cfg: SAEFlowConfig) -> dict:
+    "(layer, module) -> the chance distributions of the live targets of R_layer against that module's decoder."
+    out = {}
+    for l in cfg.target_layers:
+        R, live = saes[Site(l, 'resid_post')], _live(saes[Site(l, 'resid_post')])
+        for g, s in _sources(l).items():
+            out[l, g] = chance_scores(R.dirs[live], saes[s].dirs, cfg.n_chance, seed=cfg.seed + 100 * l + len(out))
+    return out
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a99x2
 @torch.no_grad()
 def group_rows(saes: dict, codes: dict, cfg: SAEFlowConfig) -> list:
-    "Origin-group shares per target layer (live targets, position 0 left out) beside the same count with shuffled source decoders."
+    ("Origin-group shares per target layer (live targets, position 0 left out) beside the same count with shuffled "
+     "source decoders.")
     rows = []
     for l in cfg.target_layers:
         live, need = _live(saes[Site(l, 'resid_post')]), [Site(l, 'resid_post'), *_sources(l).values()]
-        body = {s: codes[s][:, 1:].reshape(-1, codes[s].shape[-1]).float() for s in need}   # this layer's sites only: less memory
+        # this layer's sites only: less memory
+        body = {s: codes[s][:, 1:].reshape(-1, codes[s].shape[-1]).float() for s in need}
         real = origin_groups(body, predecessors(saes, l), l, live)
         chance = origin_groups(body, predecessors(saes, l, shuffle_seed=cfg.seed + l), l, live)
         rows += [dict(kind='groups', layer=l, group=g, share=real[g], chance_share=chance[g]) for g in real]
@@ -778,35 +1021,48 @@ def group_rows(saes: dict, codes: dict, cfg: SAEFlowConfig) -> list:
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a9a
 def split_docs(split: str) -> list:
-    "The documents of `CORPORA` in `split`, with the same group split as `workbench.data.lm_dataset` (val_frac 0.05, seed 0)."
+    ("The documents of `CORPORA` in `split`, with the same group split as `workbench.data.lm_dataset` (val_frac 0.05, "
+     "seed 0).")
     from workbench.data import load_corpus, split_groups
-    check_choice('split', split, ('train', 'validation')); out = []
+    check_choice('split', split, ('train', 'validation'))
+    out = []
     for c in CORPORA:
-        docs = load_corpus(c); out += [d for d, v in zip(docs, split_groups(docs)) if v == (split == 'validation')]
+        docs = load_corpus(c)
+        out += [d for d, v in zip(docs, split_groups(docs)) if v == (split == 'validation')]
     return out
 
 @torch.no_grad()
 def theme_graph(model, tokenizer, saes: dict, cfg: SAEFlowConfig, theme: str, docs: list, tau: float) -> tuple:
-    "(latent, FlowGraph) of `theme`'s feature at `cfg.start`: of the `cfg.n_theme_cands` best theme latents, the one whose graph reaches the most blocks."
+    ("(latent, FlowGraph) of `theme`'s feature at `cfg.start`: of the `cfg.n_theme_cands` best theme latents, the one "
+     "whose graph reaches the most blocks.")
     n_cand = cfg.n_theme_cands
     tids, tmask = theme_windows(docs, tokenizer, THEMES[theme], cfg.n_theme_windows, cfg.seq_len, cfg.seed)
     a = collect_activations(model, tids, [cfg.start])[cfg.start]
     sc = theme_scores(model, tokenizer, saes[cfg.start], THEMES[theme], a.reshape(-1, a.shape[-1]), tmask.flatten())
-    cands = [(i, build_flow_graph(saes, cfg.start, i, tau)) for i in sc.topk(n_cand).indices.tolist() if sc[i] > -torch.inf]
-    return max(cands, key=lambda c: len(c[1].residual_nodes))                       # max keeps the first (best-scoring) on a tie
+    cands = [(i,
+              build_flow_graph(saes, cfg.start, i,
+                               tau)) for i in sc.topk(n_cand).indices.tolist() if sc[i] > -torch.inf]
+    # max keeps the first (best-scoring) on a tie
+    return max(cands, key=lambda c: len(c[1].residual_nodes))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936a9ax1
 @torch.no_grad()
-def steer_unit(model, tokenizer, saes: dict, prompts, n_new: int, interventions=(), vector=None) -> dict:
-    "Greedy continuations of `prompts` under the interventions (or `vector` = (hook, fn)), scored by the unsteered model: texts and NLLs."
+def sample_unit(model, tokenizer, saes: dict, prompts, cfg, interventions=(), vector=None) -> dict:
+    ("`cfg.n_samples` sampled continuations per prompt under the interventions (or `vector` = (hook, fn)), with their "
+     "NLL unsteered.")
     from workbench.train import generate_ids
-    ids, mask = prompt_batch(tokenizer, prompts)
+    ids, mask = prompt_batch(tokenizer, [p for p in prompts for _ in range(cfg.n_samples)])   # (P S, T), prompt-major
     with (hooks(model, [vector]) if vector is not None else steer(model, saes, interventions)):
-        out = generate_ids(model, ids, n_new, attention_mask=mask)                 # (B, T + n_new) on the model's device
+        out = generate_ids(model, ids, cfg.n_new, greedy=False, temperature=cfg.temperature, seed=cfg.seed,
+                           # (P S, T + n_new) on the model's device
+                           attention_mask=mask)
     nll, out = continuation_nll(model, out, mask, ids.shape[1]), out.cpu()
-    return dict(texts=[tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True) for o in out], nll=[round(x, 5) for x in nll.tolist()])
+    texts = [tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True) for o in out]
+    return dict(texts=texts, nll=[round(x, 5) for x in nll.tolist()])
 
 def steer_settings(saes: dict, start: Site, latent: int, G: FlowGraph, alphas, sign: float) -> list:
-    "(method, alpha, interventions) per setting: single-layer pushes alpha c on the feature, flow alpha c / N on each of its N residual nodes."
+    ("(method, alpha, interventions) per setting: single-layer pushes alpha c on the feature, flow alpha c / N on each "
+     "of its N residual nodes.")
     c, nodes = saes[start].act_scale[latent].item(), G.residual_nodes
     out = []
     for a in alphas:
@@ -815,40 +1071,85 @@ def steer_settings(saes: dict, start: Site, latent: int, G: FlowGraph, alphas, s
         out.append(('flow', a, [Intervention(s, j, sign * a * c / len(nodes), 'push') for s, j in nodes]))
     return out
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #sfp00002
+def schedule(s: float, layer: int, kind: str, rate: float = -0.05) -> float:
+    ("The coefficient at block `layer`: constant $s'=s$, or exponential $s'=s\\,e^{\\text{rate}\\cdot l}$ (the paper's "
+     "rate -0.05).")
+    check_choice('schedule', kind, SCHEDULES)
+    check_int('layer', layer, lo=0)
+    # $s'=s$ or $s'=s\,e^{\alpha l}$
+    return s if kind == 'constant' else s * math.exp(rate * layer)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #sfp00003
+def paper_settings(start: Site, latent: int, G: FlowGraph, direction: str, cfg) -> list:
+    "(method, knob, interventions): rescale by r ('off') or add s x mean activation ('on'), single-layer or cumulative."
+    check_choice('direction', direction, tuple(DIRECTIONS))
+    nodes, out = G.upto(start.layer), []
+    if direction == 'off':   # $h\leftarrow h+(r-1)\,z_j\,d_j$, the same r at every node
+        for r in cfg.r_grid:
+            out.append(('single', r, [Intervention(start, latent, r, 'scale')]))
+            out.append(('cumulative', r, [Intervention(n, j, r, 'scale') for n, j in nodes]))
+        return out
+    for s in cfg.s_grid:     # $h\leftarrow h+s'_m\,\bar z_j\,d_j$ with each feature's own mean activation
+        out.append(('single', s, [Intervention(start, latent, s, 'add')]))
+        for k in cfg.schedules:
+            out.append((k, s, [Intervention(n, j, schedule(s, n.layer, k, cfg.exp_rate), 'add') for n, j in nodes]))
+    return out
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #sfp00006
+THEME_TEXT = {  # the one-line descriptions the theme score compares continuations with
+    'love': 'Romantic love: lovers, hearts, kisses, tender affection and beauty.',
+    'war': 'War and battle: soldiers, swords, armies fighting an enemy.',
+    'files': 'Reading and writing files on a computer: file paths, directories, filenames and folders.',
+}
+
+def theme_cosines(embedder, texts, description: str) -> list:
+    "MiniLM cosine of each text to `description` (both unit vectors from the embedder)."
+    if not isinstance(description, str) or not description: raise ValueError("description must be a non-empty string")
+    e = embedder.encode(list(texts) + [description])                                  # (N + 1, 384), unit rows
+    return (e[:-1] @ e[-1]).tolist()
+
+def theme_records(theme: str, direction: str, arm: str, method: str, knob: float, unit: dict, base: dict,
+                  n_samples: int) -> list:
+    "Per prompt: theme score (mean over samples), gain over the unsteered samples (sign by direction), NLL cost."
+    sign, per = DIRECTIONS[direction], lambda v: np.reshape(v, (-1, n_samples)).mean(1)   # (P S,) -> (P,)
+    c, c0, n, n0 = per(unit['cos']), per(base['cos']), per(unit['nll']), per(base['nll'])
+    # $g_p=\pm(\cos_p-\cos^0_p)$, $\Delta_p=\mathrm{NLL}_p-\mathrm{NLL}^0_p$
+    r4 = lambda x: round(float(x), 4)
+    return [dict(theme=theme, direction=direction, arm=arm, method=method, knob=knob, prompt=p, cos=r4(c[p]),
+                 gain=r4(sign * (c[p] - c0[p])), cost=r4(n[p] - n0[p])) for p in range(len(c))]
+
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b01
 def _r(x, n=4): return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), n)
 
 def throughput(training: dict, target_tokens: int = 2_000_000) -> dict:
-    "From a training record: the model's activation throughput, the SAEs' update cost per 100k tokens, and the projected time for `target_tokens`."
+    ("From a training record: the model's activation throughput, the SAEs' update cost per 100k tokens, and the "
+     "projected time for `target_tokens`.")
     tok, wall, fw = training['tokens'], training.get('wall_s', training['train_s']), training.get('forward_s')
-    out = dict(tokens=tok, n_saes=training.get('n_saes'), threads=training.get('threads'), train_wall_s=_r(wall, 1), s_per_100k=_r(wall / tok * 1e5, 1),
+    out = dict(tokens=tok, n_saes=training.get('n_saes'), threads=training.get('threads'), train_wall_s=_r(wall, 1),
+               s_per_100k=_r(wall / tok * 1e5, 1),
                projected_s=_r(wall / tok * target_tokens, 0), target_tokens=target_tokens)
-    if fw: out.update(forward_s=_r(fw, 1), forward_tok_s=_r(training['forward_tokens'] / fw, 1), sae_s_per_100k=_r((wall - fw) / tok * 1e5, 1),
+    if fw:
+        out.update(forward_s=_r(fw, 1), forward_tok_s=_r(training['forward_tokens'] / fw, 1),
+                   sae_s_per_100k=_r((wall - fw) / tok * 1e5, 1),
                       forward_s_per_100k=_r(fw / training['forward_tokens'] * 1e5, 1))
     return out
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b01x1
 def deactivation_row(layer: int, unit: dict) -> dict:
-    "One row per layer: measured and skipped targets, mean off-rates and drops, the paired effect with its CI, how well the control is matched."
+    ("One row per layer: measured and skipped targets, mean off-rates and drops, the paired effect with its CI, how "
+     "well the control is matched.")
     rs, sk = unit['rows'], unit['skipped']
     row = dict(kind='causal', layer=layer, n_targets=len(rs), candidates=unit['candidates'],
                skipped_never_co_active=sk['never_co_active'], skipped_no_control=sk['no_control'])
     if not rs: return row
     col = lambda k: np.array([r[k] for r in rs], dtype=float)
     iv = paired_bootstrap(col('off_top1'), col('off_control'), unit='targets')
-    return dict(row, off_top1=col('off_top1').mean(), off_control=col('off_control').mean(), effect=iv.estimate, effect_lo=iv.lo, effect_hi=iv.hi,
+    return dict(row, off_top1=col('off_top1').mean(), off_control=col('off_control').mean(), effect=iv.estimate,
+                effect_lo=iv.lo, effect_hi=iv.hi,
                 drop_top1=col('drop_top1').mean(), drop_control=col('drop_control').mean(),
                 freq_log_ratio=float(np.median(np.abs(np.log(col('freq_control') / col('freq_top1'))))),
                 scale_log_ratio=float(np.median(np.abs(np.log(col('scale_control') / col('scale_top1'))))))
-
-def prompt_records(theme: str, direction: str, method: str, alpha: float, unit: dict, base: dict) -> list:
-    "Per prompt: keyword share, perplexity ratio to the unsteered continuation and the steering score g."
-    out, sign, words = [], DIRECTIONS[direction], THEMES[theme]
-    for p, (t, nll, t0, nll0) in enumerate(zip(unit['texts'], unit['nll'], base['texts'], base['nll'])):
-        w, w0 = keyword_share(t, words), keyword_share(t0, words)
-        # $g_p=\pm(w_p-w^0_p)\cdot\min(1,\mathrm{ppl}^0_p/\mathrm{ppl}_p)$
-        g = sign * (w - w0) * min(1.0, math.exp(nll0 - nll))
-        out.append(dict(theme=theme, direction=direction, method=method, alpha=alpha, prompt=p, keyword=_r(w), ppl_ratio=_r(math.exp(nll - nll0)), gain=_r(g)))
-    return out
 
 def alpha_star(records: list) -> float:
     "The strength at which single-layer steering has the highest mean score (the smallest one on a tie)."
@@ -858,30 +1159,40 @@ def alpha_star(records: list) -> float:
     if not by: raise ValueError("no single-layer records")
     return max(sorted(by), key=lambda a: np.mean(by[a]))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b01x2
 def steer_rows(records: list) -> list:
-    "One row per (theme, direction, method, alpha): means over prompts with bootstrap 95% intervals."
+    ("One row per (theme, direction, arm, method, knob): mean theme gain and coherence cost over prompts, bootstrap "
+     "95% CIs.")
     import pandas as pd
     rows = []
-    for (th, d, m, a), g in pd.DataFrame(records).groupby(['theme', 'direction', 'method', 'alpha'], sort=False):
-        kw, gn, lr = bootstrap(g.keyword, unit='prompts'), bootstrap(g.gain, unit='prompts'), bootstrap(np.log(g.ppl_ratio), unit='prompts')
-        rows.append(dict(kind='steer', theme=th, direction=d, method=m, alpha=a, n_prompts=len(g), keyword=kw.estimate, keyword_lo=kw.lo, keyword_hi=kw.hi,
-                         ppl_ratio=math.exp(lr.estimate), ppl_ratio_lo=math.exp(lr.lo) if len(g) > 1 else None, ppl_ratio_hi=math.exp(lr.hi) if len(g) > 1 else None,
-                         gain=gn.estimate, gain_lo=gn.lo, gain_hi=gn.hi))
+    for (th, d, arm, m, k), g in pd.DataFrame(records).groupby(['theme', 'direction', 'arm', 'method', 'knob'],
+                                                               sort=False):
+        gn, cs, cos = (bootstrap(g[c], unit='prompts') for c in ('gain', 'cost', 'cos'))
+        rows.append(dict(kind='steer', theme=th, direction=d, arm=arm, method=m, knob=k, n_prompts=len(g),
+                         cos=cos.estimate,
+                         gain=gn.estimate, gain_lo=gn.lo, gain_hi=gn.hi, cost=cs.estimate, cost_lo=cs.lo,
+                         cost_hi=cs.hi))
     return rows
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b03
 @torch.no_grad()
 def top_contexts(codes: torch.Tensor, ids: torch.Tensor, tokenizer, latent: int, n: int = 2, width: int = 8) -> list:
-    "The `n` contexts (up to `width` tokens, the activating one in [brackets]) where `latent` fires most; `codes` (B, T, d_sae)."
-    z = codes[..., latent].float().clone(); z[:, 0] = 0; T = z.shape[1]; out = []
+    ("The `n` contexts (up to `width` tokens, the activating one in [brackets]) where `latent` fires most; `codes` (B, "
+     "T, d_sae).")
+    z = codes[..., latent].float().clone()
+    z[:, 0] = 0
+    T = z.shape[1]
+    out = []
     for f in z.flatten().topk(n).indices.tolist():
         b, t = divmod(f, T)
         if z[b, t] <= 0: break
         out.append(tokenizer.decode(ids[b, max(0, t - width):t]) + '[' + tokenizer.decode(ids[b, t:t + 1]) + ']')
     return out
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b03x1
 @torch.no_grad()
-def graph_record(model, tokenizer, saes: dict, theme: str, start: Site, latent: int, G: FlowGraph, codes: dict, ids: torch.Tensor) -> dict:
+def graph_record(model, tokenizer, saes: dict, theme: str, start: Site, latent: int, G: FlowGraph, codes: dict,
+                 ids: torch.Tensor) -> dict:
     "A flow graph as a JSON-able record, with a hover label per node: top logit-lens tokens and top contexts."
     nodes = []
     for s, i in G.nodes:
@@ -889,188 +1200,404 @@ def graph_record(model, tokenizer, saes: dict, theme: str, start: Site, latent: 
         lab = 'logit lens: ' + ' '.join(repr(tokenizer.decode([t]))[1:-1] for t in toks) + '<br>' + '<br>'.join(
             c.replace('\n', '⏎')[-60:] for c in top_contexts(codes[s], ids, tokenizer, i))
         nodes.append(dict(site=str(s), layer=s.layer, latent=i, label=lab))
-    return dict(theme=theme, start=str(start), latent=latent, act_scale=_r(saes[start].act_scale[latent].item()), n_residual=len(G.residual_nodes),
-                layers=sorted({s.layer for s, _ in G.residual_nodes}), nodes=nodes, edges=[[a, b, _r(w)] for a, b, w in G.edges])
+    return dict(theme=theme, start=str(start), latent=latent, act_scale=_r(saes[start].act_scale[latent].item()),
+                n_residual=len(G.residual_nodes),
+                layers=sorted({s.layer for s, _ in G.residual_nodes}), nodes=nodes,
+                edges=[[a, b, _r(w)] for a, b, w in G.edges])
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b10
-N_SHOW = 4   # continuations kept per setting in the results (for the steering explorer)
+N_SHOW = 4   # prompts whose first continuation is kept per setting in the results (for the steering explorer)
 
-def _steer_theme(model, tokenizer, saes, cfg, theme, latent, G, docs_val) -> tuple:
-    "Prompt records and sample texts of one theme, both directions: unsteered, single-layer and flow at every alpha, a random direction at alpha*."
-    recs, texts, c = [], [], saes[cfg.start].act_scale[latent].item()
-    for dirn, sign in DIRECTIONS.items():
-        prompts = list(NEUTRAL_PROMPTS[:cfg.n_prompts]) if dirn == 'on' else theme_prompts(docs_val, tokenizer, THEMES[theme], cfg.n_prompts, 20, cfg.seed)
+def cell_settings(saes: dict, cfg, start: Site, latent: int, G: FlowGraph, direction: str) -> list:
+    "(arm, method, knob, unit kwargs) of a theme and direction: the paper's protocol, the matched push, a random push."
+    sign, c = DIRECTIONS[direction], saes[start].act_scale[latent].item()
+    out = [('paper', m, k, dict(interventions=iv)) for m, k, iv in paper_settings(start, latent, G, direction, cfg)]
+    push = steer_settings(saes, start, latent, G, cfg.alphas, sign)
+    out += [('push', m, a, dict(interventions=iv)) for m, a, iv in push]
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    v = F.normalize(torch.randn(saes[start].d_in, generator=g), dim=0)                # chance: a random unit direction
+    rand = lambda a: dict(vector=(start.hook, add_vector(v, sign * a * c)),
+                          describe=['random', cfg.seed + 1, round(sign * a * c, 6)])
+    return out + [('push', 'random', a, rand(a)) for a in cfg.alphas[-1:]]
+
+def unit_key(saes: dict, theme: str, direction: str, kw: dict) -> dict:
+    ("What a sampling unit computes: its prompts and the exact vectors it adds, so equal settings of two arms share a "
+     "unit.")
+    def one(iv):   # 'add' s x mean activation and 'push' alpha add the same vector when s c = alpha c
+        if iv.mode == 'scale': return [str(site(iv.site)), iv.latent, 'scale', round(iv.strength, 9)]
+        c = saes[site(iv.site)].act_scale[iv.latent].item() if iv.mode == 'add' else 1.0
+        return [str(site(iv.site)), iv.latent, 'add', round(iv.strength * c, 6)]
+    ivs = kw.get('describe') or sorted(one(iv) for iv in kw.get('interventions', ()))
+    return dict(part='sample', prompts='neutral' if direction == 'on' else theme, settings=ivs)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b10x1
+def steer_prompts(docs_val: list, tokenizer, theme: str, direction: str, cfg) -> list:
+    "Neutral prompts to switch a theme on; held-out passages cut just before a theme word to switch it off."
+    if direction == 'on': return list(NEUTRAL_PROMPTS[:cfg.n_prompts])
+    return theme_prompts(docs_val, tokenizer, THEMES[theme], cfg.n_prompts, 20, cfg.seed)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b12
+def steer_theme(model, tokenizer, saes, cfg, theme, latent, G, docs_val, embedder) -> tuple:
+    "Per-prompt records and sample texts of one theme, both directions: the unsteered samples and every setting."
+    recs, texts = [], []
+    for dirn in DIRECTIONS:
+        prompts = steer_prompts(docs_val, tokenizer, theme, dirn, cfg)
         shown = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts[:N_SHOW]]
-        def unit(m, a, key, **kw):
-            u = cached_unit('sae_flow', cfg, dict(part='steer', **key), lambda: steer_unit(model, tokenizer, saes, prompts, cfg.n_new, **kw))
-            texts.extend(dict(theme=theme, direction=dirn, method=m, alpha=a, prompt=p, text=t) for p, t in zip(shown, u['texts']))
-            return u
-        base = unit('base', 0.0, dict(prompts='neutral', method='base') if dirn == 'on' else dict(theme=theme, direction=dirn, method='base'))
-        rs = prompt_records(theme, dirn, 'base', 0.0, base, base)
-        for m, a, ivs in steer_settings(saes, cfg.start, latent, G, cfg.alphas, sign):
-            rs += prompt_records(theme, dirn, m, a, unit(m, a, dict(theme=theme, direction=dirn, method=m, alpha=a), interventions=ivs), base)
-        a = alpha_star(rs)   # the random direction gets the baseline's best push
-        v = F.normalize(torch.randn(saes[cfg.start].d_in, generator=torch.Generator().manual_seed(cfg.seed + 7 * len(recs) + 1)), dim=0)
-        u = unit('random', a, dict(theme=theme, direction=dirn, method='random', alpha=a), vector=(cfg.start.hook, add_vector(v, sign * a * c)))
-        recs += rs + prompt_records(theme, dirn, 'random', a, u, base)
+        def unit(arm, m, k, **kw):
+            key = unit_key(saes, theme, dirn, kw)
+            kw.pop('describe', None)
+            u = cached_unit('sae_flow', cfg, key, lambda: sample_unit(model, tokenizer, saes, prompts, cfg, **kw))
+            first = u['texts'][::cfg.n_samples][:N_SHOW]
+            texts.extend(dict(theme=theme, direction=dirn, arm=arm, method=m, knob=k, prompt=p, text=t) for p,
+                         t in zip(shown, first))
+            return dict(u, cos=theme_cosines(embedder, u['texts'], THEME_TEXT[theme]))
+        base = unit('base', 'base', 0.0)
+        recs += theme_records(theme, dirn, 'base', 'base', 0.0, base, base, cfg.n_samples)
+        for arm, m, k, kw in cell_settings(saes, cfg, cfg.start, latent, G, dirn):
+            recs += theme_records(theme, dirn, arm, m, k, unit(arm, m, k, **kw), base, cfg.n_samples)
     return recs, texts
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b13
+def theme_ceiling(tokenizer, docs_val: list, theme: str, cfg, embedder) -> dict:
+    "The theme score of held-out corpus windows around the theme's words: how high switching a theme on could go."
+    ids, _ = theme_windows(docs_val, tokenizer, THEMES[theme], cfg.n_theme_windows, cfg.n_new, cfg.seed)
+    cos = theme_cosines(embedder, [tokenizer.decode(r) for r in ids], THEME_TEXT[theme])
+    return dict(theme=theme, ceiling=float(np.mean(cos)), n_windows=len(cos))
+
+def steering_part(model, tokenizer, saes, cfg, tau: float, codes: dict, ids) -> tuple:
+    ("Theme graphs (feature chosen at the chance threshold, steered graph cut at the paper's thresholds), records, "
+     "texts.")
+    from workbench.models import load_embedder
+    recs, texts, graphs, refs, emb = [], [], [], [], load_embedder()
+    docs_tr, docs_val = split_docs('train'), split_docs('validation')
+    for th in progress(cfg.themes, 'themes'):
+        i, _ = theme_graph(model, tokenizer, saes, cfg, th, docs_tr, tau)
+        # t(R) = 0.5, modules 0.15 (App. B.2)
+        G = build_flow_graph(saes, cfg.start, i, cfg.tau_res, cfg.tau_module)
+        graphs.append(graph_record(model, tokenizer, saes, th, cfg.start, i, G, codes, ids))
+        refs.append(theme_ceiling(tokenizer, docs_val, th, cfg, emb))
+        r_, t_ = steer_theme(model, tokenizer, saes, cfg, th, i, G, docs_val, emb)
+        recs += r_
+        texts += t_
+    return recs, texts, graphs, refs
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b11
 def run_experiment(cfg: SAEFlowConfig) -> Results:
-    "SAEs (trained or cached), their quality, matching against chance, origin groups, the deactivation test per layer, theme graphs, matched-push steering."
-    from workbench.models import load_model, load_tokenizer
+    "SAEs (trained or cached), their quality, matching vs chance, origin groups, deactivation per layer, steering."
     if not isinstance(cfg, SAEFlowConfig): raise TypeError(f"cfg must be a SAEFlowConfig, got {type(cfg).__name__}")
-    seed_everything(cfg.seed); times = {}
+    seed_everything(cfg.seed)
     with Timer() as wall, torch_threads(cfg.threads or torch.get_num_threads()):
         tok = load_tokenizer(cfg.model)
         with Timer() as t: saes, training = train_flow_saes(tok, cfg)
-        model = load_model(cfg.model, dtype='float32'); check_blocks(cfg, model)
-        saes = {s: m.to(model_device(model)) for s, m in saes.items()}                # the SAEs work where the model does
-        times['saes'] = t.s
+        model = load_model(cfg.model, dtype='float32')
+        check_blocks(cfg, model)
+        saes, times = {s: m.to(model_device(model)) for s, m in saes.items()}, dict(saes=t.s)   # where the model is
         with Timer() as t:
             ids, acts, codes, rows = flow_eval(model, tok, saes, cfg)
-            tau, mrows, hists = matching_rows(saes, cfg); rows += mrows + group_rows(saes, codes, cfg)
-        times['eval_matching'], causal = t.s, []
-        with Timer() as t:
-            for l in progress(cfg.target_layers, 'deactivation test'):
-                u = cached_unit('sae_flow', cfg, dict(part='causal', layer=l),
-                                lambda: deactivation_test(model, saes, acts, codes, l, cfg.n_targets, cfg.max_seqs, seed=cfg.seed + l))
-                causal += [{k: _r(v) if isinstance(v, float) else v for k, v in r.items()} for r in u['rows']]; rows.append(deactivation_row(l, u))
-        times['causal'], recs, texts, graphs = t.s, [], [], []
+            tau, mrows, hists = matching_rows(saes, cfg)
+        times['eval_matching'], rows = t.s, rows + mrows + group_rows(saes, codes, cfg)
+        with Timer() as t: causal, crows = causal_part(model, saes, acts, codes, cfg)
+        times['causal'], rows = t.s, rows + crows
         del acts
-        with Timer() as t:
-            docs_tr, docs_val = split_docs('train'), split_docs('validation')
-            for th in progress(cfg.themes, 'themes'):
-                i, G = theme_graph(model, tok, saes, cfg, th, docs_tr, tau)
-                graphs.append(graph_record(model, tok, saes, th, cfg.start, i, G, codes, ids))
-                r_, t_ = _steer_theme(model, tok, saes, cfg, th, i, G, docs_val); recs += r_; texts += t_
-            rows += steer_rows(recs)
-        times['steering'] = t.s
-    tables = dict(causal=causal, prompts=recs, texts=texts, graphs=graphs, scores=hists,
-                  training=[dict(step=training['step'], loss=training['loss'], **throughput(training))], timing=[dict(phase=k, seconds=round(v, 1)) for k, v in times.items()])
-    notes = (f"{model_label(cfg.model)} (SAE training in {cfg.train_dtype}, analysis in float32); TopK SAEs ({cfg.d_sae} latents, k={cfg.k}) at {', '.join(map(str, cfg.sites))}, trained with "
-             f"workbench.train.train on {training['tokens']:,} streamed tokens ({training['steps']} updates) of {', '.join(CORPORA)}; tau={tau:.3f} "
-             f"(the {cfg.chance_q:.0%} quantile of chance); steering: push alpha x the feature's mean activation, single-layer at {cfg.start} or split "
-             f"equally over the flow graph's residual nodes; {cfg.n_prompts} prompts x {cfg.n_new} greedy tokens per setting")
-    res = Results('sae_flow', cfg, rows, seeds=[cfg.seed], tables=tables, notes=notes, wall_time_s=wall.s)
+        with Timer() as t: recs, texts, graphs, refs = steering_part(model, tok, saes, cfg, tau, codes, ids)
+        times['steering'], rows = t.s, rows + steer_rows(recs)
+    tables = dict(causal=causal, theme_prompts=recs, theme_refs=refs, texts=texts, graphs=graphs, scores=hists,
+                  timing=[dict(phase=k, seconds=round(v, 1)) for k, v in times.items()],
+                  training=[dict(step=training['step'], loss=training['loss'], **throughput(training))])
+    res = Results('sae_flow', cfg, rows, seeds=[cfg.seed], tables=tables, notes=run_notes(cfg, training, tau),
+                  wall_time_s=wall.s)
     return res.conclude(verdict, claims(res), headline(res))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b14
+def causal_part(model, saes, acts, codes, cfg) -> tuple:
+    "The deactivation test per target layer (each layer a cached unit): per-target records and one row per layer."
+    causal, rows = [], []
+    for l in progress(cfg.target_layers, 'deactivation test'):
+        u = cached_unit('sae_flow', cfg, dict(part='causal', layer=l),
+                        lambda: deactivation_test(model, saes, acts, codes, l, cfg.n_targets, cfg.max_seqs,
+                                                  seed=cfg.seed + l))
+        causal += [{k: _r(v) if isinstance(v, float) else v for k, v in r.items()} for r in u['rows']]
+        rows.append(deactivation_row(l, u))
+    return causal, rows
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #49936b14x1
+def run_notes(cfg, training: dict, tau: float) -> str:
+    "The run's one-paragraph description for the results file."
+    where = f" (cached in the workbench cache's {training['cache']})" if 'cache' in training else ''
+    return (f"{model_label(cfg.model)} (SAE training in {cfg.train_dtype}, analysis in float32); TopK SAEs "
+            f"({cfg.d_sae} latents, k={cfg.k}) at {', '.join(map(str, cfg.sites))}, trained with "
+            f"workbench.train.train on {training['tokens']:,} streamed tokens ({training['steps']} updates) of "
+            f"{', '.join(CORPORA)}{where}; tau={tau:.3f} (the {cfg.chance_q:.0%} quantile of chance); steering graphs "
+            f"cut at t(R)={cfg.tau_res}, modules {cfg.tau_module}; the paper's protocol (rescale r in "
+            f"{list(cfg.r_grid)} to switch off, add s in {list(cfg.s_grid)} x mean activation with schedules "
+            f"{list(cfg.schedules)} to switch on) and the matched total push (alpha in {list(cfg.alphas)}); "
+            f"{cfg.n_prompts} prompts x {cfg.n_samples} samples x {cfg.n_new} tokens at temperature "
+            f"{cfg.temperature} per setting; theme score: MiniLM cosine to a one-line description; coherence cost: "
+            f"NLL under the unsteered model")
+
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #6fdbec8c
-def claims(results: Results) -> list:
-    "One claim per target layer (deactivation: top-1 predecessor vs matched control) and per theme x direction (flow vs single-layer at matched push, alpha*)."
-    out, C, P = [], results.table('causal'), results.table('prompts')
-    for l in sorted(C.layer.unique()) if len(C) else []:
-        d = C[C.layer == l]
-        out.append(claim(f'R{l}: target off-rate, top-1 predecessor − matched control', paired_bootstrap(d.off_top1, d.off_control, unit='targets')))
+def frontier(P, theme: str, direction: str, arm: str, method: str) -> tuple:
+    "(knobs, cost (K+1, n), gain (K+1, n)) of one method's sweep over n prompts, the unsteered point (0, 0) first."
+    d = P[(P.theme == theme) & (P.direction == direction) & (P.arm == arm) & (P.method == method)]
+    if not len(d): raise ValueError(f"no records of {arm}/{method} for {theme} {direction}")
+    C, G = (d.pivot(index='knob', columns='prompt', values=v) for v in ('cost', 'gain'))   # (K, n) each
+    z = np.zeros((1, C.shape[1]))
+    return list(C.index), np.vstack([z, C.values]), np.vstack([z, G.values])
+
+def frontier_claim(P, cfg, theme: str, direction: str, arm: str, a: str, b: str) -> Claim:
+    ("Theme gain of method a minus method b on their frontiers at a matched coherence cost, paired bootstrap over "
+     "prompts.")
+    (_, ca, qa), (_, cb, qb) = frontier(P, theme, direction, arm, a), frontier(P, theme, direction, arm, b)
+    at = float(min(cfg['match_nll'], 0.5 * min(ca.mean(1).max(), cb.mean(1).max())))   # no frontier is extrapolated
+    name = f'{theme} {direction}: theme gain at matched coherence cost, {a} − {b}'
+    try: iv = matched_cost(ca, qa, cb, qb, at, unit='prompts')
+    except ValueError as e: return Claim(f'{name} (not measurable: {str(e)[:80]})', math.nan, math.nan, math.nan)
+    return claim(f'{name} (ΔNLL {at:.3f})', iv)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #6fdbec8d
+def steer_preconditions(P, refs: dict, cfg) -> list:
+    "Per theme and direction: room for the theme score in the steered direction; single-layer steering moves it at all."
+    out = []
+    for (th, dirn), d in P[P.arm == 'base'].groupby(['theme', 'direction'], sort=False):
+        c0 = d.sort_values('prompt').cos.to_numpy()
+        neutral = P[(P.theme == th) & (P.direction == 'on') & (P.arm == 'base')].cos.mean()
+        # ceiling − unsteered, unsteered − floor
+        room = refs[th] - c0 if dirn == 'on' else c0 - neutral
+        out.append(precondition(f'{th} {dirn}: room for the theme score', bootstrap(room, unit='prompts'), cfg,
+                                'min_room'))
+        s = P[(P.theme == th) & (P.direction == dirn) & (P.arm == 'paper') & (P.method == 'single')]
+        k = s.groupby('knob').gain.mean().idxmax()
+        g = bootstrap(s[s.knob == k].sort_values('prompt').gain, unit='prompts')
+        out.append(precondition(f'{th} {dirn}: single-layer steering moves the theme score (best knob {k:g})', g, cfg,
+                                'min_move'))
+    return out
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #6fdbec8e
+def causal_claims(C) -> list:
+    "One claim per target layer: the target's off-rate, top-1 predecessor − matched control."
+    return [claim(f'R{l}: target off-rate, top-1 predecessor − matched control',
+                  paired_bootstrap(C[C.layer == l].off_top1, C[C.layer == l].off_control, unit='targets'))
+            for l in (sorted(C.layer.unique()) if len(C) else [])]
+
+def push_claims(results: Results, arm: str = 'push', pairs=(('flow', 'single'),)) -> list:
+    ("Frontier claims of `arm` for every theme and direction (the matched-total-push arm by default); reported, not "
+     "judged.")
+    P = results.table('theme_prompts')
+    cells = dict.fromkeys(zip(P.theme, P.direction))
+    return [frontier_claim(P, results.config, th, d, arm, a, b) for th, d in cells for a, b in pairs]
+
+def legacy_steer_claims(P) -> list:
+    ("Claims of a record of the earlier design (keyword score, greedy, matched push judged at the single-layer arm's "
+     "best push).")
+    out = []
     for (th, dirn), d in P.groupby(['theme', 'direction'], sort=False):
-        a = alpha_star(d.to_dict('records')); f, s = (d[(d.method == m) & (d.alpha == a)].sort_values('prompt').gain for m in ('flow', 'single'))
-        out.append(claim(f'{th} {dirn}: steering score, flow − single-layer at matched push (alpha*={a:g})', paired_bootstrap(f, s, unit='prompts')))
+        a = alpha_star(d.to_dict('records'))
+        f, s = (d[(d.method == m) & (d.alpha == a)].sort_values('prompt').gain for m in ('flow', 'single'))
+        name = f'{th} {dirn}: steering score, flow − single-layer at matched push (alpha*={a:g})'
+        out.append(claim(name, paired_bootstrap(f, s, unit='prompts')))
+    return out
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #6fdbec8f
+def claims(results: Results) -> list:
+    ("Deactivation per target layer; the steering preconditions; per theme, direction and cumulative method, its "
+     "frontier vs single-layer's.")
+    out = causal_claims(results.table('causal'))
+    if 'theme_prompts' not in results.tables:
+        return out + legacy_steer_claims(results.table('prompts'))   # earlier design
+    P, cfg = results.table('theme_prompts'), results.config
+    out += steer_preconditions(P, {r['theme']: r['ceiling'] for r in results.tables['theme_refs']}, cfg)
+    paper = P[P.arm == 'paper']
+    for (th, dirn), d in paper.groupby(['theme', 'direction'], sort=False):
+        out += [frontier_claim(P, cfg, th, dirn, 'paper', m,
+                               'single') for m in dict.fromkeys(d.method) if m != 'single']
     return out
 
 @verdict_rule
 def verdict(results: Results) -> str:
-    "Reproduced if every layer's deactivation effect and every theme-and-direction steering difference (flow − single-layer at matched push) shows beyond its 95% CI; partly if at least one does; not reproduced if none does."
+    ("Reproduced if every layer's deactivation effect and every theme-direction-method frontier gain (cumulative − "
+     "single-layer at matched coherence) shows beyond its 95% CI; partly if some do; not reproduced if none does.")
     return judge(claims(results))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #6fdbec90
 def headline(results: Results) -> str:
     "Our measured figure in words, from the rows."
     df, cl = results.df, claims(results)
     ca, sae, n_l = df[df.kind == 'causal'], df[(df.kind == 'sae') & (df.module == 'R')], len(df[df.kind == 'causal'])
-    st = [c for c in cl if 'steering' in c.name]
-    tok = results.config.get('n_train_tokens', 0)
-    return (f"removing a feature's top-1 cosine predecessor switches it off {ca.off_top1.mean():.0%} of the time vs {ca.off_control.mean():.0%} "
-            f"for a matched control (beyond the CI in {sum(c.shows for c in cl if c.name.startswith('R'))}/{n_l} layers); flow steering beats "
-            f"single-layer at matched push in {sum(c.shows for c in st)}/{len(st)} theme-direction settings; residual SAEs explain "
-            f"{sae.explained_variance.min():.2f}-{sae.explained_variance.max():.2f} of the variance after {tok / 1e6:.2f}M tokens")
+    st = [c for c in cl if not c.is_precondition and not c.name.startswith('R')]
+    how = 'at matched coherence' if 'theme_prompts' in results.tables else 'at matched push'
+    return (f"removing a feature's top-1 cosine predecessor switches it off {ca.off_top1.mean():.0%} of the time vs "
+            f"{ca.off_control.mean():.0%} for a matched control (beyond the CI in "
+            f"{sum(c.shows for c in cl if c.name.startswith('R'))}/{n_l} layers); multi-layer steering beats "
+            f"single-layer "
+            f"{how} in {sum(c.shows for c in st)}/{len(st)} theme-direction-method settings; residual SAEs explain "
+            f"{sae.explained_variance.min():.2f}-{sae.explained_variance.max():.2f} of the variance after "
+            f"{results.config.get('n_train_tokens', 0) / 1e6:.2f}M tokens")
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2b
 def feature_graph(record: dict) -> FeatureGraph:
     "A `workbench.viz.FeatureGraph` (layer columns) from a graph record of the results, hover 'R9 #37 · <label>'."
-    return FeatureGraph([(n['layer'], n['latent'], f"{n['site']} #{n['latent']} · {n['label']}") for n in record['nodes']], record['edges'])
+    return FeatureGraph([(n['layer'], n['latent'],
+                          f"{n['site']} #{n['latent']} · {n['label']}") for n in record['nodes']], record['edges'])
 
 def fig_sae_quality(df, target: float = 0.8) -> go.Figure:
     "Held-out explained variance of every SAE by layer and module, dead share on hover; the issue's target as a line."
     d, fig = df[df.kind == 'sae'], go.Figure()
     for n, m in enumerate(('R', 'A', 'M')):
         e = d[d.module == m]
-        fig.add_bar(x=e.layer, y=e.explained_variance, name={'R': 'residual', 'A': 'attention out', 'M': 'MLP out'}[m], marker_color=PALETTE[n],
-                    customdata=np.stack([e.dead_share, e.l0], -1), hovertemplate='%{x}: EV %{y:.3f}<br>dead %{customdata[0]:.1%}, L0 %{customdata[1]:.1f}<extra></extra>')
+        fig.add_bar(x=e.layer, y=e.explained_variance, name={'R': 'residual', 'A': 'attention out', 'M': 'MLP out'}[m],
+                    marker_color=PALETTE[n],
+                    customdata=np.stack([e.dead_share, e.l0], -1),
+                    hovertemplate='%{x}: EV %{y:.3f}<br>dead %{customdata[0]:.1%}, L0 '
+                                  '%{customdata[1]:.1f}<extra></extra>')
     fig.add_hline(y=target, line_dash='dot', annotation_text=f'issue target {target:g} (residual)')
-    return fig.update_layout(barmode='group', title='SAE quality on held-out tokens', xaxis_title='block', yaxis=dict(title='explained variance', range=[0, 1]),
+    return fig.update_layout(barmode='group', title='SAE quality on held-out tokens', xaxis_title='block',
+                             yaxis=dict(title='explained variance', range=[0, 1]),
                              height=320, margin=dict(t=50, l=50, r=20))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2bx1
 def fig_scores(scores, layer: int, tau: float | None = None) -> go.Figure:
-    "Top-1 cosine histograms of R_layer's live latents against RES / ATT / MLP, each beside its two chance distributions."
+    ("Top-1 cosine histograms of R_layer's live latents against RES / ATT / MLP, each beside its two chance "
+     "distributions.")
     fig, edges = make_subplots(1, 3, subplot_titles=GROUPS, shared_yaxes=True), np.linspace(-0.2, 1.0, 61)
     for c, g in enumerate(GROUPS, 1):
         for n, w in enumerate(('matched', 'random', 'shuffled')):
             r = scores[(scores.layer == layer) & (scores.module == g) & (scores.which == w)]
             if not len(r): continue
-            cnt = np.array(r.iloc[0].counts, dtype=float); cnt /= max(cnt.sum(), 1)
-            fig.add_scatter(x=(edges[:-1] + edges[1:]) / 2, y=cnt, mode='lines', line_shape='hvh', name=w, legendgroup=w, showlegend=c == 1,
+            cnt = np.array(r.iloc[0].counts, dtype=float)
+            cnt /= max(cnt.sum(), 1)
+            fig.add_scatter(x=(edges[:-1] + edges[1:]) / 2, y=cnt, mode='lines', line_shape='hvh', name=w,
+                            legendgroup=w, showlegend=c == 1,
                             line=dict(color=PALETTE[n], dash='solid' if w == 'matched' else 'dot'), row=1, col=c)
         if tau is not None: fig.add_vline(x=tau, line_dash='dash', line_color='gray', row=1, col=c)
-    return fig.update_layout(title=f'R{layer}: top-1 predecessor cosine vs chance' + (f' (tau = {tau:.2f})' if tau is not None else ''),
+    tail = f' (tau = {tau:.2f})' if tau is not None else ''
+    return fig.update_layout(title=f'R{layer}: top-1 predecessor cosine vs chance' + tail,
                              yaxis_title='share of latents', height=300, margin=dict(t=60, l=50, r=20))
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2bx2
 def fig_origin_groups(df) -> go.Figure:
-    "Stacked shares of active (token, feature) pairs per origin group and layer (the paper's Fig. 5), real beside shuffled-decoder chance."
+    ("Stacked shares of active (token, feature) pairs per origin group and layer (the paper's Fig. 5), real beside "
+     "shuffled-decoder chance.")
     d, fig = df[df.kind == 'groups'], go.Figure()
     for n, g in enumerate(dict.fromkeys(d.group)):
         e = d[d.group == g]
         x = [[f'R{l}' for l in e.layer] * 2, ['matched'] * len(e) + ['chance'] * len(e)]
         fig.add_bar(x=x, y=list(e.share) + list(e.chance_share), name=g, marker_color=PALETTE[n % len(PALETTE)])
-    return fig.update_layout(barmode='stack', title='Origin of active residual features', yaxis_title='share of active pairs', height=340, margin=dict(t=50, l=50, r=20))
+    return fig.update_layout(barmode='stack', title='Origin of active residual features',
+                             yaxis_title='share of active pairs', height=340, margin=dict(t=50, l=50, r=20))
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2c
 def fig_causal(df) -> go.Figure:
-    "Per layer: how often removing the top-1 predecessor vs the matched control switches the target off, and their difference with its 95% CI."
+    ("Per layer: how often removing the top-1 predecessor vs the matched control switches the target off, and their "
+     "difference with its 95% CI.")
     d = df[(df.kind == 'causal') & df.n_targets.gt(0)]
     fig = make_subplots(1, 2, subplot_titles=('target switched off', 'difference, 95% CI'), column_widths=[0.6, 0.4])
     for n, (arm, name) in enumerate((('off_top1', 'top-1 predecessor'), ('off_control', 'matched control'))):
         fig.add_bar(x=[f'R{l}' for l in d.layer], y=d[arm], name=name, marker_color=PALETTE[n], row=1, col=1)
-    fig.add_scatter(x=[f'R{l}' for l in d.layer], y=d.effect, mode='markers', marker_color=PALETTE[2], name='top-1 − control',
-                    error_y=dict(type='data', symmetric=False, array=d.effect_hi - d.effect, arrayminus=d.effect - d.effect_lo), row=1, col=2)
+    fig.add_scatter(x=[f'R{l}' for l in d.layer], y=d.effect, mode='markers', marker_color=PALETTE[2],
+                    name='top-1 − control',
+                    error_y=dict(type='data', symmetric=False, array=d.effect_hi - d.effect,
+                                 arrayminus=d.effect - d.effect_lo), row=1, col=2)
     fig.add_hline(y=0, line_color='gray', row=1, col=2)
-    return fig.update_layout(barmode='group', height=320, margin=dict(t=50, l=50, r=20), title='Deactivation test per layer')
+    return fig.update_layout(barmode='group', height=320, margin=dict(t=50, l=50, r=20),
+                             title='Deactivation test per layer')
 
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #16274d2cx1
 def fig_steering(df, theme: str | None = None) -> go.Figure:
-    "Steering score against push for single-layer and flow steering (95% CIs), random direction at alpha*; one panel per theme and direction."
+    ("Steering score against push for single-layer and flow steering (95% CIs), random direction at alpha*; one panel "
+     "per theme and direction.")
     d = df[(df.kind == 'steer') & ((df.theme == theme) if theme else True)]
     panels = list(dict.fromkeys(zip(d.theme, d.direction)))
     fig = make_subplots(1, len(panels), subplot_titles=[f'{t}: {x}' for t, x in panels], shared_yaxes=True)
     for c, (t, x) in enumerate(panels, 1):
         for n, m in enumerate(('single', 'flow', 'random')):
             e = d[(d.theme == t) & (d.direction == x) & (d.method == m)].sort_values('alpha')
-            fig.add_scatter(x=e.alpha, y=e.gain, mode='lines+markers' if m != 'random' else 'markers', name=m, legendgroup=m, showlegend=c == 1,
-                            marker=dict(color=PALETTE[n], symbol='x' if m == 'random' else 'circle'), customdata=np.stack([e.keyword, e.ppl_ratio], -1),
-                            error_y=dict(type='data', symmetric=False, array=e.gain_hi - e.gain, arrayminus=e.gain - e.gain_lo),
-                            hovertemplate='alpha %{x}: score %{y:.3f}<br>keyword share %{customdata[0]:.3f}, ppl ratio %{customdata[1]:.2f}<extra></extra>', row=1, col=c)
+            fig.add_scatter(x=e.alpha, y=e.gain, mode='lines+markers' if m != 'random' else 'markers', name=m,
+                            legendgroup=m, showlegend=c == 1,
+                            marker=dict(color=PALETTE[n], symbol='x' if m == 'random' else 'circle'),
+                            customdata=np.stack([e.keyword, e.ppl_ratio], -1),
+                            error_y=dict(type='data', symmetric=False, array=e.gain_hi - e.gain,
+                                         arrayminus=e.gain - e.gain_lo),
+                            hovertemplate='alpha %{x}: score %{y:.3f}<br>keyword share %{customdata[0]:.3f}, ppl '
+                                          'ratio %{customdata[1]:.2f}<extra></extra>', row=1, col=c)
         fig.add_hline(y=0, line_color='gray', row=1, col=c)
     fig.update_xaxes(type='log', title_text='push alpha (x mean activation)')
-    return fig.update_layout(title='Steering score (topic gained or removed x coherence kept)', yaxis_title='score g', height=340, margin=dict(t=60, l=50, r=20))
+    return fig.update_layout(title='Steering score (topic gained or removed x coherence kept)', yaxis_title='score g',
+                             height=340, margin=dict(t=60, l=50, r=20))
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #a8e88701
+def fig_frontier(df, theme: str | None = None) -> go.Figure:
+    ("Theme gain against coherence cost for every steering method (95% CIs on the gain); one panel per theme and "
+     "direction.")
+    d = df[(df.kind == 'steer') & (df.arm != 'base') & ((df.theme == theme) if theme else True)]
+    panels = list(dict.fromkeys(zip(d.theme, d.direction)))
+    fig = make_subplots(1, len(panels), subplot_titles=[f'{t}: {x}' for t, x in panels], shared_yaxes=True)
+    for c, (t, x) in enumerate(panels, 1):
+        for n, (arm, m) in enumerate(dict.fromkeys(zip(d.arm, d.method))):
+            e = d[(d.theme == t) & (d.direction == x) & (d.arm == arm) & (d.method == m)]
+            e = e.iloc[np.argsort(e.cost.to_numpy())]
+            fig.add_scatter(x=[0.0, *e.cost], y=[0.0, *e.gain], mode='lines+markers', name=f'{arm}: {m}',
+                            legendgroup=f'{arm}{m}',
+                            showlegend=c == 1,
+                            line=dict(color=PALETTE[n % len(PALETTE)], dash='solid' if arm == 'paper' else 'dot'),
+                            error_y=dict(type='data', symmetric=False, array=[0, *(e.gain_hi - e.gain)],
+                                         arrayminus=[0, *(e.gain - e.gain_lo)]),
+                            customdata=[0.0, *e.knob],
+                            hovertemplate='knob %{customdata}: gain %{y:.3f}, ΔNLL %{x:.3f}<extra></extra>',
+                            row=1, col=c)
+        fig.add_hline(y=0, line_color='gray', row=1, col=c)
+    fig.update_xaxes(title_text='coherence cost (ΔNLL, nats)')
+    return fig.update_layout(title='Theme gain against coherence cost (the unsteered point at 0, 0)',
+                             yaxis_title='theme gain (cosine)',
+                             height=360, margin=dict(t=60, l=50, r=20))
 
 # %% ../../nbs/interpretability/30_sae_flow.ipynb #a8e88700
 class SteeringExplorer(Explorer):
-    "Pick a theme, direction, method and push; read the steered continuations of the first prompts beside the unsteered ones, with the scores."
+    ("Pick a theme, direction, method and knob; read the steered continuations of the first prompts beside the "
+     "unsteered ones.")
     def __init__(self, results: Results):
         import ipywidgets as W
-        self.R, self.T = results, results.table('texts')
+        self.R, T = results, results.table('texts')
+        # the paper's protocol, or the earlier design
+        self.new = 'theme_prompts' in results.tables
+        self.T = T if self.new else T.assign(arm=np.where(T.method == 'base', 'base', 'push'), knob=T.alpha)
         self.theme = W.Dropdown(options=list(dict.fromkeys(self.T.theme)), description='theme')
         self.direction = W.ToggleButtons(options=list(DIRECTIONS), description='direction')
-        self.method = W.ToggleButtons(options=['single', 'flow', 'random'], description='method')
-        self.alpha = W.Dropdown(options=sorted(set(self.T.alpha) - {0.0}), description='push alpha')
+        self.method = W.Dropdown(description='method')
+        self.knob = W.Dropdown(description='r / s / alpha')
         self.out, self.fig = W.HTML(), go.FigureWidget(self.figure())
-        for w in (self.theme, self.direction, self.method, self.alpha): w.observe(self._update, names='value')
-        self.widget = W.VBox([W.HBox([self.theme, self.alpha]), self.direction, self.method, self.out, self.fig]); self._update()
-    def texts(self) -> list:
-        "(prompt, unsteered, steered) for the current choice."
-        T, sel = self.T, (self.T.theme == self.theme.value) & (self.T.direction == self.direction.value)
-        base, st = T[sel & (T.method == 'base')], T[sel & (T.method == self.method.value) & (T.alpha == self.alpha.value)]
-        return [(p, b, s) for p, b, s in zip(base.prompt, base.text, st.text)]
-    def figure(self) -> go.Figure: return fig_steering(self.R.df, self.theme.value)
-    def _update(self, _=None):
-        import html
-        rows = ''.join(f'<tr><td>{html.escape(p[-80:])}</td><td>{html.escape(b)}</td><td>{html.escape(s)}</td></tr>' for p, b, s in self.texts())
-        self.out.value = ('<table><tr><th>prompt</th><th>unsteered</th><th>steered</th></tr>' + rows + '</table>') if rows else '<i>no continuation at this push</i>'
-        if hasattr(self, 'fig'): self.redraw(self.fig, self.figure())
+        for w in (self.theme, self.direction, self.method, self.knob): w.observe(self._update, names='value')
+        self.widget = W.VBox([W.HBox([self.theme, self.direction]), W.HBox([self.method, self.knob]), self.out,
+                              self.fig])
+        self._update()
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #a8e88702
+@patch_to(SteeringExplorer)
+def texts(self) -> list:
+    "(prompt, unsteered, steered) for the current choice."
+    T, sel = self.T, (self.T.theme == self.theme.value) & (self.T.direction == self.direction.value)
+    arm, m = (self.method.value or 'push: single').split(': ')
+    base, st = T[sel & (T.arm == 'base')], T[sel & (T.arm == arm) & (T.method == m) & (T.knob == self.knob.value)]
+    return [(p, b, s) for p, b, s in zip(base.prompt, base.text, st.text)]
+
+@patch_to(SteeringExplorer)
+def figure(self) -> go.Figure: return fig_frontier(self.R.df,
+                                                   self.theme.value) if self.new else fig_steering(self.R.df,
+                                                                                                   self.theme.value)
+
+# %% ../../nbs/interpretability/30_sae_flow.ipynb #a8e88702x1
+@patch_to(SteeringExplorer)
+def _update(self, _=None):
+    import html
+    T = self.T
+    sel = T[(T.theme == self.theme.value) & (T.direction == self.direction.value) & (T.arm != 'base')]
+    opts = list(dict.fromkeys(sel.arm + ': ' + sel.method))
+    if list(self.method.options) != opts: self.method.options = opts
+    if self.method.value not in opts and opts: self.method.value = opts[0]
+    ks = sorted(set(sel[(sel.arm + ': ' + sel.method) == self.method.value].knob))
+    if list(self.knob.options) != ks: self.knob.options = ks
+    if self.knob.value not in ks and ks: self.knob.value = ks[0]
+    rows = ''.join(f'<tr><td>{html.escape(p[-80:])}</td><td>{html.escape(b)}</td><td>{html.escape(s)}</td></tr>' for p,
+                   b, s in self.texts())
+    head = '<table><tr><th>prompt</th><th>unsteered</th><th>steered</th></tr>'
+    self.out.value = (head + rows + '</table>') if rows else '<i>no continuation here</i>'
+    if hasattr(self, 'fig'): self.redraw(self.fig, self.figure())
