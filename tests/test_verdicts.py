@@ -12,7 +12,7 @@ PLATFORM = {'kvcache': 'workbench.inference.kvcache'}   # platform notebooks wit
 
 # Transitional: committed full runs made before preconditions existed. A method leaves this list when its issue of this
 # round reruns it with preconditions; when the list is empty, delete it and make preconditions required in the schema.
-WITHOUT_PRECONDITIONS = {'cos', 'docks_rag', 'econ', 'fed_icl', 'kvcache', 'lowrank_prune',
+WITHOUT_PRECONDITIONS = {'cos', 'docks_rag', 'econ', 'kvcache', 'lowrank_prune',
                          'mmmc', 'morphkv', 'puzzle', 'sae_flow', 'sparsity_law'}
 
 FAILED = Claim('made-up precondition: the problem appears', 0.001, -0.002, 0.004, null=0.01, role='precondition',
